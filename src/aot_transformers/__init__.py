@@ -1,0 +1,53 @@
+"""aot-transformers: attention-only transformers (AoT), k-NN attention and attention-based clustering as
+Hugging Face models.
+
+Importing the package registers `AoTConfig` and the model classes with transformers' Auto classes, so
+`AutoModelForCausalLM.from_config(AoTConfig(...))` works; saved folders also load without this package through
+`trust_remote_code=True`.
+"""
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForImageClassification,
+)
+
+from .attention_aot import knn_attention_forward, subspace_attention
+from .configuration_aot import AoTConfig
+from .hub import export_model
+from .modeling_aot import (
+    AoTForCausalLM,
+    AoTForImageClassification,
+    AoTModel,
+    AoTPreTrainedModel,
+    AoTVisionModel,
+)
+from .presets import list_presets
+
+__version__ = "0.1.0"
+
+AutoConfig.register("aot", AoTConfig, exist_ok=True)
+AutoModel.register(AoTConfig, AoTModel, exist_ok=True)
+AutoModelForCausalLM.register(AoTConfig, AoTForCausalLM, exist_ok=True)
+AutoModelForImageClassification.register(AoTConfig, AoTForImageClassification, exist_ok=True)
+
+# `save_pretrained` copies the code files and writes `auto_map` for these classes.
+AoTConfig.register_for_auto_class()
+AoTModel.register_for_auto_class("AutoModel")
+AoTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+AoTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
+
+__all__ = [
+    "AoTConfig",
+    "AoTForCausalLM",
+    "AoTForImageClassification",
+    "AoTModel",
+    "AoTPreTrainedModel",
+    "AoTVisionModel",
+    "export_model",
+    "knn_attention_forward",
+    "list_presets",
+    "subspace_attention",
+    "__version__",
+]

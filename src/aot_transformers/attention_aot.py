@@ -1,0 +1,390 @@
+"""Attention kernels of aot-transformers: dense, k-NN (top-k) and the functional subspace-attention operator.
+
+Every kernel has one signature, as in transformers' `ALL_ATTENTION_FUNCTIONS`:
+
+    kernel(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs) -> (output, weights)
+
+with `query` (B, H, Tq, D), `key`/`value` (B, H, Tk, D), `attention_mask` a boolean tensor broadcastable to
+(B, H, Tq, Tk) where True means "may attend" (or None: every key), `output` (B, Tq, H, D) and `weights`
+(B, H, Tq, Tk) or None.
+
+k-NN attention keeps, for each query, the k keys with the highest scores among the keys it may see, masks the
+others to -inf and takes the softmax (KVT, Wang et al., https://arxiv.org/abs/2106.00515). k is clamped per query
+to the number of keys it may see. Ties at the k-th score are broken by `torch.topk`'s order, so exactly
+min(k, visible keys) keys are kept.
+
+This file is part of the remote-code unit: it imports only torch.
+
+Shape legend: B batch, H heads, Tq/Tk query/key length, D head width, C query-chunk length, K kept keys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+# Below this many candidate keys per kept key, the two-stage threshold search does not pay for itself.
+_TWO_STAGE_GROUP = 4
+
+
+def resolve_knn_k(knn_k: int | float, num_visible: torch.Tensor) -> torch.Tensor:
+    """Number of keys each query keeps.
+
+    Args:
+        knn_k: An int (keep that many keys) or a float in (0, 1] (keep `ceil(knn_k * n)` of the `n` visible keys).
+        num_visible: Integer tensor, the number of keys each query may see.
+
+    Returns:
+        Integer tensor like `num_visible`: `min(k, n)`, and at least 1 where `n >= 1`.
+    """
+    if isinstance(knn_k, float):
+        k = torch.ceil(num_visible.to(torch.float64) * knn_k).to(num_visible.dtype)
+    else:
+        k = torch.full_like(num_visible, knn_k)
+    return torch.minimum(k, num_visible).clamp(min=1)
+
+
+def _max_knn_k(knn_k: int | float, num_keys: int) -> int:
+    if isinstance(knn_k, float):
+        return min(num_keys, max(1, math.ceil(knn_k * num_keys)))
+    return min(num_keys, knn_k)
+
+
+def _topk_scores(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted top-k values and indices along the last dim, faster than `torch.topk` on CPU for small k.
+
+    The top-k elements of a row all lie in the k groups (of `_TWO_STAGE_GROUP` neighbours) with the largest
+    maxima: an element outside them is beaten by k group maxima. So a top-k over the group maxima, a gather of
+    those groups and a top-k over k·group candidates give the exact result while touching the full row only once,
+    with a cheap max reduction.
+    """
+    n = scores.shape[-1]
+    group = _TWO_STAGE_GROUP
+    if n % group != 0 or n < 4 * group * k:
+        return torch.topk(scores, k, dim=-1, sorted=True)
+    grouped = scores.unflatten(-1, (n // group, group))  # (..., G, S)
+    _, top_groups = torch.topk(grouped.amax(dim=-1), k, dim=-1, sorted=False)  # (..., k)
+    candidate_idx = (top_groups.unsqueeze(-1) * group + torch.arange(group, device=scores.device)).flatten(-2)
+    candidates = scores.gather(-1, candidate_idx)  # (..., k·S)
+    values, pos = torch.topk(candidates, k, dim=-1, sorted=True)
+    return values, candidate_idx.gather(-1, pos)
+
+
+def _knn_select(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    knn_k: int | float,
+    max_k: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept key indices and their probabilities for one chunk of queries.
+
+    Returns `indices` (B, H, C, K) and `probs` (B, H, C, K) in at least float32; dropped slots have probability 0.
+    """
+    scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # (B, H, C, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    values, indices = _topk_scores(scores, max_k)  # (B, H, C, K), sorted descending
+    values = values.to(torch.promote_types(values.dtype, torch.float32))
+    if mask is not None or isinstance(knn_k, float):
+        if mask is not None:
+            num_visible = mask.sum(dim=-1, keepdim=True)
+        else:
+            num_visible = torch.full((1, 1, 1, 1), key.shape[-2], device=key.device)
+        keep = resolve_knn_k(knn_k, num_visible.to(torch.long))  # (B, 1|H, C, 1)
+        rank = torch.arange(max_k, device=query.device)
+        values = values.masked_fill(rank >= keep, float("-inf"))
+    return indices, torch.softmax(values, dim=-1)
+
+
+def _densify(indices: torch.Tensor, sparse: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """Scatter (B, H, C, K) values at key positions `indices` into a zero (B, H, C, Tk) chunk.
+
+    On CPU a zero-filled chunk and one matmul beat gathering K rows of D values per query.
+    """
+    dense = sparse.new_zeros(*sparse.shape[:-1], num_keys)
+    return dense.scatter_(-1, indices, sparse)
+
+
+class _KnnAttentionFunction(torch.autograd.Function):
+    """Chunked exact k-NN attention whose backward keeps only the kept indices and probabilities.
+
+    Peak extra memory is O(C · Tk) for one chunk of scores, and O(Tq · K) for what is saved for the backward,
+    which rebuilds each chunk's sparse probability matrix from the saved indices instead of keeping Tq × Tk scores.
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, mask, scaling, knn_k, chunk_size, dropout, generator):
+        batch, heads, q_len, _ = query.shape
+        num_keys = key.shape[-2]
+        max_k = _max_knn_k(knn_k, num_keys)
+        prob_dtype = torch.promote_types(query.dtype, torch.float32)
+        output = query.new_empty(batch, heads, q_len, value.shape[-1])
+        all_indices = torch.empty(batch, heads, q_len, max_k, dtype=torch.long, device=query.device)
+        all_probs = torch.empty(batch, heads, q_len, max_k, dtype=prob_dtype, device=query.device)
+        for start in range(0, q_len, chunk_size):
+            stop = min(start + chunk_size, q_len)
+            chunk_mask = None if mask is None else mask[:, :, start:stop]
+            indices, probs = _knn_select(query[:, :, start:stop], key, chunk_mask, scaling, knn_k, max_k)
+            if dropout > 0.0:
+                keep = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
+                probs = probs * keep / (1.0 - dropout)
+            output[:, :, start:stop] = torch.matmul(_densify(indices, probs.to(value.dtype), num_keys), value)
+            all_indices[:, :, start:stop] = indices
+            all_probs[:, :, start:stop] = probs
+        ctx.save_for_backward(query, key, value, all_indices, all_probs)
+        ctx.scaling = scaling
+        ctx.chunk_size = chunk_size
+        return output, all_indices, all_probs
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_indices, _grad_probs):
+        query, key, value, all_indices, all_probs = ctx.saved_tensors
+        num_keys = key.shape[-2]
+        grad_query = torch.empty_like(query)
+        grad_key = torch.zeros_like(key)
+        grad_value = torch.zeros_like(value)
+        for start in range(0, query.shape[2], ctx.chunk_size):
+            stop = min(start + ctx.chunk_size, query.shape[2])
+            indices = all_indices[:, :, start:stop]  # (B, H, C, K)
+            probs = all_probs[:, :, start:stop].to(query.dtype)  # dropout already folded in
+            grad_out = grad_output[:, :, start:stop]  # (B, H, C, D)
+            dense_probs = _densify(indices, probs, num_keys)  # (B, H, C, Tk)
+            grad_value += torch.matmul(dense_probs.transpose(-1, -2), grad_out)
+            grad_probs = torch.matmul(grad_out, value.transpose(-1, -2)).gather(-1, indices)  # (B, H, C, K)
+            # Softmax backward on the kept slots. With dropout, p is the dropped-and-rescaled probability and
+            # dS = p * (dP - sum(p * dP)) still holds because the dropout mask is a constant factor.
+            grad_scores = probs * (grad_probs - (probs * grad_probs).sum(-1, keepdim=True)) * ctx.scaling
+            dense_grad_scores = _densify(indices, grad_scores, num_keys)  # (B, H, C, Tk)
+            grad_query[:, :, start:stop] = torch.matmul(dense_grad_scores, key)
+            grad_key += torch.matmul(dense_grad_scores.transpose(-1, -2), query[:, :, start:stop])
+        return grad_query, grad_key, grad_value, None, None, None, None, None, None
+
+
+def _ensure_visible_key(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Let queries that may see no key (e.g. left padding) see every key, so that no row is all -inf.
+
+    Such queries are padding: their outputs are never read by real tokens, which cannot attend to them.
+    """
+    if mask is None:
+        return None
+    return mask | ~mask.any(dim=-1, keepdim=True)
+
+
+def _explicit_mask(
+    attention_mask: torch.Tensor | None, is_causal: bool, query_length: int, key_length: int, device: torch.device
+) -> torch.Tensor | None:
+    """The boolean mask to apply: `attention_mask`, or the causal mask it stands for when None and `is_causal`.
+
+    The last query sits at the last key, so with a cache (Tq < Tk) query i sees keys up to Tk - Tq + i.
+    """
+    if attention_mask is None and is_causal and query_length > 1:
+        offset = key_length - query_length
+        rows = torch.arange(query_length, device=device)[:, None] + offset
+        attention_mask = (torch.arange(key_length, device=device)[None, :] <= rows)[None, None]
+    return _ensure_visible_key(attention_mask)
+
+
+def knn_attention_forward(
+    module: torch.nn.Module | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    is_causal: bool = False,
+    knn_k: int | float | None = None,
+    knn_chunk_size: int = 256,
+    output_attentions: bool = False,
+    generator: torch.Generator | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Exact k-NN attention computed in chunks of `knn_chunk_size` queries (see the module docstring).
+
+    `knn_k` defaults to `module.config.knn_k`. Returns attention weights (B, H, Tq, Tk) only when
+    `output_attentions` is set.
+    """
+    if knn_k is None:
+        knn_k = module.config.knn_k
+    mask = _explicit_mask(attention_mask, is_causal, query.shape[2], key.shape[2], query.device)
+    if mask is not None:
+        mask = mask.expand(query.shape[0], -1, query.shape[2], key.shape[2])
+    output, indices, probs = _KnnAttentionFunction.apply(
+        query, key, value, mask, scaling, knn_k, knn_chunk_size, dropout, generator
+    )
+    weights = None
+    if output_attentions:
+        weights = query.new_zeros(*query.shape[:3], key.shape[2]).scatter_(-1, indices, probs.to(query.dtype))
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def knn_attention_reference(
+    module: torch.nn.Module | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    is_causal: bool = False,
+    knn_k: int | float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slow reference k-NN attention (full score matrix, `torch.topk`, gather). For tests only."""
+    if knn_k is None:
+        knn_k = module.config.knn_k
+    mask = _explicit_mask(attention_mask, is_causal, query.shape[2], key.shape[2], query.device)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+        num_visible = mask.expand_as(scores).sum(-1, keepdim=True)
+    else:
+        num_visible = torch.full((*scores.shape[:-1], 1), scores.shape[-1], dtype=torch.long)
+    max_k = _max_knn_k(knn_k, scores.shape[-1])
+    values, indices = torch.topk(scores, max_k, dim=-1)
+    keep = resolve_knn_k(knn_k, num_visible)
+    values = values.masked_fill(torch.arange(max_k) >= keep, float("-inf"))
+    probs = torch.softmax(values.to(torch.promote_types(values.dtype, torch.float32)), dim=-1).to(query.dtype)
+    output = (probs.unsqueeze(-1) * value.unsqueeze(2).expand(-1, -1, probs.shape[2], -1, -1).gather(
+        3, indices.unsqueeze(-1).expand(-1, -1, -1, -1, value.shape[-1])
+    )).sum(-2)
+    weights = torch.zeros_like(scores).scatter(-1, indices, probs)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def eager_attention_forward(
+    module: torch.nn.Module | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    is_causal: bool = False,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense attention with explicit weights (used when attentions are requested)."""
+    mask = _explicit_mask(attention_mask, is_causal, query.shape[2], key.shape[2], query.device)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    training = module.training if module is not None else False
+    weights_dropped = F.dropout(weights, p=dropout, training=training)
+    output = torch.matmul(weights_dropped, value)  # (B, H, Tq, D)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def sdpa_attention_forward(
+    module: torch.nn.Module | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    is_causal: bool = False,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Dense attention through `torch.nn.functional.scaled_dot_product_attention`.
+
+    With `is_causal=True` and no mask, the fused kernel applies the causal mask itself (and skips the masked half).
+    """
+    mask = _ensure_visible_key(attention_mask)
+    output = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=is_causal and mask is None and query.shape[2] > 1,
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+ATTENTION_KERNELS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
+    "eager": eager_attention_forward,
+    "sdpa": sdpa_attention_forward,
+    "knn": knn_attention_forward,
+}
+
+
+def _apply_phi(
+    scores: torch.Tensor, phi: str | Callable[[torch.Tensor], torch.Tensor], mask: torch.Tensor | None
+) -> torch.Tensor:
+    if callable(phi):
+        return phi(scores if mask is None else scores.masked_fill(~mask, float("-inf")))
+    if phi == "softmax":
+        return torch.softmax(scores if mask is None else scores.masked_fill(~mask, float("-inf")), dim=-1)
+    if phi == "linear":
+        return scores if mask is None else scores.masked_fill(~mask, 0.0)
+    raise ValueError(f"`phi` must be 'softmax', 'linear' or a callable, got {phi!r}.")
+
+
+def subspace_attention(
+    hidden_states: torch.Tensor,
+    subspaces: torch.Tensor,
+    phi: str | Callable[[torch.Tensor], torch.Tensor] = "softmax",
+    scaling: float = 1.0,
+    attention_mask: torch.Tensor | None = None,
+    knn_k: int | float | None = None,
+) -> torch.Tensor:
+    r"""Multi-head subspace self-attention as a function: the operator behind every model of the package.
+
+    `MSSA(Z) = Σ_k U_k U_kᵀ Z φ(scaling · Zᵀ U_k U_kᵀ Z)` with tokens as rows: for head k,
+    `u = X U_k` (B, N, p), `A = scaling · u uᵀ`, output `Σ_k φ(A) u U_kᵀ`. With `U_k` learned and an output
+    projection this is the MSSA layer of AoT; with rank-1 `U_k = μ_k` and φ linear it is the two-head clustering
+    predictor of Maulen-Soto et al.; with a single `U = I` and φ linear it is in-context quantization.
+
+    Args:
+        hidden_states: Tokens `X` of shape (B, N, d).
+        subspaces: Bases `U_k` of shape (K, d, p) (K heads of rank p).
+        phi: `"softmax"` over the keys, `"linear"` (scores used as weights), or a callable applied to the
+            (B, K, N, N) score tensor (masked entries set to -inf) returning weights of the same shape.
+        scaling: Factor on the scores.
+        attention_mask: Boolean (B or 1, 1 or K, N, N), True where a query may attend to a key.
+        knn_k: Keep only the top-k scores per query before φ (dropped scores become -inf for softmax, 0 for linear).
+
+    Returns:
+        Tensor of shape (B, N, d).
+    """
+    if hidden_states.dim() != 3 or subspaces.dim() != 3 or hidden_states.shape[-1] != subspaces.shape[1]:
+        raise ValueError(
+            f"`hidden_states` must be (B, N, d) and `subspaces` (K, d, p) with the same d; got "
+            f"{tuple(hidden_states.shape)} and {tuple(subspaces.shape)}."
+        )
+    projected = torch.einsum("bnd,kdp->bknp", hidden_states, subspaces)  # (B, K, N, p)
+    scores = scaling * torch.matmul(projected, projected.transpose(-1, -2))  # (B, K, N, N)
+    mask = attention_mask
+    if knn_k is not None:
+        masked = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+        max_k = _max_knn_k(knn_k, scores.shape[-1])
+        num_visible = (
+            mask.expand_as(scores).sum(-1, keepdim=True)
+            if mask is not None
+            else torch.full((*scores.shape[:-1], 1), scores.shape[-1], dtype=torch.long)
+        )
+        values, _ = torch.topk(masked, max_k, dim=-1)
+        kth = values.gather(-1, resolve_knn_k(knn_k, num_visible) - 1)
+        topk_mask = masked >= kth
+        mask = topk_mask if mask is None else mask & topk_mask
+    weights = _apply_phi(scores, phi, mask)
+    mixed = torch.matmul(weights.to(projected.dtype), projected)  # (B, K, N, p)
+    return torch.einsum("bknp,kdp->bnd", mixed, subspaces)
+
+
+__all__ = [
+    "ATTENTION_KERNELS",
+    "eager_attention_forward",
+    "knn_attention_forward",
+    "knn_attention_reference",
+    "resolve_knn_k",
+    "sdpa_attention_forward",
+    "subspace_attention",
+]

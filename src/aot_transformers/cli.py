@@ -1,0 +1,48 @@
+"""The `aot` command. Subcommands register themselves here; each parses arguments and calls the library."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _info(args: argparse.Namespace) -> int:
+    from . import __version__
+    from .configuration_aot import AoTConfig
+    from .presets import PAPER_PARAMETERS, list_presets
+
+    print(f"aot-transformers {__version__}")
+    for name in list_presets():
+        config = AoTConfig.from_preset(name)
+        paper = PAPER_PARAMETERS.get(name)
+        note = f"  (paper: {paper[0] / 1e6:.0f}M)" if paper else ""
+        print(
+            f"  {name:20s} {config.attention_type} {config.num_hidden_layers:>2d} layers x {config.hidden_size:>4d}"
+            f" x {config.num_attention_heads:>2d} heads{note}"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `aot` with every subcommand."""
+    parser = argparse.ArgumentParser(prog="aot", description="Attention-only transformers for Hugging Face.")
+    subcommands = parser.add_subparsers(dest="command", required=True)
+    info = subcommands.add_parser("info", help="version and presets")
+    info.set_defaults(func=_info)
+    try:
+        from .experiments.cli import register as register_experiments
+    except ImportError:
+        register_experiments = None
+    if register_experiments is not None:
+        register_experiments(subcommands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `aot` console script."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

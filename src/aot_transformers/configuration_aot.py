@@ -1,0 +1,244 @@
+"""Configuration of attention-only transformers (AoT).
+
+One config serves the causal language model (`AoTForCausalLM`) and the image classifier
+(`AoTForImageClassification`). Every field is checked when the config is built: a wrong value raises
+`ValueError` (or `TypeError` for a value of the wrong kind) naming the field, the value and what is allowed.
+
+This file is part of the remote-code unit copied into every saved model folder: it imports only
+`transformers` and the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Any
+
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+ATTENTION_TYPES = ("mssa", "mhsa")
+MLP_LAYERS = ("none", "first_half", "all")
+POOLING_TYPES = ("cls", "mean")
+
+
+def _check_int(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"`{name}` must be an int >= {minimum}, got {value!r} ({type(value).__name__}).")
+    if value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value}.")
+
+
+def _check_real(name: str, value: Any, low: float, high: float, low_open: bool, high_open: bool) -> None:
+    allowed = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"`{name}` must be a number in {allowed}, got {value!r} ({type(value).__name__}).")
+    value = float(value)
+    too_low = value <= low if low_open else value < low
+    too_high = value >= high if high_open else value > high
+    if math.isnan(value) or too_low or too_high:
+        raise ValueError(f"`{name}` must be a number in {allowed}, got {value}.")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}.")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
+
+
+class AoTConfig(PretrainedConfig):
+    r"""Configuration of an attention-only transformer.
+
+    Each layer is `x + step_size * attention(LayerNorm(x))` (plus an MLP block in the ablations), where the
+    attention is multi-head subspace self-attention (MSSA: one projection per head is query, key and value) or
+    standard multi-head self-attention (MHSA).
+
+    Args:
+        vocab_size: Size of the token vocabulary (text models).
+        hidden_size: Width of the residual stream.
+        num_hidden_layers: Number of layers.
+        num_attention_heads: Number of heads; must divide `hidden_size`.
+        max_position_embeddings: Longest sequence the learned position table covers (text models).
+        attention_type: `"mssa"` (a shared query = key = value projection per head and an output projection,
+            2·d² weights per layer) or `"mhsa"` (separate query, key, value and output projections, 4·d²).
+        knn_k: k-NN attention. `None` attends to every key; an `int` keeps the k highest-scoring keys per query;
+            a `float` in (0, 1] keeps `ceil(knn_k * n)` of the `n` keys the query may see. k is clamped to the keys
+            a query may see (causal prefix, padding). Keys tied with the k-th score are all kept.
+        knn_chunk_size: Number of queries processed at once by the k-NN kernel; peak memory is
+            O(knn_chunk_size · n) instead of O(n²).
+        normalize_query: Project the query side of each head onto the unit sphere (the causal MSSA of the AoT
+            paper). The attention logits are then `<q/|q|, k>` without the 1/sqrt(head_dim) factor.
+        step_size: η, the residual step size of `x + η·attention(...)`.
+        layer_norm: Apply LayerNorm before each attention block (the vision model may run without it).
+        mlp_layers: `"none"` (AoT), `"first_half"` (hybrid ablation: MLP blocks in the first half of the layers)
+            or `"all"` (a standard transformer).
+        mlp_ratio: Hidden width of the MLP blocks as a multiple of `hidden_size`.
+        hidden_act: Activation of the MLP blocks (a key of `transformers.activations.ACT2FN`).
+        attention_bias: Add biases to the attention projections.
+        attention_dropout: Dropout on attention probabilities.
+        hidden_dropout: Dropout on embeddings and residual branches.
+        layer_norm_eps: Epsilon of the LayerNorms.
+        initializer_range: Standard deviation of the normal initialisation.
+        image_size: Side of the (square) input images (vision models).
+        patch_size: Side of the square patches; must divide `image_size`.
+        num_channels: Channels of the input images.
+        pooling: How the image classifier pools tokens: `"cls"` token or `"mean"` of the patch tokens.
+        tie_word_embeddings: Share the input embedding and output projection of the language model.
+        use_cache: Return a key/value cache from the language model.
+    """
+
+    model_type = "aot"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        vocab_size: int = 50257,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 12,
+        num_attention_heads: int = 12,
+        max_position_embeddings: int = 1024,
+        attention_type: str = "mssa",
+        knn_k: int | float | None = None,
+        knn_chunk_size: int = 256,
+        normalize_query: bool = False,
+        step_size: float = 1.0,
+        layer_norm: bool = True,
+        mlp_layers: str = "none",
+        mlp_ratio: float = 4.0,
+        hidden_act: str = "gelu_new",
+        attention_bias: bool = False,
+        attention_dropout: float = 0.0,
+        hidden_dropout: float = 0.0,
+        layer_norm_eps: float = 1e-5,
+        initializer_range: float = 0.02,
+        image_size: int = 224,
+        patch_size: int = 16,
+        num_channels: int = 3,
+        pooling: str = "cls",
+        tie_word_embeddings: bool = True,
+        use_cache: bool = True,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.max_position_embeddings = max_position_embeddings
+        self.attention_type = attention_type
+        self.knn_k = knn_k
+        self.knn_chunk_size = knn_chunk_size
+        self.normalize_query = normalize_query
+        self.step_size = step_size
+        self.layer_norm = layer_norm
+        self.mlp_layers = mlp_layers
+        self.mlp_ratio = mlp_ratio
+        self.hidden_act = hidden_act
+        self.attention_bias = attention_bias
+        self.attention_dropout = attention_dropout
+        self.hidden_dropout = hidden_dropout
+        self.layer_norm_eps = layer_norm_eps
+        self.initializer_range = initializer_range
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.num_channels = num_channels
+        self.pooling = pooling
+        self.tie_word_embeddings = tie_word_embeddings
+        self.use_cache = use_cache
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self._check_fields()
+        super().__init__(**kwargs)
+
+    def _check_fields(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+            _check_int(name, getattr(self, name))
+        for name in ("max_position_embeddings", "knn_chunk_size", "image_size", "patch_size", "num_channels"):
+            _check_int(name, getattr(self, name))
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
+                f"({self.num_attention_heads}); allowed head counts are the divisors of {self.hidden_size}."
+            )
+        _check_choice("attention_type", self.attention_type, ATTENTION_TYPES)
+        _check_choice("mlp_layers", self.mlp_layers, MLP_LAYERS)
+        _check_choice("pooling", self.pooling, POOLING_TYPES)
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(f"`hidden_act` must be one of {sorted(ACT2FN)}, got {self.hidden_act!r}.")
+        if self.knn_k is not None:
+            if isinstance(self.knn_k, bool) or not isinstance(self.knn_k, Real):
+                raise TypeError(
+                    f"`knn_k` must be None, an int >= 1 or a float in (0, 1], got {self.knn_k!r} "
+                    f"({type(self.knn_k).__name__})."
+                )
+            if isinstance(self.knn_k, Integral):
+                _check_int("knn_k", self.knn_k)
+            else:
+                _check_real("knn_k", self.knn_k, 0.0, 1.0, low_open=True, high_open=False)
+        _check_real("step_size", self.step_size, 0.0, math.inf, low_open=True, high_open=True)
+        _check_real("mlp_ratio", self.mlp_ratio, 0.0, math.inf, low_open=True, high_open=True)
+        _check_real("attention_dropout", self.attention_dropout, 0.0, 1.0, low_open=False, high_open=True)
+        _check_real("hidden_dropout", self.hidden_dropout, 0.0, 1.0, low_open=False, high_open=True)
+        _check_real("layer_norm_eps", self.layer_norm_eps, 0.0, math.inf, low_open=True, high_open=True)
+        _check_real("initializer_range", self.initializer_range, 0.0, math.inf, low_open=False, high_open=True)
+        for name in ("normalize_query", "layer_norm", "attention_bias", "tie_word_embeddings", "use_cache"):
+            _check_bool(name, getattr(self, name))
+        if self.image_size % self.patch_size != 0:
+            raise ValueError(
+                f"`image_size` ({self.image_size}) must be divisible by `patch_size` ({self.patch_size})."
+            )
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(self, name)
+            if value is None or isinstance(value, list):
+                continue
+            _check_int(name, value, minimum=0)
+            if value >= self.vocab_size:
+                raise ValueError(f"`{name}` ({value}) must be < `vocab_size` ({self.vocab_size}).")
+
+    # Derived values live here, in one place.
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_patches(self) -> int:
+        """Number of image patches (vision models)."""
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def intermediate_size(self) -> int:
+        """Hidden width of the MLP blocks of the ablations."""
+        return int(round(self.mlp_ratio * self.hidden_size))
+
+    def layer_has_mlp(self, layer_idx: int) -> bool:
+        """Whether layer `layer_idx` carries an MLP block (`mlp_layers` ablations)."""
+        if self.mlp_layers == "all":
+            return True
+        if self.mlp_layers == "first_half":
+            return layer_idx < self.num_hidden_layers // 2
+        return False
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> AoTConfig:
+        """Build the config of a named preset (see `aot_transformers.list_presets()`), with fields overridden.
+
+        Needs the `aot-transformers` package (the preset table is not part of the remote-code files).
+        """
+        try:
+            from aot_transformers.presets import preset_kwargs
+        except ImportError as error:  # pragma: no cover - only in a bare remote-code environment
+            raise ImportError(
+                "AoTConfig.from_preset needs the aot-transformers package: `pip install aot-transformers`."
+            ) from error
+        return cls(**{**preset_kwargs(name), **overrides})
+
+
+__all__ = ["AoTConfig"]

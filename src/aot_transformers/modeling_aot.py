@@ -1,0 +1,647 @@
+"""Attention-only transformers (AoT): a GPT-2-style causal LM and a ViT/CRATE-style image classifier.
+
+Every layer is `x + η · attention(LayerNorm(x))` with no MLP (Wang et al., "Attention-Only Transformers via
+Unrolled Subspace Denoising", ICML 2025, https://arxiv.org/abs/2506.03790). The attention is MSSA (one projection
+per head serves as query, key and value) or MHSA; k-NN attention is the `knn_k` flag of the config. MLP blocks
+appear only in the "hybrid" and "full" ablations (`mlp_layers`).
+
+This file is part of the remote-code unit: it imports only torch, transformers and its two sibling files.
+
+Shape legend: B batch, T tokens (Tq queries, Tk keys), d hidden size, H heads, D head width (d = H·D),
+C channels, P patch side, N patches, L labels, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    BaseModelOutputWithPooling,
+    CausalLMOutputWithPast,
+    ImageClassifierOutput,
+)
+
+from .attention_aot import ATTENTION_KERNELS
+from .configuration_aot import AoTConfig
+
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_aot.AoTConfig",
+    "AutoModel": "modeling_aot.AoTModel",
+    "AutoModelForCausalLM": "modeling_aot.AoTForCausalLM",
+    "AutoModelForImageClassification": "modeling_aot.AoTForImageClassification",
+}
+
+
+def _is_compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _text_attention_mask(
+    attention_mask: torch.Tensor | None, query_length: int, past_length: int, device: torch.device
+) -> torch.Tensor | None:
+    """Boolean (B, 1, Tq, Tk) mask, True where a query may attend: causal, and never to padding.
+
+    Returns None when plain causal attention is enough (no padding), so the fused SDPA kernel can skip the masked
+    half of the scores.
+    """
+    key_length = past_length + query_length
+    if attention_mask is None or (not _is_compiling() and bool(attention_mask.all())):
+        if past_length == 0 or query_length == 1:
+            return None
+        key_valid = None
+    else:
+        key_valid = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, Tk)
+    query_positions = torch.arange(past_length, key_length, device=device)[:, None]
+    causal = torch.arange(key_length, device=device)[None, :] <= query_positions  # (Tq, Tk)
+    causal = causal[None, None]
+    return causal if key_valid is None else causal & key_valid
+
+
+def _check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    if input_ids.dtype not in (torch.long, torch.int32, torch.int64, torch.int16, torch.uint8):
+        raise TypeError(f"`input_ids` must be an integer tensor, got dtype {input_ids.dtype}.")
+    if input_ids.dim() != 2:
+        raise ValueError(f"`input_ids` must have shape (batch, sequence), got {tuple(input_ids.shape)}.")
+    if not _is_compiling() and input_ids.numel() > 0:
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"`input_ids` must lie in [0, {vocab_size - 1}] (vocab_size={vocab_size}); got values in "
+                f"[{low}, {high}]."
+            )
+
+
+class AoTMLP(nn.Module):
+    """The MLP block of the hybrid and full ablations (absent from AoT proper)."""
+
+    def __init__(self, config: AoTConfig):
+        super().__init__()
+        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(self.act(self.fc_in(hidden_states)))
+
+
+class AoTAttention(nn.Module):
+    """Multi-head subspace self-attention (MSSA) or standard multi-head self-attention (MHSA).
+
+    MSSA projects the tokens once per head, `u = x U_k`, and uses `u` as query, key and value; its KV cache
+    therefore holds one tensor per layer, half of MHSA's at equal width.
+    """
+
+    def __init__(self, config: AoTConfig, layer_idx: int, is_causal: bool):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_causal = is_causal
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        hidden, bias = config.hidden_size, config.attention_bias
+        if config.attention_type == "mssa":
+            self.subspace_proj = nn.Linear(hidden, hidden, bias=bias)  # U = [U_1 … U_H], query = key = value
+        else:
+            self.q_proj = nn.Linear(hidden, hidden, bias=bias)
+            self.k_proj = nn.Linear(hidden, hidden, bias=bias)
+            self.v_proj = nn.Linear(hidden, hidden, bias=bias)
+        self.o_proj = nn.Linear(hidden, hidden, bias=bias)
+        # With unit queries the key norm sets the temperature, so the 1/sqrt(D) factor is dropped.
+        self.scaling = 1.0 if config.normalize_query else self.head_dim**-0.5
+
+    def _heads(self, states: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = states.shape
+        return states.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length, hidden = hidden_states.shape
+        if self.config.attention_type == "mssa":
+            subspace = self._heads(self.subspace_proj(hidden_states))  # (B, H, T, D)
+            query = key = value = subspace
+            if past_key_values is not None:
+                # Store the single key = value tensor once: the value slot holds an empty (B, H, T, 0) view.
+                key, _ = past_key_values.update(subspace, subspace[..., :0], self.layer_idx)
+                value = key
+        else:
+            query = self._heads(self.q_proj(hidden_states))
+            key = self._heads(self.k_proj(hidden_states))
+            value = self._heads(self.v_proj(hidden_states))
+            if past_key_values is not None:
+                key, value = past_key_values.update(key, value, self.layer_idx)
+        if self.config.normalize_query:
+            query = F.normalize(query, dim=-1)
+
+        if self.config.knn_k is not None:
+            kernel = ATTENTION_KERNELS["knn"]
+        elif output_attentions or self.config._attn_implementation == "eager":
+            kernel = ATTENTION_KERNELS["eager"]
+        else:
+            kernel = ATTENTION_KERNELS["sdpa"]
+        attn_output, attn_weights = kernel(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            self.scaling,
+            dropout=self.config.attention_dropout if self.training else 0.0,
+            is_causal=self.is_causal,
+            knn_k=self.config.knn_k,
+            knn_chunk_size=self.config.knn_chunk_size,
+            output_attentions=output_attentions,
+        )
+        attn_output = self.o_proj(attn_output.reshape(batch, length, hidden))  # (B, T, d)
+        return attn_output, attn_weights
+
+
+class AoTLayer(GradientCheckpointingLayer):
+    """One unrolled denoising step, `x + η · attention(LayerNorm(x))`, plus an MLP block in the ablations."""
+
+    def __init__(self, config: AoTConfig, layer_idx: int, is_causal: bool):
+        super().__init__()
+        self.step_size = config.step_size
+        norm = (lambda: nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)) if config.layer_norm else None
+        self.attention_norm = norm() if norm else nn.Identity()
+        self.attention = AoTAttention(config, layer_idx, is_causal)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        if config.layer_has_mlp(layer_idx):
+            self.mlp_norm = norm() if norm else nn.Identity()
+            self.mlp = AoTMLP(config)
+        else:
+            self.mlp_norm = self.mlp = None
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attn_output, attn_weights = self.attention(
+            self.attention_norm(hidden_states), attention_mask, past_key_values, output_attentions
+        )
+        hidden_states = torch.add(hidden_states, self.dropout(attn_output), alpha=self.step_size)
+        if self.mlp is not None:
+            hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
+        return hidden_states, attn_weights
+
+
+class AoTPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and capability flags shared by every AoT model."""
+
+    config_class = AoTConfig
+    config: AoTConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["AoTLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    _can_compile_fullgraph = False
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save weights (safetensors), config and the three code files, with an `auto_map` for every Auto class.
+
+        Whichever AoT class saves the folder, it loads with `AutoConfig`, `AutoModel`, `AutoModelForCausalLM` and
+        `AutoModelForImageClassification` through `trust_remote_code=True`.
+        """
+        self.config.auto_map = dict(AUTO_MAP)
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2 initialisation; residual output projections scaled by 1/sqrt(number of residual branches).
+
+        Uses `transformers.initialization`, which leaves weights loaded from a checkpoint untouched.
+        """
+        std = self.config.initializer_range
+        num_branches = self.config.num_hidden_layers + sum(
+            self.config.layer_has_mlp(i) for i in range(self.config.num_hidden_layers)
+        )
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        if isinstance(module, (AoTAttention, AoTMLP)):
+            projection = module.o_proj if isinstance(module, AoTAttention) else module.fc_out
+            init.normal_(projection.weight, mean=0.0, std=std / math.sqrt(num_branches))
+        elif isinstance(module, AoTVisionEmbeddings):
+            init.trunc_normal_(module.cls_token, mean=0.0, std=std)
+            init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
+
+
+class AoTModel(AoTPreTrainedModel):
+    """The causal text backbone: token + learned position embeddings, AoT layers, final LayerNorm."""
+
+    def __init__(self, config: AoTConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.layers = nn.ModuleList(
+            [AoTLayer(config, layer_idx, is_causal=True) for layer_idx in range(config.num_hidden_layers)]
+        )
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, past_length) -> tuple[int, int]:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
+        if input_ids is not None:
+            _check_token_ids(input_ids, self.config.vocab_size)
+            batch, length = input_ids.shape
+        else:
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.hidden_size:
+                raise ValueError(
+                    f"`inputs_embeds` must have shape (batch, sequence, {self.config.hidden_size}), got "
+                    f"{tuple(inputs_embeds.shape)}."
+                )
+            batch, length = inputs_embeds.shape[:2]
+        limit = self.config.max_position_embeddings
+        if past_length + length > limit:
+            raise ValueError(
+                f"Sequence length {past_length + length} (cached {past_length} + new {length}) exceeds "
+                f"`max_position_embeddings` ({limit}); truncate the input or use a model with more positions."
+            )
+        if attention_mask is not None and tuple(attention_mask.shape) != (batch, past_length + length):
+            raise ValueError(
+                f"`attention_mask` must have shape (batch, cached + new tokens) = ({batch}, {past_length + length}), "
+                f"got {tuple(attention_mask.shape)}."
+            )
+        if position_ids is not None:
+            if position_ids.shape[-1] != length:
+                raise ValueError(
+                    f"`position_ids` must have {length} positions per sequence, got shape {tuple(position_ids.shape)}."
+                )
+            if not _is_compiling() and position_ids.numel() > 0 and int(position_ids.max()) >= limit:
+                raise ValueError(
+                    f"`position_ids` must be < `max_position_embeddings` ({limit}), got {int(position_ids.max())}."
+                )
+        return batch, length
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast | tuple:
+        """Run the backbone.
+
+        Args:
+            input_ids: Token ids (B, T).
+            attention_mask: 1 for real tokens, 0 for padding, over cached + new tokens (B, Tk).
+            position_ids: Positions (B, T); by default counted from the first real token, so left padding works.
+            past_key_values: A `Cache` from an earlier call (generation).
+            inputs_embeds: Token embeddings (B, T, d) instead of `input_ids`.
+            use_cache: Return a cache (`DynamicCache`) for further decoding.
+            output_attentions: Return the attention weights of every layer.
+            output_hidden_states: Return the residual stream after the embeddings and after every layer.
+            return_dict: Return a `BaseModelOutputWithPast` instead of a tuple.
+        """
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        batch, length = self._check_inputs(input_ids, inputs_embeds, attention_mask, position_ids, past_length)
+
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d)
+        if position_ids is None:
+            if attention_mask is not None:
+                # Count positions from each sequence's first real token, so left padding does not shift them.
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past_length:]
+            else:
+                position_ids = torch.arange(past_length, past_length + length, device=inputs_embeds.device)[None]
+        hidden_states = self.dropout(inputs_embeds + self.embed_positions(position_ids))
+
+        mask = _text_attention_mask(attention_mask, length, past_length, hidden_states.device)
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            hidden_states, attn_weights = layer(
+                hidden_states,
+                attention_mask=mask,
+                past_key_values=past_key_values if use_cache else None,
+                output_attentions=output_attentions,
+            )
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if output_attentions:
+                all_attentions += (attn_weights,)
+        hidden_states = self.norm(hidden_states)
+        if output_hidden_states:
+            # As in GPT-2, the last entry is the normalised output.
+            all_hidden_states = all_hidden_states[:-1] + (hidden_states,)
+
+        cache = past_key_values if use_cache else None
+        if not return_dict:
+            return tuple(v for v in (hidden_states, cache, all_hidden_states, all_attentions) if v is not None)
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            past_key_values=cache,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+        )
+
+
+class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
+    """AoT language model: `AoTModel` plus a linear head tied to the token embedding."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: AoTConfig):
+        super().__init__(config)
+        self.model = AoTModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast | tuple:
+        """Next-token logits, and the loss when `labels` (B, T) are given (shifted inside; -100 is ignored).
+
+        `logits_to_keep`: an int keeps the logits of the last that many positions (0 keeps all); a 1-D tensor keeps
+        those positions. Extra keyword arguments (e.g. `num_items_in_batch` from `Trainer`) reach the loss, so
+        gradient accumulation averages over the tokens of the whole accumulated batch.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, keep, :])  # (B, T', V)
+
+        loss = None
+        if labels is not None:
+            if labels.shape != hidden_states.shape[:2]:
+                raise ValueError(
+                    f"`labels` must have the shape of the input (batch, sequence) = {tuple(hidden_states.shape[:2])}, "
+                    f"got {tuple(labels.shape)}."
+                )
+            if logits.shape[1] != labels.shape[1]:
+                raise ValueError("`labels` need the logits of every position: use `logits_to_keep=0`.")
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+
+        if not return_dict:
+            output = (logits,) + tuple(
+                v for v in (outputs.past_key_values, outputs.hidden_states, outputs.attentions) if v is not None
+            )
+            return ((loss,) + output) if loss is not None else output
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class AoTPatchEmbeddings(nn.Module):
+    """Patchify, then LayerNorm → Linear → LayerNorm (as in simple ViT / CRATE)."""
+
+    def __init__(self, config: AoTConfig):
+        super().__init__()
+        self.patch_size = config.patch_size
+        patch_dim = config.num_channels * config.patch_size**2
+        self.patch_norm = nn.LayerNorm(patch_dim, eps=config.layer_norm_eps)
+        self.projection = nn.Linear(patch_dim, config.hidden_size)
+        self.embed_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        batch, channels, height, width = pixel_values.shape
+        p = self.patch_size
+        patches = pixel_values.reshape(batch, channels, height // p, p, width // p, p)  # (B, C, h, P, w, P)
+        patches = patches.permute(0, 2, 4, 3, 5, 1).reshape(batch, (height // p) * (width // p), p * p * channels)
+        return self.embed_norm(self.projection(self.patch_norm(patches)))  # (B, N, d)
+
+
+class AoTVisionEmbeddings(nn.Module):
+    """Patch embeddings, a CLS token and learned position embeddings."""
+
+    def __init__(self, config: AoTConfig):
+        super().__init__()
+        self.patch_embeddings = AoTPatchEmbeddings(config)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
+        self.position_embeddings = nn.Parameter(torch.zeros(1, config.num_patches + 1, config.hidden_size))
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        patches = self.patch_embeddings(pixel_values)  # (B, N, d)
+        cls = self.cls_token.expand(patches.shape[0], -1, -1)
+        return self.dropout(torch.cat([cls, patches], dim=1) + self.position_embeddings)  # (B, N+1, d)
+
+
+class AoTVisionModel(AoTPreTrainedModel):
+    """The bidirectional vision backbone; `pooler_output` is the CLS token or the mean patch token."""
+
+    main_input_name = "pixel_values"
+
+    def __init__(self, config: AoTConfig):
+        super().__init__(config)
+        self.embeddings = AoTVisionEmbeddings(config)
+        self.layers = nn.ModuleList(
+            [AoTLayer(config, layer_idx, is_causal=False) for layer_idx in range(config.num_hidden_layers)]
+        )
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> AoTPatchEmbeddings:
+        return self.embeddings.patch_embeddings
+
+    def _check_pixels(self, pixel_values: torch.Tensor | None) -> None:
+        config = self.config
+        expected = (config.num_channels, config.image_size, config.image_size)
+        if pixel_values is None:
+            raise ValueError("`pixel_values` is required.")
+        if not torch.is_floating_point(pixel_values):
+            raise TypeError(f"`pixel_values` must be a floating-point tensor, got dtype {pixel_values.dtype}.")
+        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != expected:
+            raise ValueError(
+                f"`pixel_values` must have shape (batch, {expected[0]}, {expected[1]}, {expected[2]}) "
+                f"(num_channels, image_size, image_size), got {tuple(pixel_values.shape)}; resize the images or "
+                "use the model's image processor."
+            )
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPooling | tuple:
+        """Encode images (B, C, image_size, image_size) into tokens (B, N+1, d) and a pooled vector (B, d)."""
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        self._check_pixels(pixel_values)
+        hidden_states = self.embeddings(pixel_values.to(self.embeddings.cls_token.dtype))
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            hidden_states, attn_weights = layer(hidden_states, output_attentions=output_attentions)
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if output_attentions:
+                all_attentions += (attn_weights,)
+        if self.config.pooling == "cls":
+            pooled = hidden_states[:, 0]  # (B, d)
+        else:
+            pooled = hidden_states[:, 1:].mean(dim=1)
+        if not return_dict:
+            return tuple(v for v in (hidden_states, pooled, all_hidden_states, all_attentions) if v is not None)
+        return BaseModelOutputWithPooling(
+            last_hidden_state=hidden_states,
+            pooler_output=pooled,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+        )
+
+
+class AoTForImageClassification(AoTPreTrainedModel):
+    """AoT image classifier: `AoTVisionModel` with a LayerNorm + Linear head on the pooled token."""
+
+    main_input_name = "pixel_values"
+
+    def __init__(self, config: AoTConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = AoTVisionModel(config)
+        self.head_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The pooled representation (B, d) that the head classifies."""
+        return self.model(pixel_values, return_dict=True).pooler_output
+
+    def forward_head(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Logits (B, L) from the pooled representation."""
+        return self.classifier(self.head_norm(pooled))
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> ImageClassifierOutput | tuple:
+        """Class logits (B, L), and the loss when `labels` (B,) are given."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            pixel_values,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.forward_head(outputs.pooler_output)
+        loss = None
+        if labels is not None:
+            if labels.shape[0] != logits.shape[0]:
+                raise ValueError(f"`labels` must have {logits.shape[0]} entries (one per image), got {labels.shape}.")
+            is_class_index = not torch.is_floating_point(labels) and self.num_labels > 1
+            if is_class_index and not _is_compiling() and labels.numel() > 0:
+                low, high = int(labels.min()), int(labels.max())
+                if low < 0 or high >= self.num_labels:
+                    raise ValueError(
+                        f"`labels` must lie in [0, {self.num_labels - 1}] (num_labels={self.num_labels}), "
+                        f"got values in [{low}, {high}]."
+                    )
+            loss = self.loss_function(labels, logits, self.config, **kwargs)
+        if not return_dict:
+            output = (logits,) + tuple(v for v in (outputs.hidden_states, outputs.attentions) if v is not None)
+            return ((loss,) + output) if loss is not None else output
+        return ImageClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+__all__ = [
+    "AoTForCausalLM",
+    "AoTForImageClassification",
+    "AoTModel",
+    "AoTPreTrainedModel",
+    "AoTVisionModel",
+]
