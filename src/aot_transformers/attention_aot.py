@@ -250,9 +250,12 @@ def knn_attention_reference(
     keep = resolve_knn_k(knn_k, num_visible)
     values = values.masked_fill(torch.arange(max_k) >= keep, float("-inf"))
     probs = torch.softmax(values.to(torch.promote_types(values.dtype, torch.float32)), dim=-1).to(query.dtype)
-    output = (probs.unsqueeze(-1) * value.unsqueeze(2).expand(-1, -1, probs.shape[2], -1, -1).gather(
-        3, indices.unsqueeze(-1).expand(-1, -1, -1, -1, value.shape[-1])
-    )).sum(-2)
+    output = (
+        probs.unsqueeze(-1)
+        * value.unsqueeze(2)
+        .expand(-1, -1, probs.shape[2], -1, -1)
+        .gather(3, indices.unsqueeze(-1).expand(-1, -1, -1, -1, value.shape[-1]))
+    ).sum(-2)
     weights = torch.zeros_like(scores).scatter(-1, indices, probs)
     return output.transpose(1, 2).contiguous(), weights
 

@@ -29,13 +29,25 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands = parser.add_subparsers(dest="command", required=True)
     info = subcommands.add_parser("info", help="version and presets")
     info.set_defaults(func=_info)
-    try:
-        from .experiments.cli import register as register_experiments
-    except ImportError:
-        register_experiments = None
-    if register_experiments is not None:
-        register_experiments(subcommands)
+    for register in _subcommand_registrars():
+        register(subcommands)
     return parser
+
+
+def _subcommand_registrars():
+    """`register(subcommands)` of each command group: training (`train`, `push`, `demo`), `eval`, `experiment`."""
+    import importlib
+
+    optional = ("datasets", "evaluate", "lm_eval", "matplotlib", "accelerate", "tokenizers", "sklearn")
+    for group in ("training", "evaluation", "experiments"):
+        module = f"{__package__}.{group}.cli"
+        try:
+            yield importlib.import_module(module).register
+        except ModuleNotFoundError as error:
+            # A group that is absent or whose optional dependencies are missing is left out; a bug is not hidden.
+            missing = error.name or ""
+            if missing not in (module, f"{__package__}.{group}") and missing.split(".")[0] not in optional:
+                raise
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,6 @@ from transformers.modeling_outputs import (
 from .attention_aot import ATTENTION_KERNELS
 from .configuration_aot import AoTConfig
 
-
 AUTO_MAP = {
     "AutoConfig": "configuration_aot.AoTConfig",
     "AutoModel": "modeling_aot.AoTModel",

@@ -12,8 +12,12 @@ from typing import Any
 
 GPT2_VOCAB_SIZE = 50257
 
-_LANGUAGE = {"vocab_size": GPT2_VOCAB_SIZE, "max_position_embeddings": 1024, "bos_token_id": 50256,
-             "eos_token_id": 50256}
+_LANGUAGE = {
+    "vocab_size": GPT2_VOCAB_SIZE,
+    "max_position_embeddings": 1024,
+    "bos_token_id": 50256,
+    "eos_token_id": 50256,
+}
 _CAUSAL_MSSA = {**_LANGUAGE, "attention_type": "mssa", "normalize_query": True}
 _VISION = {"image_size": 224, "patch_size": 16, "num_channels": 3, "num_labels": 1000, "attention_type": "mssa"}
 
@@ -22,23 +26,44 @@ PRESETS: dict[str, dict[str, Any]] = {
     "aot-mssa-l-medium": {**_CAUSAL_MSSA, "num_hidden_layers": 36, "hidden_size": 1280, "num_attention_heads": 20},
     "aot-mssa-l-large": {**_CAUSAL_MSSA, "num_hidden_layers": 48, "hidden_size": 1600, "num_attention_heads": 25},
     "aot-mhsa-l-base": {
-        **_LANGUAGE, "attention_type": "mhsa", "num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14,
+        **_LANGUAGE,
+        "attention_type": "mhsa",
+        "num_hidden_layers": 24,
+        "hidden_size": 896,
+        "num_attention_heads": 14,
     },
     "aot-v-base": {**_VISION, "num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12},
     "aot-v-large": {**_VISION, "num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16},
     "aot-v-huge": {**_VISION, "num_hidden_layers": 32, "hidden_size": 1152, "num_attention_heads": 16},
     # Tiny models for tests, demos and CPU experiments.
     "aot-mssa-l-tiny": {
-        **_CAUSAL_MSSA, "vocab_size": 1024, "max_position_embeddings": 256, "num_hidden_layers": 4,
-        "hidden_size": 64, "num_attention_heads": 4, "bos_token_id": None, "eos_token_id": None,
+        **_CAUSAL_MSSA,
+        "vocab_size": 1024,
+        "max_position_embeddings": 256,
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "bos_token_id": None,
+        "eos_token_id": None,
     },
     "aot-mhsa-l-tiny": {
-        **_LANGUAGE, "attention_type": "mhsa", "vocab_size": 1024, "max_position_embeddings": 256,
-        "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "bos_token_id": None,
+        **_LANGUAGE,
+        "attention_type": "mhsa",
+        "vocab_size": 1024,
+        "max_position_embeddings": 256,
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "bos_token_id": None,
         "eos_token_id": None,
     },
     "aot-v-tiny": {
-        **_VISION, "image_size": 32, "patch_size": 4, "num_labels": 10, "num_hidden_layers": 4, "hidden_size": 64,
+        **_VISION,
+        "image_size": 32,
+        "patch_size": 4,
+        "num_labels": 10,
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
         "num_attention_heads": 4,
     },
 }

@@ -1,0 +1,178 @@
+"""Attention kernels: k-NN equals dense for large k, chunked equals the reference, masks and clamping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aot_transformers.attention_aot import (
+    eager_attention_forward,
+    knn_attention_forward,
+    knn_attention_reference,
+    resolve_knn_k,
+    sdpa_attention_forward,
+    subspace_attention,
+)
+
+
+def _qkv(batch=2, heads=3, q_len=37, k_len=37, dim=8, dtype=torch.float64, grad=False):
+    make = lambda n: torch.randn(batch, heads, n, dim, dtype=dtype, requires_grad=grad)
+    return make(q_len), make(k_len), make(k_len)
+
+
+def _padding_mask(lengths, k_len, causal=True, q_len=None):
+    q_len = q_len or k_len
+    key_valid = torch.zeros(len(lengths), k_len, dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        key_valid[row, k_len - n :] = True  # left padding
+    mask = key_valid[:, None, None, :]
+    if causal:
+        offset = k_len - q_len
+        mask = mask & (torch.arange(k_len)[None, :] <= torch.arange(q_len)[:, None] + offset)
+    return mask
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_knn_with_k_at_least_n_equals_dense(causal):
+    q, k, v = _qkv()
+    dense, _ = eager_attention_forward(None, q, k, v, None, 0.3, is_causal=causal)
+    for knn_k in (37, 100, 1.0):
+        out, _ = knn_attention_forward(None, q, k, v, None, 0.3, is_causal=causal, knn_k=knn_k, knn_chunk_size=8)
+        torch.testing.assert_close(out, dense)
+
+
+def test_sdpa_equals_eager():
+    q, k, v = _qkv(dtype=torch.float32)
+    mask = _padding_mask([37, 20], 37)
+    for is_causal, m in ((True, None), (False, None), (True, mask)):
+        a, _ = sdpa_attention_forward(None, q, k, v, m, 0.3, is_causal=is_causal)
+        b, _ = eager_attention_forward(None, q, k, v, m, 0.3, is_causal=is_causal)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("knn_k", [1, 5, 0.3])
+@pytest.mark.parametrize("masking", ["none", "causal", "causal+padding", "cache"])
+@pytest.mark.parametrize("chunk", [4, 16, 512])
+def test_chunked_knn_equals_reference_values_and_gradients(knn_k, masking, chunk):
+    q_len = 5 if masking == "cache" else 37
+    q, k, v = _qkv(q_len=q_len, grad=True)
+    mask, is_causal = None, masking != "none"
+    if masking == "causal+padding":
+        mask = _padding_mask([37, 11], 37)
+    if masking == "cache":
+        mask = _padding_mask([37, 30], 37, q_len=q_len)
+    out, weights = knn_attention_forward(
+        None, q, k, v, mask, 0.4, is_causal=is_causal, knn_k=knn_k, knn_chunk_size=chunk, output_attentions=True
+    )
+    ref, ref_weights = knn_attention_reference(None, q, k, v, mask, 0.4, is_causal=is_causal, knn_k=knn_k)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(weights, ref_weights)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r)
+
+
+def test_knn_gradcheck():
+    q, k, v = _qkv(batch=1, heads=2, q_len=9, k_len=9, dim=4, grad=True)
+    mask = _padding_mask([9], 9)
+    fn = lambda q, k, v: knn_attention_forward(None, q, k, v, mask, 0.5, knn_k=3, knn_chunk_size=4)[0]
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_knn_keeps_exactly_k_visible_keys_and_respects_masks():
+    q, k, v = _qkv(q_len=20, k_len=20)
+    mask = _padding_mask([20, 12], 20)
+    _, weights = knn_attention_forward(
+        None, q, k, v, mask, 0.3, is_causal=True, knn_k=4, knn_chunk_size=7, output_attentions=True
+    )
+    kept = (weights > 0).sum(-1)  # (B, H, Tq)
+    visible = mask.sum(-1).expand_as(kept)
+    real = visible > 0
+    assert torch.equal(kept[real], torch.clamp(visible[real], max=4))
+    assert not (weights > 0)[(~mask).expand_as(weights) & real[..., None]].any(), "attended to a masked key"
+    # the kept keys carry the highest scores among the visible ones
+    scores = (q @ k.transpose(-1, -2) * 0.3).masked_fill(~mask, float("-inf"))
+    kept_min = scores.masked_fill(weights == 0, float("inf")).amin(-1)
+    dropped_max = scores.masked_fill((weights > 0) | ~mask, float("-inf")).amax(-1)
+    assert (kept_min[real] >= dropped_max[real]).all()
+
+
+def test_k_equals_one_picks_argmax_key():
+    q, k, v = _qkv()
+    out, _ = knn_attention_forward(None, q, k, v, None, 1.0, knn_k=1)
+    best = (q @ k.transpose(-1, -2)).argmax(-1)  # (B, H, Tq)
+    expected = v.gather(2, best[..., None].expand(-1, -1, -1, v.shape[-1]))
+    torch.testing.assert_close(out.transpose(1, 2), expected)
+
+
+def test_ties_keep_exactly_k():
+    q = torch.zeros(1, 1, 6, 4)
+    k = torch.zeros(1, 1, 6, 4)
+    v = torch.randn(1, 1, 6, 4)
+    _, weights = knn_attention_forward(None, q, k, v, None, 1.0, knn_k=2, output_attentions=True)
+    assert torch.equal((weights > 0).sum(-1), torch.full((1, 1, 6), 2))
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 1, 6))
+
+
+def test_fully_masked_rows_are_finite():
+    q, k, v = _qkv(dtype=torch.float32, grad=True)
+    mask = _padding_mask([37, 5], 37)  # row 1 has 32 padded queries that see no key
+    for kernel, kwargs in (
+        (knn_attention_forward, dict(knn_k=3)),
+        (eager_attention_forward, {}),
+        (sdpa_attention_forward, {}),
+    ):
+        out, _ = kernel(None, q, k, v, mask, 0.3, **kwargs)
+        assert torch.isfinite(out).all(), kernel.__name__
+        out.sum().backward()
+        assert all(torch.isfinite(t.grad).all() for t in (q, k, v)), kernel.__name__
+
+
+def test_two_stage_topk_used_on_long_rows_matches_topk():
+    torch.manual_seed(1)
+    q, k, v = _qkv(batch=1, heads=2, q_len=40, k_len=512, dim=16, grad=True)
+    out, _ = knn_attention_forward(None, q, k, v, None, 0.25, knn_k=8, knn_chunk_size=16)
+    ref, _ = knn_attention_reference(None, q, k, v, None, 0.25, knn_k=8)
+    torch.testing.assert_close(out, ref)
+
+
+def test_resolve_knn_k():
+    visible = torch.tensor([0, 1, 3, 10, 100])
+    assert resolve_knn_k(4, visible).tolist() == [1, 1, 3, 4, 4]
+    assert resolve_knn_k(0.5, visible).tolist() == [1, 1, 2, 5, 50]
+    assert resolve_knn_k(1.0, visible).tolist() == [1, 1, 3, 10, 100]
+
+
+def test_knn_bf16_finite_and_close():
+    q, k, v = _qkv(batch=1, heads=2, q_len=300, k_len=300, dim=16, dtype=torch.float32)
+    out32, _ = knn_attention_forward(None, q, k, v, None, 0.25, knn_k=16, is_causal=True)
+    out16, _ = knn_attention_forward(
+        None, q.bfloat16(), k.bfloat16(), v.bfloat16(), None, 0.25, knn_k=16, is_causal=True
+    )
+    assert torch.isfinite(out16).all()
+    assert (out16.float() - out32).abs().mean() < 0.05
+
+
+def test_subspace_attention_matches_written_out_formula():
+    """MSSA(Z) = Σ_k U_k U_kᵀ Z φ(Zᵀ U_k U_kᵀ Z), with Z holding tokens as columns."""
+    torch.manual_seed(0)
+    d, n, heads, rank = 6, 5, 2, 3
+    x = torch.randn(1, n, d, dtype=torch.float64)
+    subspaces = torch.randn(heads, d, rank, dtype=torch.float64)
+    z = x[0].T  # (d, N)
+    expected = torch.zeros(d, n, dtype=torch.float64)
+    for u in subspaces:
+        gram = z.T @ u @ u.T @ z  # (N, N), symmetric
+        expected += u @ u.T @ z @ torch.softmax(0.7 * gram, dim=0)  # φ normalises over keys
+    got = subspace_attention(x, subspaces, phi="softmax", scaling=0.7)
+    torch.testing.assert_close(got[0], expected.T)
+    linear = subspace_attention(x, subspaces, phi="linear", scaling=0.7)
+    expected_linear = sum(u @ u.T @ z @ (0.7 * z.T @ u @ u.T @ z) for u in subspaces)
+    torch.testing.assert_close(linear[0], expected_linear.T)
+
+
+def test_subspace_attention_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="subspaces"):
+        subspace_attention(torch.randn(1, 4, 6), torch.randn(2, 5, 3))

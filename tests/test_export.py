@@ -1,0 +1,154 @@
+"""Saved folders load through the Auto classes with trust_remote_code=True, without aot-transformers installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from aot_transformers import AoTForCausalLM, AoTForImageClassification, export_model
+from conftest import tiny_config
+
+CODE_FILES = {"configuration_aot.py", "attention_aot.py", "modeling_aot.py"}
+AUTO_MAP_KEYS = {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForImageClassification"}
+
+# Runs in a fresh interpreter where `import aot_transformers` fails: only transformers' remote-code path can work.
+LOADER = textwrap.dedent(
+    """
+    import sys
+    sys.modules["aot_transformers"] = None  # make the package unimportable
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageClassification
+
+    source, inputs_file, output_file, kind = sys.argv[1:5]
+    inputs = load_file(inputs_file)
+    results = {}
+    with torch.no_grad():
+        if kind == "text":
+            lm = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=True).eval()
+            assert type(lm).__module__.startswith("transformers_modules"), type(lm).__module__
+            results["logits"] = lm(inputs["input_ids"]).logits
+            base = AutoModel.from_pretrained(source, trust_remote_code=True).eval()
+            results["hidden"] = base(inputs["input_ids"]).last_hidden_state
+        else:
+            clf = AutoModelForImageClassification.from_pretrained(source, trust_remote_code=True).eval()
+            results["logits"] = clf(inputs["pixel_values"]).logits
+    save_file({k: v.contiguous() for k, v in results.items()}, output_file)
+    """
+)
+
+
+def _run_fresh(tmp_path: Path, source: str, inputs: dict, kind: str, env_extra: dict | None = None) -> dict:
+    script = tmp_path / "load.py"
+    script.write_text(LOADER)
+    save_file(inputs, str(tmp_path / "inputs.safetensors"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")})
+    env.update(env_extra or {})
+    subprocess.run(
+        [sys.executable, str(script), source, str(tmp_path / "inputs.safetensors"), str(tmp_path / "out.st"), kind],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    return load_file(str(tmp_path / "out.st"))
+
+
+def test_saved_folder_layout(tmp_path):
+    model = AoTForCausalLM(tiny_config())
+    model.save_pretrained(tmp_path)
+    files = {p.name for p in tmp_path.iterdir()}
+    assert CODE_FILES | {"config.json", "model.safetensors"} <= files
+    assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in files)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert set(config["auto_map"]) == AUTO_MAP_KEYS
+    assert config["model_type"] == "aot"
+
+
+def test_round_trip_keeps_weights_and_config(tmp_path):
+    model = AoTForCausalLM(tiny_config(knn_k=3, attention_type="mhsa")).eval()
+    model.save_pretrained(tmp_path)
+    loaded = AoTForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.knn_k == 3 and loaded.config.attention_type == "mhsa"
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), f"{name} was re-initialised on load"
+    ids = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, loaded(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("attention_type", ["mssa", "mhsa"])
+def test_fresh_process_without_package_loads_text_model(tmp_path, attention_type):
+    model = AoTForCausalLM(tiny_config(attention_type=attention_type, normalize_query=True)).eval()
+    folder = tmp_path / "model"
+    export_model(model, folder)
+    ids = torch.randint(0, 97, (2, 9))
+    out = _run_fresh(tmp_path, str(folder), {"input_ids": ids}, "text")
+    with torch.no_grad():
+        torch.testing.assert_close(out["logits"], model(ids).logits, rtol=0, atol=0)
+        torch.testing.assert_close(out["hidden"], model.model(ids).last_hidden_state, rtol=0, atol=0)
+
+
+def test_fresh_process_without_package_loads_image_classifier(tmp_path):
+    model = AoTForImageClassification(tiny_config(knn_k=0.5)).eval()
+    folder = tmp_path / "model"
+    export_model(model, folder)
+    pixels = torch.randn(2, 3, 16, 16)
+    out = _run_fresh(tmp_path, str(folder), {"pixel_values": pixels}, "image")
+    with torch.no_grad():
+        torch.testing.assert_close(out["logits"], model(pixels).logits, rtol=0, atol=0)
+
+
+def test_hub_style_repo_id_from_local_cache(tmp_path):
+    """`from_pretrained("org/name", trust_remote_code=True)` offline, resolved from an HF cache snapshot."""
+    model = AoTForCausalLM(tiny_config()).eval()
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--aot-test--tiny-aot"
+    snapshot = repo / "snapshots" / commit
+    model.save_pretrained(snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    ids = torch.randint(0, 97, (1, 7))
+    cache = {"HF_HUB_CACHE": str(tmp_path / "hub")}
+    out = _run_fresh(tmp_path, "aot-test/tiny-aot", {"input_ids": ids}, "text", cache)
+    with torch.no_grad():
+        torch.testing.assert_close(out["logits"], model(ids).logits, rtol=0, atol=0)
+
+
+def test_export_is_atomic_and_keeps_old_folder_on_failure(tmp_path):
+    folder = tmp_path / "model"
+    export_model(AoTForCausalLM(tiny_config()), folder)
+    before = (folder / "model.safetensors").read_bytes()
+
+    class Broken:
+        def save_pretrained(self, path):
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        export_model(AoTForCausalLM(tiny_config(hidden_size=64)), folder, tokenizer=Broken())
+    assert (folder / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"], "staging folder left behind"
+    with pytest.raises(FileExistsError):
+        export_model(AoTForCausalLM(tiny_config()), folder, overwrite=False)
+
+
+def test_export_rejects_non_aot_model(tmp_path):
+    with pytest.raises(TypeError, match="AoT model"):
+        export_model(torch.nn.Linear(2, 2), tmp_path / "x")
+
+
+def test_copied_code_files_are_the_package_files(tmp_path):
+    AoTForCausalLM(tiny_config()).save_pretrained(tmp_path)
+    package = Path(__file__).resolve().parents[1] / "src" / "aot_transformers"
+    for name in CODE_FILES:
+        assert (tmp_path / name).read_text() == (package / name).read_text()
+    assert shutil.which(sys.executable)

@@ -1,0 +1,293 @@
+"""AoT models: causal LM and image classifier behaviour, generation, variants, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aot_transformers import AoTForCausalLM, AoTForImageClassification, AoTModel, AoTVisionModel
+from conftest import tiny_config
+
+TEXT_VARIANTS = {
+    "mssa": dict(attention_type="mssa", normalize_query=True),
+    "mhsa": dict(attention_type="mhsa"),
+    "mssa-knn": dict(attention_type="mssa", knn_k=3, knn_chunk_size=5),
+    "mhsa-knn-frac": dict(attention_type="mhsa", knn_k=0.5, knn_chunk_size=4),
+    "hybrid": dict(mlp_layers="first_half", num_hidden_layers=4),
+    "full": dict(mlp_layers="all"),
+    "no-ln-step": dict(layer_norm=False, step_size=0.3),
+}
+
+
+def _lm(**overrides) -> AoTForCausalLM:
+    return AoTForCausalLM(tiny_config(**overrides)).eval()
+
+
+def _ids(batch=2, length=12, vocab=97):
+    return torch.randint(0, vocab, (batch, length))
+
+
+@pytest.mark.parametrize("variant", sorted(TEXT_VARIANTS))
+def test_future_tokens_never_change_past_logits(variant):
+    model = _lm(**TEXT_VARIANTS[variant])
+    ids = _ids(length=16)
+    changed = ids.clone()
+    changed[:, 9:] = (changed[:, 9:] + 1) % 97
+    with torch.no_grad():
+        a, b = model(ids).logits, model(changed).logits
+    torch.testing.assert_close(a[:, :9], b[:, :9])
+    assert not torch.allclose(a[:, 9:], b[:, 9:])
+
+
+@pytest.mark.parametrize("variant", sorted(TEXT_VARIANTS))
+def test_cached_greedy_generation_equals_uncached(variant):
+    model = _lm(**TEXT_VARIANTS[variant])
+    prompt = _ids(batch=1, length=5)
+    cached = model.generate(prompt, max_new_tokens=12, do_sample=False, use_cache=True)
+    uncached = model.generate(prompt, max_new_tokens=12, do_sample=False, use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("variant", ["mssa", "mhsa", "mssa-knn"])
+def test_left_padded_batch_equals_unpadded_single_runs(variant):
+    model = _lm(**TEXT_VARIANTS[variant], pad_token_id=0)
+    prompts = [torch.randint(1, 97, (1, n)) for n in (7, 4)]
+    width = max(p.shape[1] for p in prompts)
+    batch = torch.zeros(2, width, dtype=torch.long)
+    mask = torch.zeros(2, width, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        batch[row, width - p.shape[1] :] = p
+        mask[row, width - p.shape[1] :] = 1
+    with torch.no_grad():
+        padded_logits = model(batch, attention_mask=mask).logits
+    generated = model.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    for row, p in enumerate(prompts):
+        with torch.no_grad():
+            single = model(p).logits
+        torch.testing.assert_close(padded_logits[row, width - p.shape[1] :], single[0], atol=1e-5, rtol=1e-4)
+        single_gen = model.generate(p, max_new_tokens=6, do_sample=False)
+        assert torch.equal(generated[row, width:], single_gen[0, p.shape[1] :])
+
+
+def test_beam_search_runs():
+    model = _lm(attention_type="mssa")
+    out = model.generate(_ids(batch=2, length=4), max_new_tokens=5, num_beams=3, do_sample=False)
+    assert out.shape == (2, 9)
+
+
+def test_mssa_cache_holds_one_tensor_half_of_mhsa():
+    sizes = {}
+    for attention_type in ("mssa", "mhsa"):
+        model = _lm(attention_type=attention_type)
+        with torch.no_grad():
+            cache = model(_ids(length=10), use_cache=True).past_key_values
+        sizes[attention_type] = sum(
+            layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+            for layer in cache.layers
+        )
+        assert cache.get_seq_length() == 10
+    assert sizes["mssa"] * 2 == sizes["mhsa"]
+
+
+def test_sdpa_eager_and_output_attentions_agree():
+    model = _lm(attention_type="mssa")
+    ids = _ids()
+    with torch.no_grad():
+        sdpa = model(ids).logits
+        model.config._attn_implementation = "eager"
+        eager = model(ids, output_attentions=True, output_hidden_states=True)
+    torch.testing.assert_close(sdpa, eager.logits, atol=1e-5, rtol=1e-4)
+    assert len(eager.attentions) == 2 and eager.attentions[0].shape == (2, 4, 12, 12)
+    assert len(eager.hidden_states) == 3 and eager.hidden_states[-1].shape == (2, 12, 32)
+    torch.testing.assert_close(eager.attentions[0].sum(-1), torch.ones(2, 4, 12))
+    assert torch.all(eager.attentions[0].triu(1) == 0)
+
+
+def test_knn_attentions_have_k_nonzeros():
+    model = _lm(knn_k=3)
+    with torch.no_grad():
+        attentions = model(_ids(), output_attentions=True).attentions
+    kept = (attentions[0] > 0).sum(-1)
+    assert torch.equal(kept, torch.clamp(torch.arange(1, 13), max=3).expand(2, 4, 12))
+
+
+def test_return_tuple_and_logits_to_keep():
+    model = _lm()
+    ids = _ids()
+    with torch.no_grad():
+        full = model(ids).logits
+        last = model(ids, logits_to_keep=1).logits
+        as_tuple = model(ids, return_dict=False, use_cache=False)
+    assert last.shape == (2, 1, 97)
+    torch.testing.assert_close(last[:, 0], full[:, -1])
+    assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], full)
+
+
+def test_loss_matches_manual_shifted_cross_entropy():
+    model = _lm()
+    ids = _ids()
+    labels = ids.clone()
+    labels[0, :3] = -100
+    out = model(ids, labels=labels)
+    logits = out.logits[:, :-1].reshape(-1, 97)
+    expected = torch.nn.functional.cross_entropy(logits, labels[:, 1:].reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_loss_with_num_items_in_batch_makes_accumulation_exact():
+    """Trainer passes num_items_in_batch: summed micro-batch losses equal the loss of the whole batch."""
+    model = _lm()
+    ids = _ids(batch=4)
+    labels = ids.clone()
+    labels[0, :8] = -100  # uneven token counts per micro-batch
+    whole = model(ids, labels=labels).loss
+    num_items = (labels[:, 1:] != -100).sum()
+    parts = sum(model(ids[i : i + 2], labels=labels[i : i + 2], num_items_in_batch=num_items).loss for i in (0, 2))
+    torch.testing.assert_close(parts, whole)
+
+
+@pytest.mark.parametrize("variant", sorted(TEXT_VARIANTS))
+def test_variants_train_loss_goes_down(variant):
+    torch.manual_seed(0)
+    model = AoTForCausalLM(tiny_config(**TEXT_VARIANTS[variant])).train()
+    ids = _ids(batch=4, length=16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = model(ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_gradient_checkpointing_gives_same_gradients():
+    model = AoTForCausalLM(tiny_config(knn_k=4)).train()
+    ids = _ids()
+    model(ids, labels=ids).loss.backward()
+    reference = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.activation_checkpointing_enable()
+    model(ids, labels=ids).loss.backward()
+    for p, g in zip(model.parameters(), reference, strict=True):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_parameter_layout_mssa_vs_mhsa():
+    mssa = dict(AoTModel(tiny_config(attention_type="mssa")).layers[0].attention.named_parameters())
+    mhsa = dict(AoTModel(tiny_config(attention_type="mhsa")).layers[0].attention.named_parameters())
+    assert sorted(mssa) == ["o_proj.weight", "subspace_proj.weight"]
+    assert sorted(mhsa) == ["k_proj.weight", "o_proj.weight", "q_proj.weight", "v_proj.weight"]
+
+
+def test_no_mlp_unless_ablation():
+    names = [n for n, _ in AoTForCausalLM(tiny_config()).named_parameters()]
+    assert not any("mlp" in n for n in names)
+    hybrid = AoTForCausalLM(tiny_config(num_hidden_layers=4, mlp_layers="first_half")).model.layers
+    assert [layer.mlp is not None for layer in hybrid] == [True, True, False, False]
+
+
+def test_tied_embeddings():
+    model = _lm()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    untied = _lm(tie_word_embeddings=False)
+    assert untied.lm_head.weight.data_ptr() != untied.model.embed_tokens.weight.data_ptr()
+
+
+def test_step_size_scales_the_residual_update():
+    config = tiny_config(num_hidden_layers=1, step_size=1.0)
+    model = AoTModel(config).eval()
+    half = AoTModel(tiny_config(num_hidden_layers=1, step_size=0.5)).eval()
+    half.load_state_dict(model.state_dict())
+    ids = _ids()
+    with torch.no_grad():
+        embed = model.embed_tokens(ids) + model.embed_positions(torch.arange(12))
+        full_update = model.layers[0](embed)[0] - embed
+        half_update = half.layers[0](embed)[0] - embed
+    torch.testing.assert_close(half_update, 0.5 * full_update)
+
+
+# --- bad input --------------------------------------------------------------------------------------------------
+
+
+def test_token_ids_out_of_vocab_raise():
+    model = _lm()
+    with pytest.raises(ValueError, match="input_ids.*vocab_size=97"):
+        model(torch.tensor([[1, 2, 97]]))
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(TypeError, match="input_ids"):
+        model(torch.tensor([[1.0, 2.0]]))
+
+
+def test_sequence_longer_than_positions_raises():
+    model = _lm(max_position_embeddings=16)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(_ids(length=17))
+    ok = model.generate(_ids(batch=1, length=10), max_new_tokens=6, do_sample=False)
+    assert ok.shape[1] == 16
+
+
+def test_bad_attention_mask_shape_raises():
+    with pytest.raises(ValueError, match="attention_mask"):
+        _lm()(_ids(), attention_mask=torch.ones(2, 5))
+
+
+def test_input_ids_and_embeds_exclusive():
+    with pytest.raises(ValueError, match="exactly one"):
+        _lm()(_ids(), inputs_embeds=torch.randn(2, 12, 32))
+
+
+# --- vision -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(), dict(attention_type="mhsa"), dict(layer_norm=False), dict(pooling="mean"), dict(knn_k=0.5)],
+)
+def test_image_classifier_forward_and_training(overrides):
+    torch.manual_seed(0)
+    model = AoTForImageClassification(tiny_config(**overrides)).train()
+    pixels = torch.randn(8, 3, 16, 16)
+    labels = torch.arange(8) % 5
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(25):
+        out = model(pixels, labels=labels)
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+        losses.append(out.loss.item())
+    assert out.logits.shape == (8, 5)
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_vision_model_is_bidirectional_and_pools():
+    model = AoTVisionModel(tiny_config()).eval()
+    pixels = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        out = model(pixels, output_attentions=True, output_hidden_states=True)
+        changed = pixels.clone()
+        changed[..., 12:, 12:] = torch.randn(2, 3, 4, 4)  # last patch only
+        cls_changed = model(changed).pooler_output
+    assert out.last_hidden_state.shape == (2, 17, 32)
+    torch.testing.assert_close(out.pooler_output, out.last_hidden_state[:, 0])
+    assert out.attentions[0].shape == (2, 4, 17, 17) and (out.attentions[0].triu(1) > 0).any()
+    assert not torch.allclose(cls_changed, out.pooler_output), "the CLS token must see later patches"
+
+
+@pytest.mark.parametrize(
+    ("shape", "match"),
+    [((2, 1, 16, 16), "num_channels"), ((2, 3, 32, 32), "image_size"), ((3, 16, 16), "pixel_values")],
+)
+def test_wrong_image_shape_raises(shape, match):
+    model = AoTForImageClassification(tiny_config())
+    with pytest.raises(ValueError, match=match):
+        model(torch.randn(*shape))
+
+
+def test_labels_out_of_range_raise():
+    model = AoTForImageClassification(tiny_config())
+    with pytest.raises(ValueError, match="num_labels=5"):
+        model(torch.randn(2, 3, 16, 16), labels=torch.tensor([0, 5]))
