@@ -1,0 +1,111 @@
+"""Results files: `results.json` and a markdown table in the layout of the AoT paper's Table 3.
+
+Files are written to a temporary name and renamed into place, so an interrupted run never leaves a partial file
+and an earlier results file survives a failed one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from .data import EvaluationError
+from .runner import EvaluationReport
+
+# Columns of the paper's Table 3: (task, metric, header). Losses are mean token cross-entropy in nats.
+TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("lambada", "loss", "LAMBADA loss ↓"),
+    ("ptb", "loss", "PTB loss ↓"),
+    ("wikitext", "loss", "WikiText loss ↓"),
+    ("lambada_acc", "acc", "LAMBADA acc ↑"),
+    ("cbt_cn", "acc", "CBT-CN acc ↑"),
+    ("cbt_ne", "acc", "CBT-NE acc ↑"),
+)
+
+# Every metric per task for the detailed table.
+DETAIL_METRICS = ("loss", "perplexity", "bits_per_byte", "acc", "acc_norm", "last_word_perplexity")
+
+
+def _format(value, metric: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if metric in ("acc", "acc_norm"):
+        return f"{100 * value:.2f}%"
+    return f"{value:.3f}" if abs(value) < 1e4 else f"{value:.4g}"
+
+
+def _parameters(report: EvaluationReport) -> str:
+    count = report.model_info.get("num_parameters")
+    return f"{count / 1e6:.2f}M" if count else "–"
+
+
+def markdown_table(reports: Sequence[EvaluationReport], names: Sequence[str] | None = None) -> str:
+    """One row per model with the paper's six numbers (– where a task was not run), then a detailed table.
+
+    Args:
+        reports: The models to compare.
+        names: Row labels (default: each report's `model`).
+    """
+    names = list(names) if names is not None else [report.model for report in reports]
+    header = ["Model", "Params", *(column[2] for column in TABLE_COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, report in zip(names, reports, strict=True):
+        cells = [name, _parameters(report)]
+        cells += [_format(report.results.get(task, {}).get(metric), metric) for task, metric, _ in TABLE_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+
+    lines += [
+        "",
+        "| Model | Task | Data | " + " | ".join(DETAIL_METRICS) + " | Tokens | Seconds |",
+        "|" + "---|" * (len(DETAIL_METRICS) + 5),
+    ]
+    for name, report in zip(names, reports, strict=True):
+        for task, result in report.results.items():
+            source = result.get("source", {})
+            where = Path(source["path"]).name if source.get("type") == "file" else source.get("path", "")
+            if source.get("type") == "hub":
+                where = f"{where} ({source.get('name') or ''} {source.get('split') or ''})".replace("( ", "(")
+            cells = [name, task, where, *(_format(result.get(m), m) for m in DETAIL_METRICS)]
+            cells += [str(result.get("tokens", "–")), f"{result.get('seconds', 0):.1f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_results(report: EvaluationReport, output_dir: str | os.PathLike) -> tuple[Path, Path]:
+    """Write `results.json` and `results.md` into `output_dir` (atomically); returns both paths."""
+    output = Path(output_dir)
+    json_path, markdown_path = output / "results.json", output / "results.md"
+    payload = json.dumps(report.to_dict(), indent=2, sort_keys=False, allow_nan=True) + "\n"
+    _atomic_write(json_path, payload)
+    _atomic_write(markdown_path, f"# Zero-shot evaluation of {report.model}\n\n{markdown_table([report])}")
+    return json_path, markdown_path
+
+
+def read_results(path: str | os.PathLike) -> EvaluationReport:
+    """Read a `results.json` written by `write_results`."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvaluationError(f"results file not found: {path}")
+    try:
+        return EvaluationReport.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except json.JSONDecodeError as error:
+        raise EvaluationError(f"{path}, line {error.lineno}: not JSON ({error.msg}).") from None
+
+
+__all__ = ["TABLE_COLUMNS", "markdown_table", "read_results", "write_results"]
