@@ -1,0 +1,347 @@
+"""Causal-LM pretraining and fine-tuning of AoT models with `transformers.Trainer`.
+
+Runs as `aot train lm …`, `python -m aot_transformers.training.lm …`, `torchrun --nproc_per_node N -m
+aot_transformers.training.lm …` and `accelerate launch -m aot_transformers.training.lm …` with the same arguments:
+the three dataclasses below plus every `TrainingArguments` flag. All input is checked (data, columns, preset,
+tokenizer against the model, block size) before the first training step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .common import (
+    PublishArguments,
+    TrainingSetupError,
+    build_config,
+    finalize_run,
+    perplexity,
+    prepare_training_arguments,
+    resolve_resume,
+    training_summary,
+)
+from .text_data import TextDataArguments, load_text_source, tokenize_and_pack
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LM_PRESET = "aot-mssa-l-tiny"
+TOKENIZER_SUBDIR = "tokenizer"
+TOKENIZER_STREAM_EXAMPLES = 100_000
+
+
+@dataclass
+class LMModelArguments:
+    """Which model to train and with which tokenizer."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "An AoT checkpoint (folder or Hub id) to fine-tune."}
+    )
+    preset: str | None = field(
+        default=None, metadata={"help": f"A named configuration (`aot info` lists them); default {DEFAULT_LM_PRESET}."}
+    )
+    config_file: str | None = field(default=None, metadata={"help": "A config.json to build the model from."})
+    config_overrides: str | None = field(
+        default=None, metadata={"help": "Config fields to override, e.g. 'hidden_size=128,num_hidden_layers=6'."}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "A tokenizer folder or Hub id (default: the checkpoint's, else train a byte-level BPE)."},
+    )
+    tokenizer_vocab_size: int | None = field(
+        default=None, metadata={"help": "Vocabulary of the trained BPE (default: the model's vocab_size)."}
+    )
+
+
+@dataclass
+class LMRun:
+    """Everything set up for a run, before training: `trainer.train(resume_from_checkpoint=resume)` starts it."""
+
+    trainer: Any
+    tokenizer: Any
+    resume: str | None
+    push: bool
+    source: Any
+    block_size: int
+    unigram_perplexity: float | None
+    model_args: LMModelArguments
+    data_args: TextDataArguments
+    training_args: Any
+    publish_args: PublishArguments
+
+
+def load_or_train_tokenizer(
+    model_args: LMModelArguments, config, source, training_args, resume: str | None, text_column: str = "text"
+):
+    """The tokenizer of the run: given, the checkpoint's, the resumed run's, or a byte-level BPE trained on the
+    training text (by the main process; saved under `<output_dir>/tokenizer` for the others and for resuming)."""
+    from transformers import AutoTokenizer
+
+    candidates = [model_args.tokenizer_name_or_path]
+    if not model_args.tokenizer_name_or_path:
+        candidates += [resume, model_args.model_name_or_path]
+    for candidate in candidates:
+        if not candidate:
+            continue
+        if candidate == model_args.tokenizer_name_or_path or (Path(candidate) / "tokenizer_config.json").is_file():
+            if candidate.startswith((".", "/", "~")) and not Path(candidate).exists():
+                raise TrainingSetupError(f"--tokenizer_name_or_path {candidate}: no such folder.")
+            try:
+                return AutoTokenizer.from_pretrained(candidate)
+            except Exception as error:
+                raise TrainingSetupError(f"Could not load the tokenizer {candidate!r}: {error}") from error
+    from .tokenizer import train_bpe_tokenizer
+
+    saved = Path(training_args.output_dir) / TOKENIZER_SUBDIR
+    vocab_size = model_args.tokenizer_vocab_size or config.vocab_size
+    if vocab_size > config.vocab_size:
+        raise TrainingSetupError(
+            f"--tokenizer_vocab_size {vocab_size} is larger than the model's vocab_size {config.vocab_size}; lower it "
+            f"or raise the model's with --config_overrides vocab_size={vocab_size}."
+        )
+    with training_args.main_process_first(desc="tokenizer training"):
+        if (saved / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(saved)
+        # A stream is sampled: its first examples teach the merges.
+        texts = source.train.take(TOKENIZER_STREAM_EXAMPLES) if _length(source.train) is None else source.train
+        tokenizer = train_bpe_tokenizer(
+            (row[text_column] for row in texts), vocab_size=vocab_size, length=_length(texts), show_progress=True
+        )
+        tokenizer.save_pretrained(saved)
+        return tokenizer
+
+
+def _length(dataset) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def check_tokenizer_fits(tokenizer, config) -> None:
+    """Every token id must index the model's embedding: `len(tokenizer) <= config.vocab_size`."""
+    size = len(tokenizer)
+    if size > config.vocab_size:
+        raise TrainingSetupError(
+            f"The tokenizer has {size} tokens but the model's vocab_size is {config.vocab_size}: token ids would "
+            "overflow the embedding. Use a smaller tokenizer or, for a new model, "
+            f"--config_overrides vocab_size={size}"
+        )
+
+
+def unigram_perplexity(train_blocks, eval_blocks, vocab_size: int) -> float:
+    """Perplexity on `eval_blocks` of the unigram model fitted to `train_blocks` (add-one smoothing): the baseline
+    a language model has to beat. Counts the same target tokens as the LM's loss (all but the first of a block)."""
+    import numpy as np
+
+    counts = np.ones(vocab_size, dtype=np.float64)
+    for block in train_blocks["input_ids"]:
+        counts += np.bincount(np.asarray(block), minlength=vocab_size)[:vocab_size]
+    log_probs = np.log(counts / counts.sum())
+    total, count = 0.0, 0
+    for block in eval_blocks["input_ids"]:
+        targets = np.asarray(block[1:])
+        total -= float(log_probs[targets].sum())
+        count += targets.size
+    return math.exp(total / max(count, 1))
+
+
+def prepare_lm_training(
+    model_args: LMModelArguments,
+    data_args: TextDataArguments,
+    training_args,
+    publish_args: PublishArguments | None = None,
+    callbacks: list | None = None,
+) -> LMRun:
+    """Check every input, load and pack the data, build the model and the `Trainer`. Nothing is trained yet."""
+    import torch
+    from transformers import Trainer, default_data_collator, set_seed
+
+    from ..modeling_aot import AoTForCausalLM
+
+    publish_args = publish_args or PublishArguments()
+    push, _ = prepare_training_arguments(training_args)
+    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+    training_args.resume_from_checkpoint = resume
+    config = build_config(
+        model_args.model_name_or_path,
+        model_args.preset,
+        model_args.config_file,
+        model_args.config_overrides,
+        DEFAULT_LM_PRESET,
+    )
+    if data_args.streaming and training_args.max_steps <= 0:
+        raise TrainingSetupError("--streaming has no length to plan epochs with: give --max_steps.")
+    block_size = data_args.block_size or min(512, config.max_position_embeddings)
+    if not 2 <= block_size <= config.max_position_embeddings:
+        raise TrainingSetupError(
+            f"--block_size must be in [2, max_position_embeddings={config.max_position_embeddings}], got {block_size}."
+        )
+    set_seed(training_args.seed)
+    source = load_text_source(data_args, seed=training_args.seed)
+    tokenizer = load_or_train_tokenizer(model_args, config, source, training_args, resume, data_args.text_column)
+    check_tokenizer_fits(tokenizer, config)
+    if not model_args.model_name_or_path:
+        for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+            if getattr(config, name, None) is None and getattr(tokenizer, name, None) is not None:
+                setattr(config, name, getattr(tokenizer, name))
+    add_eos = source.documents and tokenizer.eos_token_id is not None
+    with training_args.main_process_first(desc="tokenization"):
+        train = tokenize_and_pack(
+            source.train,
+            tokenizer,
+            block_size,
+            data_args.text_column,
+            add_eos,
+            data_args.preprocessing_num_workers,
+            "training text",
+        )
+        validation = None
+        if source.validation is not None:
+            validation = tokenize_and_pack(
+                source.validation,
+                tokenizer,
+                block_size,
+                data_args.text_column,
+                add_eos,
+                data_args.preprocessing_num_workers,
+                "validation text",
+            )
+    if data_args.max_train_samples is not None:
+        train = (
+            train.take(data_args.max_train_samples)
+            if data_args.streaming
+            else train.select(range(min(len(train), data_args.max_train_samples)))
+        )
+    if validation is not None and data_args.max_eval_samples is not None:
+        validation = validation.select(range(min(len(validation), data_args.max_eval_samples)))
+    if not data_args.streaming and len(train) == 0:
+        raise TrainingSetupError(
+            f"The training text gives no complete block of {block_size} tokens; lower --block_size or add text."
+        )
+    if validation is not None and len(validation) == 0:
+        logger.warning("The validation text is shorter than one block of %d tokens: no validation.", block_size)
+        validation = None
+    if validation is None and training_args.eval_strategy != "no":
+        training_args.eval_strategy = "no"
+    baseline = None
+    if validation is not None and not data_args.streaming:
+        baseline = unigram_perplexity(train, validation, config.vocab_size)
+
+    if model_args.model_name_or_path:
+        model = AoTForCausalLM.from_pretrained(model_args.model_name_or_path, config=config)
+    else:
+        model = AoTForCausalLM(config)
+    model.config.use_cache = False  # no cache while training; generation turns it back on
+    logger.info("Model: %s parameters", f"{sum(p.numel() for p in model.parameters()):,}")
+    torch.set_float32_matmul_precision("high")
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=validation,
+        processing_class=tokenizer,
+        data_collator=default_data_collator,
+        callbacks=callbacks,
+    )
+    return LMRun(
+        trainer,
+        tokenizer,
+        resume,
+        push,
+        source,
+        block_size,
+        baseline,
+        model_args,
+        data_args,
+        training_args,
+        publish_args,
+    )
+
+
+def run_lm_training(run: LMRun) -> dict[str, Any]:
+    """Train, evaluate, write the final hub-ready folder (and push it if asked). Returns the metrics."""
+    trainer, training_args = run.trainer, run.training_args
+    train_result = trainer.train(resume_from_checkpoint=run.resume)
+    metrics = dict(train_result.metrics)
+    results = []
+    if trainer.eval_dataset is not None:
+        eval_metrics = trainer.evaluate()
+        eval_metrics["eval_perplexity"] = perplexity(eval_metrics["eval_loss"])
+        trainer.log({"eval_perplexity": eval_metrics["eval_perplexity"]})
+        metrics.update(eval_metrics)
+        name = run.source.hub_ids[0] if run.source.hub_ids else "custom"
+        results.append(
+            {
+                "metric": "perplexity",
+                "value": eval_metrics["eval_perplexity"],
+                "split": "validation",
+                "dataset": name,
+                "dataset_type": name,
+            }
+        )
+        if run.unigram_perplexity is not None:
+            metrics["eval_unigram_perplexity"] = run.unigram_perplexity
+    model = trainer.model
+    model.config.use_cache = True
+    training = training_summary(
+        training_args, trainer, {"block size (tokens)": run.block_size, "tokenizer vocabulary": len(run.tokenizer)}
+    )
+    if run.unigram_perplexity is not None:
+        training["unigram baseline perplexity (validation)"] = round(run.unigram_perplexity, 2)
+    final_dir = finalize_run(
+        trainer,
+        training_args,
+        run.publish_args,
+        task="text-generation",
+        processor=run.tokenizer,
+        metrics=metrics,
+        results=results,
+        datasets=run.source.hub_ids,
+        dataset_description=run.source.description,
+        training=training,
+        push=run.push,
+        base_model=run.model_args.model_name_or_path,
+    )
+    metrics["final_model_dir"] = str(final_dir) if final_dir else None
+    if trainer.is_world_process_zero():
+        trainer.save_metrics("all", {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+    return metrics
+
+
+def train_lm(
+    model_args: LMModelArguments,
+    data_args: TextDataArguments,
+    training_args,
+    publish_args: PublishArguments | None = None,
+    callbacks: list | None = None,
+) -> dict[str, Any]:
+    """Train an AoT causal LM end to end (see the module docstring) and return its metrics."""
+    return run_lm_training(prepare_lm_training(model_args, data_args, training_args, publish_args, callbacks))
+
+
+def parse_lm_arguments(argv: list[str] | None = None):
+    """Parse `(LMModelArguments, TextDataArguments, PublishArguments, TrainingArguments)` from the command line
+    (or from a single .json / .yaml file)."""
+    from .cli_args import parse_dataclasses
+
+    return parse_dataclasses((LMModelArguments, TextDataArguments, PublishArguments), argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point (`aot train lm`, `python -m aot_transformers.training.lm`)."""
+    from .cli_args import run_with_clear_errors
+
+    def job():
+        model_args, data_args, publish_args, training_args = parse_lm_arguments(argv)
+        return train_lm(model_args, data_args, training_args, publish_args)
+
+    return run_with_clear_errors(job)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Text data for causal-LM training: Hub datasets, local files and folders, streaming, the embedded corpus, and
+packing of token blocks."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .common import TrainingSetupError
+
+logger = logging.getLogger(__name__)
+
+# File suffix -> `datasets` builder.
+TEXT_BUILDERS = {
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+    ".json": "json",
+    ".jsonl": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+}
+EMBEDDED_CORPUS = "pydoc-topics"
+
+
+@dataclass
+class TextDataArguments:
+    """Where the training text comes from and how it becomes blocks of tokens."""
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A Hub dataset id, a local file or folder (txt/json/jsonl/parquet/csv), or "
+            f"'{EMBEDDED_CORPUS}' (Python's own documentation text, no download). Default: {EMBEDDED_CORPUS}."
+        },
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Config name of a Hub dataset."})
+    train_file: list[str] | None = field(
+        default=None, metadata={"help": "Local training files or folders (instead of --dataset_name)."}
+    )
+    validation_file: list[str] | None = field(
+        default=None, metadata={"help": "Local validation files or folders (default: split off the training data)."}
+    )
+    train_split: str = field(default="train", metadata={"help": "Split of a Hub dataset to train on."})
+    validation_split: str = field(
+        default="validation", metadata={"help": "Split of a Hub dataset to validate on, when it has one."}
+    )
+    text_column: str = field(default="text", metadata={"help": "Column holding the text."})
+    validation_split_percentage: float = field(
+        default=5.0, metadata={"help": "Share of the training examples held out for validation (the last ones)."}
+    )
+    block_size: int | None = field(
+        default=None, metadata={"help": "Tokens per training block (default: min(512, max_position_embeddings))."}
+    )
+    streaming: bool = field(
+        default=False, metadata={"help": "Stream the data (files larger than memory); needs --max_steps."}
+    )
+    streaming_validation_examples: int = field(
+        default=200, metadata={"help": "With --streaming and no validation data: hold out this many examples."}
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training blocks."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use at most this many validation blocks."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+
+
+@dataclass
+class TextSource:
+    """Loaded raw text splits and how to describe them in the model card."""
+
+    train: Any
+    validation: Any
+    description: str
+    hub_ids: list[str]
+    documents: bool  # examples are whole documents (separate them with EOS) rather than lines
+
+
+def _looks_local(name: str) -> bool:
+    return (
+        os.path.exists(name)
+        or name.startswith((".", "/", "~"))
+        or Path(name).suffix.lower() in TEXT_BUILDERS
+        or name.endswith(".gz")
+    )
+
+
+def collect_files(paths: list[str], what: str = "training") -> dict[str, list[str]]:
+    """Local files grouped by `datasets` builder; folders are searched recursively. Raises `TrainingSetupError`
+    for a missing path, an unsupported suffix, or a folder with no usable file."""
+    grouped: dict[str, list[str]] = {}
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if not path.exists():
+            raise TrainingSetupError(f"{what} data: no such file or folder: {raw}.")
+        if path.is_dir():
+            found = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file() and p.suffix.lower() in TEXT_BUILDERS and not p.name.startswith(".")
+            )
+            if not found:
+                raise TrainingSetupError(f"{what} data: folder {raw} has no {'/'.join(sorted(TEXT_BUILDERS))} files.")
+        else:
+            if path.suffix.lower() not in TEXT_BUILDERS:
+                raise TrainingSetupError(
+                    f"{what} data: {raw} has an unsupported suffix; use one of {sorted(TEXT_BUILDERS)}."
+                )
+            found = [path]
+        for file in found:
+            grouped.setdefault(TEXT_BUILDERS[file.suffix.lower()], []).append(str(file))
+    return grouped
+
+
+def _load_local(paths: list[str], text_column: str, streaming: bool, what: str):
+    import datasets
+
+    parts = []
+    for builder, files in collect_files(paths, what).items():
+        kwargs = {"keep_linebreaks": True} if builder == "text" else {}
+        part = datasets.load_dataset(builder, data_files=files, split="train", streaming=streaming, **kwargs)
+        check_text_column(part, text_column, f"{what} files {files[:3]}{'…' if len(files) > 3 else ''}")
+        parts.append(part.select_columns([text_column]))
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def embedded_corpus() -> list[str]:
+    """Python's `pydoc_data.topics` (about 465 KB of English documentation, in every CPython), one topic each."""
+    from pydoc_data.topics import topics
+
+    return [topics[key] for key in sorted(topics)]
+
+
+def column_names(dataset) -> list[str]:
+    """Columns of a `Dataset` or `IterableDataset` (peeking at the first example when the features are unknown)."""
+    names = getattr(dataset, "column_names", None)
+    if names is None:
+        try:
+            names = list(next(iter(dataset)).keys())
+        except StopIteration:
+            names = []
+    return list(names)
+
+
+def check_text_column(dataset, text_column: str, where: str) -> None:
+    """Raise `TrainingSetupError` when `dataset` has no `text_column`."""
+    names = column_names(dataset)
+    if text_column not in names:
+        raise TrainingSetupError(
+            f"{where} has no text column {text_column!r} (columns: {names}); choose one with --text_column."
+        )
+
+
+def load_text_source(args: TextDataArguments, seed: int = 42) -> TextSource:
+    """Load the raw training and validation text described by `args` (nothing is tokenized yet)."""
+    import datasets
+
+    if args.dataset_name and args.train_file:
+        raise TrainingSetupError("Give --dataset_name or --train_file, not both.")
+    if not 0 <= args.validation_split_percentage < 100:
+        raise TrainingSetupError(
+            f"--validation_split_percentage must be in [0, 100), got {args.validation_split_percentage}."
+        )
+    name = args.dataset_name or (None if args.train_file else EMBEDDED_CORPUS)
+    hub_ids: list[str] = []
+    documents = True
+    validation = None
+    if name == EMBEDDED_CORPUS:
+        train = datasets.Dataset.from_dict({args.text_column: embedded_corpus()})
+        description = "Python's `pydoc_data.topics` documentation text (PSF license)"
+        if args.streaming:
+            train = train.to_iterable_dataset()
+    elif name is not None and not _looks_local(name):
+        try:
+            loaded = datasets.load_dataset(name, args.dataset_config_name, streaming=args.streaming)
+        except Exception as error:  # offline, unknown id, gated, …: say so before anything else happens
+            raise TrainingSetupError(
+                f"Could not load dataset {name!r} from the Hub: {type(error).__name__}: {error}. For local data "
+                "pass a path (a file or folder that exists)."
+            ) from error
+        if args.train_split not in loaded:
+            raise TrainingSetupError(f"Dataset {name!r} has no split {args.train_split!r} (splits: {list(loaded)}).")
+        train = loaded[args.train_split]
+        check_text_column(train, args.text_column, f"Dataset {name!r}")
+        train = train.select_columns([args.text_column])
+        if args.validation_split in loaded and not args.validation_file:
+            validation = loaded[args.validation_split].select_columns([args.text_column])
+        hub_ids.append(name)
+        description = f"[{name}](https://huggingface.co/datasets/{name})"
+        documents = False
+    else:
+        paths = [name] if name else list(args.train_file)
+        train = _load_local(paths, args.text_column, args.streaming, "training")
+        description = "local files " + ", ".join(Path(p).name for p in paths)
+        documents = not all(Path(p).suffix.lower() in (".txt", ".text", ".md") or Path(p).is_dir() for p in paths)
+    if args.validation_file:
+        validation = _load_local(list(args.validation_file), args.text_column, False, "validation")
+    if validation is None:
+        train, validation = _split_validation(train, args)
+    return TextSource(train, validation, description, hub_ids, documents)
+
+
+def _split_validation(train, args: TextDataArguments):
+    import datasets
+
+    if isinstance(train, datasets.IterableDataset):
+        held_out = list(train.take(args.streaming_validation_examples))
+        validation = datasets.Dataset.from_list(held_out) if held_out else None
+        return train.skip(args.streaming_validation_examples), validation
+    if args.validation_split_percentage == 0:
+        return train, None
+    count = len(train)
+    held = max(1, int(round(count * args.validation_split_percentage / 100)))
+    if count < 2:
+        raise TrainingSetupError(f"The training data has {count} example(s): too few to hold out a validation split.")
+    # The last examples, not a random sample: neighbouring lines of a text would otherwise leak into training.
+    return train.select(range(count - held)), train.select(range(count - held, count))
+
+
+def tokenize_and_pack(
+    dataset,
+    tokenizer,
+    block_size: int,
+    text_column: str,
+    add_eos: bool,
+    num_proc: int | None = None,
+    desc: str = "",
+):
+    """Tokenize `dataset[text_column]` and pack the tokens into blocks of `block_size` (`input_ids`, `labels`).
+
+    Lines of text files are concatenated as they are (line breaks are kept in the text); whole documents are
+    separated by the tokenizer's EOS token when `add_eos`. Tokens left over at the end of each batch of 1,000
+    examples are dropped.
+    """
+    import datasets
+
+    eos = tokenizer.eos_token_id if add_eos else None
+    names = column_names(dataset)
+
+    def tokenize(batch):
+        ids = tokenizer(batch[text_column], add_special_tokens=False, verbose=False)["input_ids"]
+        if eos is not None:
+            ids = [row + [eos] for row in ids]
+        return {"input_ids": ids}
+
+    def pack(batch):
+        flat = [token for row in batch["input_ids"] for token in row]
+        usable = len(flat) // block_size * block_size
+        blocks = [flat[i : i + block_size] for i in range(0, usable, block_size)]
+        return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
+
+    map_kwargs: dict[str, Any] = {}
+    if isinstance(dataset, datasets.Dataset):
+        map_kwargs = {"num_proc": num_proc, "desc": f"Tokenizing {desc}".strip()}
+    tokens = dataset.map(tokenize, batched=True, remove_columns=names, **map_kwargs)
+    if isinstance(dataset, datasets.Dataset):
+        map_kwargs["desc"] = f"Packing {desc} into blocks of {block_size}".strip()
+    return tokens.map(pack, batched=True, batch_size=1000, **map_kwargs)

@@ -1,0 +1,65 @@
+"""Byte-level BPE tokenizers trained with `tokenizers`, wrapped as `transformers` fast tokenizers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+END_OF_TEXT = "<|endoftext|>"
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int,
+    min_frequency: int = 2,
+    show_progress: bool = True,
+    length: int | None = None,
+):
+    """Train a GPT-2-style byte-level BPE tokenizer on `texts`.
+
+    Every byte is in the initial alphabet, so any text encodes without unknown tokens; `<|endoftext|>` (id 0) is
+    the BOS, EOS and padding token. Training is deterministic for a given input.
+
+    Args:
+        texts: The training text, as an iterable of strings (it is consumed once).
+        vocab_size: Size of the vocabulary, special token included; at least 257 (256 bytes + `<|endoftext|>`).
+        min_frequency: Minimum count of a pair to be merged.
+        show_progress: Show the `tokenizers` progress bar.
+        length: Number of items in `texts`, for the progress bar.
+
+    Returns:
+        A `transformers.PreTrainedTokenizerFast` with exactly `vocab_size` tokens (fewer if the text is too short to
+        learn that many merges).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 257:
+        raise ValueError(
+            f"`vocab_size` of a byte-level BPE must be >= 257 (256 bytes + {END_OF_TEXT}), got {vocab_size}."
+        )
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
+    )
+    tokenizer.train_from_iterator(_non_empty(texts), trainer=trainer, length=length)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=END_OF_TEXT,
+        eos_token=END_OF_TEXT,
+        pad_token=END_OF_TEXT,
+        unk_token=END_OF_TEXT,
+        model_max_length=1_000_000,
+    )
+
+
+def _non_empty(texts: Iterable[str]) -> Iterator[str]:
+    for text in texts:
+        if text:
+            yield text

@@ -1,0 +1,423 @@
+"""Image data for classification: Hub datasets, `imagefolder` directories, the CIFAR-10 `train_<class>.tar.gz`
+archives and MNIST-style pixel CSVs of `../shared/data/vision`, and scikit-learn's digits; plus the image
+processor and the light augmentation (random crop with padding, horizontal flip) used for CIFAR-10."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import math
+import re
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .common import TrainingSetupError
+
+SKLEARN_DIGITS = "sklearn-digits"
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+_CIFAR_ARCHIVE = re.compile(r"^train_(?P<label>[^.]+)\.tar\.gz$")
+
+
+@dataclass
+class ImageDataArguments:
+    """Where the images come from and how they are prepared."""
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A Hub dataset id; an imagefolder directory (<root>/<class>/<image>); a folder of CIFAR-10 "
+            "train_<class>.tar.gz archives; an MNIST-style CSV (.csv or .csv.gz: pixels, then the label); or "
+            f"'{SKLEARN_DIGITS}' (no download). Default: {SKLEARN_DIGITS}."
+        },
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Config name of a Hub dataset."})
+    validation_dir: str | None = field(
+        default=None, metadata={"help": "A separate imagefolder directory for validation."}
+    )
+    image_column: str | None = field(
+        default=None, metadata={"help": "Column holding the images (default: 'image', 'img' or the only image one)."}
+    )
+    label_column: str = field(default="label", metadata={"help": "Column holding the class labels."})
+    train_split: str = field(default="train", metadata={"help": "Split of a Hub dataset to train on."})
+    validation_split: str = field(default="validation", metadata={"help": "Validation split of a Hub dataset."})
+    validation_split_percentage: float = field(
+        default=10.0, metadata={"help": "Share of the training images held out for validation (stratified)."}
+    )
+    test_split_percentage: float = field(
+        default=0.0, metadata={"help": "Share of the training images held out as a test set (stratified)."}
+    )
+    augment: str = field(
+        default="auto",
+        metadata={"help": "Random crop with padding + horizontal flip: 'yes', 'no' or 'auto' (on for CIFAR-10)."},
+    )
+    crop_padding: int = field(default=4, metadata={"help": "Padding of the random crop, in pixels."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training images."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use at most this many validation images."})
+
+
+@dataclass
+class ImageSource:
+    """Splits with an `image` and an integer `label` column, class names, and a description for the card."""
+
+    train: Any
+    validation: Any
+    test: Any
+    class_names: list[str]
+    description: str
+    hub_ids: list[str]
+    kind: str  # "hub", "imagefolder", "cifar10-archives", "pixel-csv", "sklearn-digits"
+
+
+def _class_label_dataset(images: list, labels: list[int], class_names: list[str]):
+    import datasets
+
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=class_names)})
+    return datasets.Dataset.from_dict({"image": images, "label": labels}, features=features)
+
+
+def load_cifar10_archives(folder: str | Path):
+    """The CIFAR-10 images of `train_<class>.tar.gz` archives (`train/<class>/NNNN.jpg`), read without unpacking
+    to disk. Classes are sorted by name; images keep their encoded JPEG bytes and decode on access."""
+    folder = Path(folder)
+    archives = sorted(p for p in folder.iterdir() if _CIFAR_ARCHIVE.match(p.name))
+    class_names = [_CIFAR_ARCHIVE.match(p.name).group("label") for p in archives]
+    images, labels = [], []
+    for index, archive in enumerate(archives):
+        with tarfile.open(archive, "r:gz") as tar:
+            members = sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name)
+            for member in members:
+                if Path(member.name).suffix.lower() not in IMAGE_SUFFIXES:
+                    continue
+                images.append({"bytes": tar.extractfile(member).read(), "path": None})
+                labels.append(index)
+    return _class_label_dataset(images, labels, class_names)
+
+
+def load_pixel_csv(path: str | Path):
+    """An MNIST-style CSV (optionally gzipped): each row holds the pixels of a square grayscale image (0..255),
+    then the integer label. A header row is skipped."""
+    import numpy as np
+    from PIL import Image
+
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as handle:
+        rows = list(csv.reader(handle))
+    if rows and not rows[0][0].strip().lstrip("-").replace(".", "").isdigit():
+        rows = rows[1:]
+    if not rows:
+        raise TrainingSetupError(f"{path} has no data rows.")
+    pixels = np.asarray([row[:-1] for row in rows], dtype=np.float32)
+    side = int(round(math.sqrt(pixels.shape[1])))
+    if side * side != pixels.shape[1]:
+        raise TrainingSetupError(
+            f"{path}: {pixels.shape[1]} pixel columns is not a square image; expected side² pixels then the label."
+        )
+    labels = np.asarray([row[-1] for row in rows], dtype=np.float64).astype(np.int64)
+    images = [Image.fromarray(p.reshape(side, side).clip(0, 255).astype(np.uint8), mode="L") for p in pixels]
+    class_values = sorted(set(labels.tolist()))
+    index = {value: i for i, value in enumerate(class_values)}
+    return _class_label_dataset(images, [index[v] for v in labels.tolist()], [str(v) for v in class_values])
+
+
+def load_sklearn_digits():
+    """scikit-learn's 1,797 8×8 handwritten digits (shipped with scikit-learn) as grayscale images."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = [Image.fromarray((image * 255.0 / 16.0).round().astype(np.uint8), mode="L") for image in digits.images]
+    return _class_label_dataset(images, digits.target.tolist(), [str(i) for i in range(10)])
+
+
+def _find_image_column(dataset, requested: str | None, where: str) -> str:
+    import datasets
+
+    names = list(dataset.column_names)
+    if requested:
+        if requested not in names:
+            raise TrainingSetupError(f"{where} has no image column {requested!r} (columns: {names}).")
+        return requested
+    for name in ("image", "img"):
+        if name in names:
+            return name
+    image_columns = [n for n, f in dataset.features.items() if isinstance(f, datasets.Image)]
+    if len(image_columns) == 1:
+        return image_columns[0]
+    raise TrainingSetupError(f"{where} has no image column (columns: {names}); name it with --image_column.")
+
+
+def _normalise_columns(dataset, image_column: str, label_column: str, where: str):
+    """Rename to `image` / `label`, keep only those two, and make `label` a ClassLabel."""
+    import datasets
+
+    if label_column not in dataset.column_names:
+        raise TrainingSetupError(
+            f"{where} has no label column {label_column!r} (columns: {dataset.column_names}); use --label_column."
+        )
+    dataset = dataset.select_columns([image_column, label_column])
+    if image_column != "image":
+        dataset = dataset.rename_column(image_column, "image")
+    if label_column != "label":
+        dataset = dataset.rename_column(label_column, "label")
+    if not isinstance(dataset.features["image"], datasets.Image):
+        dataset = dataset.cast_column("image", datasets.Image())
+    return dataset
+
+
+def class_names_of(dataset) -> list[str] | None:
+    import datasets
+
+    feature = dataset.features["label"]
+    return list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
+
+
+def align_labels(train, other, where: str):
+    """Express `other`'s labels in `train`'s classes. Raises `TrainingSetupError` naming any class of `other` that
+    the training data never shows (the model could not have learned it)."""
+    import datasets
+
+    train_names, other_names = class_names_of(train), class_names_of(other)
+    if train_names is None:
+        train = train.class_encode_column("label")
+        train_names = class_names_of(train)
+    if other_names is None:
+        values = sorted({str(v) for v in other.unique("label")})
+    else:
+        values = sorted({other_names[i] for i in other.unique("label")})
+    unseen = sorted(set(values) - set(train_names))
+    if unseen:
+        raise TrainingSetupError(
+            f"{where} has label classes the training data does not have: {unseen[:20]}"
+            f"{' …' if len(unseen) > 20 else ''} (training classes: {train_names[:20]})."
+        )
+    index = {name: i for i, name in enumerate(train_names)}
+    source_names = other_names
+    features = other.features.copy()
+    features["label"] = datasets.ClassLabel(names=train_names)
+
+    def remap(batch):
+        names = [source_names[v] if source_names is not None else str(v) for v in batch["label"]]
+        return {"label": [index[name] for name in names]}
+
+    return train, other.map(remap, batched=True, features=features)
+
+
+def _check_train_labels(train, where: str):
+    import datasets
+
+    if not isinstance(train.features["label"], datasets.ClassLabel):
+        train = train.class_encode_column("label")
+    if len(train) == 0:
+        raise TrainingSetupError(f"{where} has no images.")
+    return train
+
+
+def load_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
+    """Load the image splits described by `args`; every column and label problem raises `TrainingSetupError`."""
+    import datasets
+
+    name = args.dataset_name or SKLEARN_DIGITS
+    hub_ids: list[str] = []
+    validation = test = None
+    path = Path(name).expanduser()
+    if name == SKLEARN_DIGITS:
+        train, kind, description = load_sklearn_digits(), "sklearn-digits", "scikit-learn's 8×8 digits"
+    elif path.is_dir() and any(_CIFAR_ARCHIVE.match(p.name) for p in path.iterdir()):
+        train, kind = load_cifar10_archives(path), "cifar10-archives"
+        description = f"CIFAR-10 training images ({path.name}: train_<class>.tar.gz)"
+    elif path.is_file() and name.endswith((".csv", ".csv.gz")):
+        train, kind, description = load_pixel_csv(path), "pixel-csv", f"pixel CSV {path.name}"
+    elif path.is_dir():
+        train = _load_imagefolder(path, "training")
+        kind, description = "imagefolder", f"image folder {path.name}"
+    elif name.startswith((".", "/", "~")) or path.suffix:
+        raise TrainingSetupError(f"Image data: no such file or folder: {name}.")
+    else:
+        try:
+            loaded = datasets.load_dataset(name, args.dataset_config_name)
+        except Exception as error:
+            raise TrainingSetupError(
+                f"Could not load dataset {name!r} from the Hub: {type(error).__name__}: {error}. For local images "
+                "pass a folder or file that exists."
+            ) from error
+        if args.train_split not in loaded:
+            raise TrainingSetupError(f"Dataset {name!r} has no split {args.train_split!r} (splits: {list(loaded)}).")
+        train = loaded[args.train_split]
+        image_column = _find_image_column(train, args.image_column, f"Dataset {name!r}")
+        train = _normalise_columns(train, image_column, args.label_column, f"Dataset {name!r}")
+        if args.validation_split in loaded and not args.validation_dir:
+            validation = _normalise_columns(
+                loaded[args.validation_split], image_column, args.label_column, f"Split {args.validation_split!r}"
+            )
+        if "test" in loaded and args.train_split != "test" and args.validation_split != "test":
+            test = _normalise_columns(loaded["test"], image_column, args.label_column, "Split 'test'")
+        kind, description, hub_ids = "hub", f"[{name}](https://huggingface.co/datasets/{name})", [name]
+    if kind != "hub":
+        image_column = _find_image_column(train, args.image_column, description)
+        train = _normalise_columns(train, image_column, args.label_column, description)
+    train = _check_train_labels(train, description)
+    if args.validation_dir:
+        validation = _load_imagefolder(Path(args.validation_dir), "validation")
+        validation = _normalise_columns(
+            validation,
+            _find_image_column(validation, args.image_column, "validation"),
+            args.label_column,
+            "validation data",
+        )
+    for share, split_name in ((args.test_split_percentage, "test"), (args.validation_split_percentage, "validation")):
+        if not 0 <= share < 100:
+            raise TrainingSetupError(f"--{split_name}_split_percentage must be in [0, 100), got {share}.")
+    if test is None and args.test_split_percentage > 0:
+        train, test = _stratified_split(train, args.test_split_percentage, seed)
+    if validation is None and args.validation_split_percentage > 0:
+        train, validation = _stratified_split(train, args.validation_split_percentage, seed + 1)
+    class_names = class_names_of(train)
+    if validation is not None:
+        train, validation = align_labels(train, validation, "The validation data")
+    if test is not None:
+        train, test = align_labels(train, test, "The test data")
+    if args.max_train_samples is not None:
+        train = train.shuffle(seed=seed).select(range(min(len(train), args.max_train_samples)))
+    if validation is not None and args.max_eval_samples is not None:
+        validation = validation.shuffle(seed=seed).select(range(min(len(validation), args.max_eval_samples)))
+    return ImageSource(train, validation, test, class_names, description, hub_ids, kind)
+
+
+def _load_imagefolder(path: Path, what: str):
+    import datasets
+
+    if not path.is_dir():
+        raise TrainingSetupError(f"{what} images: no such folder: {path}.")
+    if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.rglob("*")):
+        raise TrainingSetupError(f"{what} images: {path} holds no image files ({sorted(IMAGE_SUFFIXES)}).")
+    return datasets.load_dataset("imagefolder", data_dir=str(path), split="train")
+
+
+def _stratified_split(dataset, percentage: float, seed: int):
+    count = max(1, int(round(len(dataset) * percentage / 100)))
+    try:
+        parts = dataset.train_test_split(test_size=count, seed=seed, stratify_by_column="label")
+    except ValueError:  # a class too small to stratify
+        parts = dataset.train_test_split(test_size=count, seed=seed)
+    return parts["train"], parts["test"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Image processor, transforms and augmentation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def make_image_processor(image_size: int, num_channels: int):
+    """A ViT image processor resizing to the model's `image_size` (saved with the model, used by `pipeline`)."""
+    try:
+        from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil as Processor
+    except ImportError:  # pragma: no cover - other transformers layouts
+        from transformers import ViTImageProcessor as Processor
+
+    return Processor(
+        do_resize=True,
+        size={"height": image_size, "width": image_size},
+        image_mean=[0.5] * num_channels,
+        image_std=[0.5] * num_channels,
+        do_convert_rgb=num_channels == 3,
+    )
+
+
+def preprocess_images(dataset, processor, num_channels: int, desc: str = "images"):
+    """Decode, convert and resize every image once with `processor` (no rescaling or normalisation), keeping
+    `pixel_values` as uint8 (C, S, S) beside `labels`: batches are then assembled without touching an image file,
+    and normalisation plus augmentation happen per batch in `ImageBatchCollator`."""
+    import datasets
+    import numpy as np
+
+    size = processor.size["height"]
+    mode = "RGB" if num_channels == 3 else "L" if num_channels == 1 else None
+    features = datasets.Features(
+        {
+            "pixel_values": datasets.Array3D((num_channels, size, size), "uint8"),
+            "labels": dataset.features["label"],
+        }
+    )
+
+    def convert(batch):
+        images = [_open(image, mode) for image in batch["image"]]
+        resized = processor(images, do_rescale=False, do_normalize=False, return_tensors="np")["pixel_values"]
+        if resized.shape[1:] != (num_channels, size, size):
+            raise TrainingSetupError(
+                f"Images became {tuple(resized.shape[1:])} arrays, but the model wants ({num_channels}, {size}, "
+                f"{size}); check --config_overrides num_channels."
+            )
+        return {"pixel_values": np.clip(np.rint(resized), 0, 255).astype(np.uint8), "labels": batch["label"]}
+
+    return dataset.map(
+        convert,
+        batched=True,
+        batch_size=256,
+        remove_columns=dataset.column_names,
+        features=features,
+        desc=f"Preparing {desc}",
+    )
+
+
+def _open(image, mode: str | None):
+    if isinstance(image, dict):  # undecoded {"bytes", "path"}
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"])
+    if mode is not None and getattr(image, "mode", mode) != mode:
+        image = image.convert(mode)
+    return image
+
+
+class ImageBatchCollator:
+    """Stacks uint8 `pixel_values` (from `preprocess_images`) into a normalised float batch (B, C, S, S) exactly as
+    the image processor would, plus random crop-with-padding and horizontal flip when `augment` (training)."""
+
+    def __init__(self, processor, augment: bool = False, crop_padding: int = 4):
+        import torch
+
+        self.scale = float(processor.rescale_factor) if processor.do_rescale else 1.0
+        mean = processor.image_mean if processor.do_normalize else 0.0
+        std = processor.image_std if processor.do_normalize else 1.0
+        self.mean = torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1, 1)  # (1, C, 1, 1)
+        self.std = torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1, 1)
+        self.augment = augment
+        self.crop_padding = crop_padding
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        pixels = torch.stack(
+            [torch.as_tensor(example["pixel_values"]) for example in examples]
+        ).float()  # (B, C, S, S)
+        pixel_values = (pixels * self.scale - self.mean) / self.std
+        if self.augment:
+            pixel_values = random_crop_flip(pixel_values, self.crop_padding)
+        labels = torch.as_tensor([int(example["labels"]) for example in examples], dtype=torch.long)
+        return {"pixel_values": pixel_values, "labels": labels}
+
+
+def random_crop_flip(pixel_values, padding: int):
+    """Per image: pad by `padding` with zeros (the normalised mean), crop back at a random offset, and flip
+    horizontally with probability 1/2 — the standard CIFAR-10 augmentation, on a (B, C, S, S) batch."""
+    import torch
+    import torch.nn.functional as F
+
+    batch, _, height, width = pixel_values.shape
+    if padding > 0:
+        padded = F.pad(pixel_values, (padding, padding, padding, padding))  # (B, C, S+2p, S+2p)
+        top = torch.randint(0, 2 * padding + 1, (batch,))
+        left = torch.randint(0, 2 * padding + 1, (batch,))
+        rows = (top[:, None] + torch.arange(height)[None, :])[:, None, :, None]  # (B, 1, S, 1)
+        cols = (left[:, None] + torch.arange(width)[None, :])[:, None, None, :]  # (B, 1, 1, S)
+        batch_index = torch.arange(batch)[:, None, None, None]
+        channels = torch.arange(pixel_values.shape[1])[None, :, None, None]
+        pixel_values = padded[batch_index, channels, rows, cols]
+    flip = torch.rand(batch) < 0.5
+    pixel_values = torch.where(flip[:, None, None, None], pixel_values.flip(-1), pixel_values)
+    return pixel_values

@@ -1,0 +1,427 @@
+"""Causal-LM training: data sources, tokenizer, packing, clear errors before training, checkpoints, resume after
+SIGKILL, and the final hub-ready folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("datasets")
+pytest.importorskip("tokenizers")
+
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments  # noqa: E402
+
+from aot_transformers.training.common import (  # noqa: E402
+    PublishArguments,
+    TrainingSetupError,
+    last_complete_checkpoint,
+    resolve_resume,
+)
+from aot_transformers.training.lm import (  # noqa: E402
+    LMModelArguments,
+    prepare_lm_training,
+    run_lm_training,
+    train_lm,
+    unigram_perplexity,
+)
+from aot_transformers.training.text_data import (  # noqa: E402
+    TextDataArguments,
+    embedded_corpus,
+    load_text_source,
+    tokenize_and_pack,
+)
+from aot_transformers.training.tokenizer import train_bpe_tokenizer  # noqa: E402
+
+TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,vocab_size=320,max_position_embeddings=64"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def corpus_lines(count: int = 400) -> list[str]:
+    lines = [line for text in embedded_corpus()[:20] for line in text.splitlines() if line.strip()]
+    return lines[:count]
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory) -> Path:
+    """The same small corpus as .txt, .jsonl, .json and .parquet, plus a folder of text files."""
+    import datasets
+
+    root = tmp_path_factory.mktemp("text")
+    lines = corpus_lines()
+    (root / "train.txt").write_text("\n".join(lines) + "\n")
+    with open(root / "train.jsonl", "w") as handle:
+        for line in lines:
+            handle.write(json.dumps({"text": line, "id": 1}) + "\n")
+    (root / "train.json").write_text(json.dumps([{"text": line} for line in lines]))
+    datasets.Dataset.from_dict({"text": lines}).to_parquet(str(root / "train.parquet"))
+    with open(root / "notext.jsonl", "w") as handle:
+        handle.write(json.dumps({"body": "no text column here"}) + "\n")
+    folder = root / "folder"
+    folder.mkdir()
+    (folder / "a.txt").write_text("\n".join(lines[:200]) + "\n")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "b.txt").write_text("\n".join(lines[200:]) + "\n")
+    return root
+
+
+def training_args(tmp_path: Path, **overrides) -> TrainingArguments:
+    fields = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=8,
+        learning_rate=3e-3,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+    )
+    fields.update(overrides)
+    return TrainingArguments(**fields)
+
+
+def tiny_model_args(**overrides) -> LMModelArguments:
+    return LMModelArguments(**{"preset": "aot-mssa-l-tiny", "config_overrides": TINY, **overrides})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# tokenizer and packing
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_bpe_tokenizer_round_trips_any_text_and_saves(tmp_path):
+    tokenizer = train_bpe_tokenizer(corpus_lines(), vocab_size=300, show_progress=False)
+    assert len(tokenizer) == 300
+    text = "def f(x):\n    return x ** 2  # ünïcödé ✓"
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text  # byte-level: nothing is unknown
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert reloaded.eos_token == "<|endoftext|>"
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_bpe_tokenizer(["abc"], vocab_size=100)
+
+
+def test_packing_makes_full_blocks_with_labels():
+    import datasets
+
+    tokenizer = train_bpe_tokenizer(corpus_lines(), vocab_size=300, show_progress=False)
+    data = datasets.Dataset.from_dict({"text": corpus_lines(100)})
+    packed = tokenize_and_pack(data, tokenizer, block_size=16, text_column="text", add_eos=True)
+    assert packed.column_names == ["input_ids", "labels"]
+    assert all(len(row) == 16 for row in packed["input_ids"])
+    assert packed["input_ids"] == packed["labels"]
+    total = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in data["text"])
+    assert len(packed) == total // 16
+
+
+def test_unigram_perplexity_of_uniform_text_is_vocab_size():
+    blocks = {"input_ids": [[0, 1, 2, 3] * 50]}
+    assert unigram_perplexity(blocks, blocks, vocab_size=4) == pytest.approx(4.0, rel=1e-3)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# data sources
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["train.txt", "train.jsonl", "train.json", "train.parquet", "folder"])
+def test_local_sources_load_the_same_text(text_dir, name):
+    source = load_text_source(TextDataArguments(dataset_name=str(text_dir / name), validation_split_percentage=10))
+    assert "text" in source.train.column_names
+    assert len(source.train) + len(source.validation) >= 400
+    joined = "".join(source.train["text"])
+    assert "\n" in joined or name.endswith(("json", "jsonl", "parquet"))  # line breaks kept for text files
+
+
+def test_streaming_source_holds_out_validation(text_dir):
+    import datasets
+
+    source = load_text_source(
+        TextDataArguments(train_file=[str(text_dir / "train.jsonl")], streaming=True, streaming_validation_examples=7)
+    )
+    assert isinstance(source.train, datasets.IterableDataset)
+    assert len(source.validation) == 7
+    first_train = next(iter(source.train))["text"]
+    assert first_train == corpus_lines()[7]
+
+
+def test_embedded_corpus_is_the_default():
+    source = load_text_source(TextDataArguments())
+    assert len(source.train) > 50 and source.documents
+    assert "pydoc" in source.description
+
+
+@pytest.mark.parametrize(
+    "data_args, message",
+    [
+        (dict(dataset_name="/no/such/file.txt"), "no such file"),
+        (dict(train_file=["missing.jsonl"]), "no such file"),
+        (dict(dataset_name="NOTEXT"), "no text column 'text'"),
+        (dict(dataset_name="train.txt", text_column="body"), "no text column 'body'"),
+        (dict(dataset_name="BADSUFFIX"), "unsupported suffix"),
+    ],
+)
+def test_bad_data_is_a_clear_error(text_dir, data_args, message):
+    replacements = {
+        "NOTEXT": str(text_dir / "notext.jsonl"),
+        "train.txt": str(text_dir / "train.txt"),
+        "BADSUFFIX": str(text_dir / "weights.bin"),
+    }
+    if "dataset_name" in data_args:
+        data_args["dataset_name"] = replacements.get(data_args["dataset_name"], data_args["dataset_name"])
+    (text_dir / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(TrainingSetupError, match=message):
+        load_text_source(TextDataArguments(**data_args))
+
+
+def test_unknown_hub_dataset_offline_is_a_clear_error(monkeypatch):
+    import datasets
+    import huggingface_hub
+
+    # Offline mode, as HF_HUB_OFFLINE=1 sets it at import time: the lookup fails at once instead of timing out.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(TrainingSetupError, match="Could not load dataset 'nobody/nothing-here' from the Hub"):
+        load_text_source(TextDataArguments(dataset_name="nobody/nothing-here"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# errors before training
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _fails_before_training(tmp_path, model_args, data_args, match, **args_overrides):
+    with pytest.raises(TrainingSetupError, match=match):
+        prepare_lm_training(model_args, data_args, training_args(tmp_path, **args_overrides))
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_unknown_preset_is_a_clear_error(tmp_path, text_dir):
+    _fails_before_training(
+        tmp_path,
+        LMModelArguments(preset="aot-nonsense"),
+        TextDataArguments(dataset_name=str(text_dir / "train.txt")),
+        "Unknown preset 'aot-nonsense'",
+    )
+
+
+def test_bad_override_is_a_clear_error(tmp_path, text_dir):
+    _fails_before_training(
+        tmp_path, tiny_model_args(config_overrides="hidden_size=30"), TextDataArguments(), "hidden_size"
+    )
+
+
+def test_tokenizer_larger_than_model_vocab_is_a_clear_error(tmp_path, text_dir):
+    big = train_bpe_tokenizer(corpus_lines(), vocab_size=400, show_progress=False)
+    big.save_pretrained(tmp_path / "big-tokenizer")
+    _fails_before_training(
+        tmp_path,
+        tiny_model_args(tokenizer_name_or_path=str(tmp_path / "big-tokenizer")),
+        TextDataArguments(dataset_name=str(text_dir / "train.txt")),
+        r"tokenizer has 400 tokens but the model's vocab_size is 320",
+    )
+    _fails_before_training(
+        tmp_path, tiny_model_args(tokenizer_vocab_size=1000), TextDataArguments(), "larger than the model's vocab_size"
+    )
+
+
+def test_block_size_and_streaming_are_checked(tmp_path):
+    _fails_before_training(tmp_path, tiny_model_args(), TextDataArguments(block_size=65), "block_size")
+    _fails_before_training(tmp_path, tiny_model_args(), TextDataArguments(streaming=True), "--max_steps", max_steps=-1)
+
+
+def test_missing_checkpoint_and_config_file_are_clear_errors(tmp_path):
+    _fails_before_training(
+        tmp_path, LMModelArguments(model_name_or_path="./nowhere"), TextDataArguments(), "no such folder"
+    )
+    _fails_before_training(tmp_path, LMModelArguments(config_file="nowhere.json"), TextDataArguments(), "no such file")
+    _fails_before_training(
+        tmp_path, tiny_model_args(), TextDataArguments(), "no checkpoint", resume_from_checkpoint="latest"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# training end to end
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_train_writes_a_hub_ready_folder_and_learns(tmp_path, text_dir):
+    metrics = train_lm(
+        tiny_model_args(tokenizer_vocab_size=300),
+        TextDataArguments(dataset_name=str(text_dir / "train.txt"), block_size=32, validation_split_percentage=10),
+        training_args(tmp_path, max_steps=30, eval_strategy="steps", eval_steps=15),
+        PublishArguments(model_name="tiny-test"),
+    )
+    final = tmp_path / "run" / "model"
+    names = {p.name for p in final.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "results.json"} <= names
+    assert {"configuration_aot.py", "attention_aot.py", "modeling_aot.py", "training_curves.png"} <= names
+    assert metrics["eval_perplexity"] < metrics["eval_unigram_perplexity"] * 1.5  # 30 steps: close to unigram
+    card = (final / "README.md").read_text()
+    assert "custom_code" in card and "model-index" in card and "perplexity" in card
+    assert not [p for p in final.parent.iterdir() if p.name.startswith(".model")]  # no staging left behind
+    model = AutoModelForCausalLM.from_pretrained(final, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    assert len(tokenizer) <= model.config.vocab_size
+    out = model.generate(**tokenizer("The ", return_tensors="pt"), max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > 1
+
+
+def test_checkpoints_are_loadable_models_and_fine_tuning_works(tmp_path, text_dir):
+    data = TextDataArguments(dataset_name=str(text_dir / "train.txt"), block_size=32)
+    train_lm(
+        tiny_model_args(tokenizer_vocab_size=300),
+        data,
+        training_args(tmp_path, max_steps=4, save_steps=2, save_strategy="steps"),
+    )
+    checkpoint = Path(last_complete_checkpoint(tmp_path / "run"))
+    assert checkpoint.name == "checkpoint-4"
+    assert {"configuration_aot.py", "modeling_aot.py", "attention_aot.py"} <= {p.name for p in checkpoint.iterdir()}
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=True)
+    assert model.config.auto_map["AutoModelForCausalLM"].startswith("modeling_aot")
+    # Fine-tuning from the checkpoint reuses its tokenizer.
+    metrics = train_lm(
+        LMModelArguments(model_name_or_path=str(checkpoint)),
+        data,
+        training_args(tmp_path, output_dir=str(tmp_path / "finetune"), max_steps=2),
+    )
+    card = (tmp_path / "finetune" / "model" / "README.md").read_text()
+    assert "base_model" in card
+    assert metrics["final_model_dir"].endswith("model")
+
+
+def test_incomplete_checkpoint_is_skipped_on_resume(tmp_path):
+    run = tmp_path / "run"
+    for step, complete in ((2, True), (4, False)):
+        folder = run / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"")
+        if complete:
+            (folder / "trainer_state.json").write_text("{}")
+    assert resolve_resume("latest", str(run)).endswith("checkpoint-2")
+    with pytest.raises(TrainingSetupError, match="incomplete"):
+        resolve_resume(str(run / "checkpoint-4"), str(run))
+    assert resolve_resume("auto", str(tmp_path / "empty")) is None
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from transformers import TrainerCallback
+    from aot_transformers.training.lm import main
+
+    kill_at = int(os.environ["KILL_AT_STEP"])
+
+    class Kill(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no final save: a real crash
+
+    import aot_transformers.training.lm as lm
+    original = lm.prepare_lm_training
+    lm.prepare_lm_training = lambda model, data, training, publish=None, callbacks=None: original(
+        model, data, training, publish, [Kill()]
+    )
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, text_dir):
+    common = [
+        "--preset",
+        "aot-mssa-l-tiny",
+        "--config_overrides",
+        TINY,
+        "--tokenizer_vocab_size",
+        "300",
+        "--dataset_name",
+        str(text_dir / "train.txt"),
+        "--block_size",
+        "32",
+        "--max_steps",
+        "8",
+        "--per_device_train_batch_size",
+        "4",
+        "--learning_rate",
+        "3e-3",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "3",
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
+        "--seed",
+        "0",
+        "--eval_strategy",
+        "no",
+    ]
+    env = {**os.environ, "KILL_AT_STEP": "5", "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLER, *common, "--output_dir", str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert last_complete_checkpoint(tmp_path / "run").endswith("checkpoint-3")
+    assert not (tmp_path / "run" / "model").exists()
+
+    from aot_transformers.training.lm import main
+
+    torch.set_num_threads(1)
+    assert main([*common, "--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "latest"]) == 0
+    assert main([*common, "--output_dir", str(tmp_path / "straight")]) == 0
+    resumed = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model").state_dict()
+    straight = AutoModelForCausalLM.from_pretrained(tmp_path / "straight" / "model").state_dict()
+    for name, value in straight.items():
+        torch.testing.assert_close(resumed[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    state = json.loads((tmp_path / "run" / "checkpoint-8" / "trainer_state.json").read_text())
+    assert state["global_step"] == 8
+
+
+def test_module_entry_point_reports_setup_errors_cleanly(tmp_path):
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aot_transformers.training.lm",
+            "--output_dir",
+            str(tmp_path / "x"),
+            "--dataset_name",
+            str(tmp_path / "missing.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    assert completed.returncode == 2
+    assert "error: training data: no such file or folder" in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def test_run_object_exposes_trainer_before_training(tmp_path, text_dir):
+    run = prepare_lm_training(
+        tiny_model_args(tokenizer_vocab_size=300),
+        TextDataArguments(dataset_name=str(text_dir / "train.jsonl"), block_size=32),
+        training_args(tmp_path, max_steps=1),
+    )
+    assert run.trainer.state.global_step == 0
+    assert run.source.documents  # jsonl examples are documents: separated by EOS
+    metrics = run_lm_training(run)
+    assert metrics["train_loss"] > 0
