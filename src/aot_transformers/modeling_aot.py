@@ -339,7 +339,9 @@ class AoTModel(AoTPreTrainedModel):
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if use_cache is None:
+            # A cache only serves decoding; building one in training would copy every layer's keys for nothing.
+            use_cache = self.config.use_cache and not self.training
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if self.gradient_checkpointing and self.training:
             use_cache = False

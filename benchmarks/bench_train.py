@@ -1,0 +1,177 @@
+"""Training throughput of AoT vs transformers' GPT-2 and ViT, measured side by side in one run.
+
+    python -m benchmarks.bench_train            # all rows (about 10 minutes on 2 cores)
+    python -m benchmarks.bench_train --quick    # fewer repeats
+
+Rows (fp32 unless said, 2 threads, forward + backward + AdamW step):
+- LM backbones, d=512, 8 heads, seq 256, batch 8, vocab 1024: AoTModel (MSSA) vs GPT2Model (sdpa) at the same
+  width and depth (6 layers), and at equal parameters (AoT 36 layers); both again under torch.compile; AoT in bf16
+  autocast vs fp32.
+- Vision, 32 px, patch 4, batch 128: AoTForImageClassification vs ViTForImageClassification at ViT-tiny's width
+  and depth (192 x 6 layers, 3 heads), and at equal parameters (AoT 36 layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import torch
+from transformers import GPT2Config, GPT2Model, ViTConfig, ViTForImageClassification
+
+from aot_transformers import AoTConfig, AoTForImageClassification, AoTModel
+
+from ._common import interleaved_best_times, setup, write_results
+
+WIDTH, HEADS, SEQ, BATCH, VOCAB = 512, 8, 256, 8, 1024
+
+
+def count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def gpt2(layers: int) -> GPT2Model:
+    config = GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=WIDTH,
+        n_layer=layers,
+        n_head=HEADS,
+        n_positions=1024,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    config._attn_implementation = "sdpa"
+    return GPT2Model(config)
+
+
+def aot_lm(layers: int) -> AoTModel:
+    return AoTModel(
+        AoTConfig(
+            vocab_size=VOCAB,
+            hidden_size=WIDTH,
+            num_hidden_layers=layers,
+            num_attention_heads=HEADS,
+            max_position_embeddings=1024,
+        )
+    )
+
+
+def lm_step(model: torch.nn.Module, autocast: bool = False):
+    """A closure running one training step on random tokens."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+
+    def step():
+        context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+        with context:
+            hidden = model(input_ids=ids, use_cache=False).last_hidden_state
+        loss = hidden.float().square().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def image_step(model: torch.nn.Module, batch: int = 128):
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    pixels = torch.randn(batch, 3, 32, 32)
+    labels = torch.randint(0, 10, (batch,))
+
+    def step():
+        loss = model(pixel_values=pixels, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def vit(layers: int, width: int = 192, heads: int = 3) -> ViTForImageClassification:
+    config = ViTConfig(
+        image_size=32,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * width,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    config._attn_implementation = "sdpa"
+    return ViTForImageClassification(config)
+
+
+def aot_vision(layers: int, width: int = 192, heads: int = 3) -> AoTForImageClassification:
+    return AoTForImageClassification(
+        AoTConfig(
+            image_size=32,
+            patch_size=4,
+            num_channels=3,
+            hidden_size=width,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_labels=10,
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    args = parser.parse_args(argv)
+    rounds = 2 if args.quick else 4
+    setup()
+    results: dict = {"rounds": rounds}
+
+    models = {"gpt2-6": gpt2(6), "aot-6": aot_lm(6), "aot-36": aot_lm(36)}
+    results["lm_params"] = {name: count(m) for name, m in models.items()}
+    steps = {name: lm_step(m) for name, m in models.items()}
+    steps["aot-6-bf16"] = lm_step(models["aot-6"], autocast=True)
+    steps["aot-36-bf16"] = lm_step(models["aot-36"], autocast=True)
+    times = interleaved_best_times(steps, rounds=rounds)
+    tokens = BATCH * SEQ
+    lm = {name: tokens / t for name, t in times.items()}
+    results["lm_tokens_per_s"] = lm
+    results["lm_ratios"] = {
+        "same_width_depth (aot-6 / gpt2-6)": lm["aot-6"] / lm["gpt2-6"],
+        "equal_params (aot-36 / gpt2-6)": lm["aot-36"] / lm["gpt2-6"],
+        "bf16_vs_fp32 (aot-6)": lm["aot-6-bf16"] / lm["aot-6"],
+        "bf16_vs_fp32 (aot-36)": lm["aot-36-bf16"] / lm["aot-36"],
+    }
+    print(results["lm_ratios"], flush=True)
+
+    compiled = {name: lm_step(torch.compile(m)) for name, m in models.items() if name != "aot-6"}
+    times = interleaved_best_times(compiled, rounds=rounds, warmup=2)
+    lm_compiled = {name: tokens / t for name, t in times.items()}
+    results["lm_compiled_tokens_per_s"] = lm_compiled
+    results["lm_compiled_ratios"] = {
+        "equal_params compiled (aot-36c / gpt2-6c)": lm_compiled["aot-36"] / lm_compiled["gpt2-6"],
+        "equal_params compiled vs eager GPT-2 (aot-36c / gpt2-6)": lm_compiled["aot-36"] / lm["gpt2-6"],
+    }
+    print(results["lm_compiled_ratios"], flush=True)
+
+    vision = {"vit-6": vit(6), "aot-v-6": aot_vision(6), "aot-v-36": aot_vision(36)}
+    results["vision_params"] = {name: count(m) for name, m in vision.items()}
+    times = interleaved_best_times({name: image_step(m) for name, m in vision.items()}, rounds=rounds)
+    images = {name: 128 / t for name, t in times.items()}
+    results["vision_images_per_s"] = images
+    results["vision_ratios"] = {
+        "same_width_depth (aot-v-6 / vit-6)": images["aot-v-6"] / images["vit-6"],
+        "equal_params (aot-v-36 / vit-6)": images["aot-v-36"] / images["vit-6"],
+    }
+    print(results["vision_ratios"], flush=True)
+    path = write_results("train", results)
+    print(f"wrote {path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
