@@ -78,9 +78,14 @@ def _class_label_dataset(images: list, labels: list[int], class_names: list[str]
     return datasets.Dataset.from_dict({"image": images, "label": labels}, features=features)
 
 
-def load_cifar10_archives(folder: str | Path):
+def load_cifar10_archives(folder: str | Path, max_per_class: int | None = None):
     """The CIFAR-10 images of `train_<class>.tar.gz` archives (`train/<class>/NNNN.jpg`), read without unpacking
-    to disk. Classes are sorted by name; images keep their encoded JPEG bytes and decode on access."""
+    to disk. Classes are sorted by name; images keep their encoded JPEG bytes and decode on access.
+
+    Args:
+        folder: The folder holding the archives.
+        max_per_class: Read only the first images of each class (in name order).
+    """
     folder = Path(folder)
     archives = sorted(p for p in folder.iterdir() if _CIFAR_ARCHIVE.match(p.name))
     class_names = [_CIFAR_ARCHIVE.match(p.name).group("label") for p in archives]
@@ -88,9 +93,8 @@ def load_cifar10_archives(folder: str | Path):
     for index, archive in enumerate(archives):
         with tarfile.open(archive, "r:gz") as tar:
             members = sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name)
+            members = [m for m in members if Path(m.name).suffix.lower() in IMAGE_SUFFIXES][:max_per_class]
             for member in members:
-                if Path(member.name).suffix.lower() not in IMAGE_SUFFIXES:
-                    continue
                 images.append({"bytes": tar.extractfile(member).read(), "path": None})
                 labels.append(index)
     return _class_label_dataset(images, labels, class_names)

@@ -1,0 +1,342 @@
+"""Model cards, atomic export and push — against a stand-in Hub server on loopback that records the requests."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from aot_transformers import AoTConfig, AoTForCausalLM, AoTForImageClassification, export_model
+from aot_transformers.hub import (
+    HubPushError,
+    card_template_path,
+    check_export_folder,
+    push_to_hub,
+    render_model_card,
+)
+from conftest import tiny_config
+
+
+class StandInHub:
+    """A minimal Hub on 127.0.0.1: create repo, validate card YAML, preupload (every file 'regular'), commit.
+
+    Records every request as `(method, path, headers, body)`; `fail` maps a path fragment to an HTTP status to
+    answer with instead (e.g. `{"/commit/": 500}`).
+    """
+
+    def __init__(self, fail: dict[str, int] | None = None):
+        self.requests: list[tuple[str, str, dict, bytes]] = []
+        self.fail = dict(fail or {})
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, status: int, payload: dict):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                hub.requests.append(("GET", self.path, dict(self.headers), b""))
+                self._reply(404, {"error": "not found"})
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                hub.requests.append(("POST", self.path, dict(self.headers), body))
+                for fragment, status in hub.fail.items():
+                    if fragment in self.path:
+                        return self._reply(status, {"error": f"stand-in failure on {fragment}"})
+                if self.path == "/api/repos/create":
+                    request = json.loads(body)
+                    return self._reply(200, {"url": f"{hub.url}/{request['organization']}/{request['name']}"})
+                if self.path == "/api/validate-yaml":
+                    return self._reply(200, {"errors": [], "warnings": []})
+                if "/preupload/" in self.path:
+                    files = json.loads(body)["files"]
+                    return self._reply(
+                        200,
+                        {
+                            "files": [
+                                {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files
+                            ]
+                        },
+                    )
+                if "/commit/" in self.path:
+                    repo = self.path.split("/api/models/")[1].split("/commit/")[0]
+                    oid = hashlib.sha1(body).hexdigest()
+                    return self._reply(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid})
+                return self._reply(404, {"error": "unknown route"})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def paths(self) -> list[str]:
+        return [path for _, path, _, _ in self.requests]
+
+    def committed_files(self) -> dict[str, bytes]:
+        """Files of the last commit: path -> content."""
+        body = next(body for _, path, _, body in reversed(self.requests) if "/commit/" in path)
+        files = {}
+        for line in body.decode().splitlines():
+            entry = json.loads(line)
+            if entry["key"] == "file":
+                files[entry["value"]["path"]] = base64.b64decode(entry["value"]["content"])
+        return files
+
+
+@pytest.fixture
+def hub():
+    server = StandInHub()
+    yield server
+    server.close()
+
+
+def folder_digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def card_metadata(text: str) -> dict:
+    return yaml.safe_load(text.split("---")[1])
+
+
+def lm_card(**overrides):
+    fields = dict(
+        model_name="aot-tiny",
+        repo_id="someone/aot-tiny",
+        datasets=["wikitext"],
+        results=[{"metric": "perplexity", "value": 42.5, "split": "validation", "dataset": "wikitext"}],
+        training={"learning rate": 3e-3, "steps": 100},
+        num_parameters=123_456,
+        curves_file="training_curves.png",
+    )
+    fields.update(overrides)
+    return render_model_card(tiny_config(knn_k=4), **fields)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# cards
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_card_template_lives_in_model_cards():
+    path = card_template_path()
+    assert path.name == "aot_model_card.md" and path.parent.name == "model_cards"
+
+
+def test_lm_card_metadata_and_sections():
+    card = str(lm_card())
+    metadata = card_metadata(card)
+    assert metadata["library_name"] == "transformers"
+    assert metadata["pipeline_tag"] == "text-generation"
+    assert {"custom_code", "aot", "attention-only"} <= set(metadata["tags"])
+    assert metadata["datasets"] == ["wikitext"]
+    result = metadata["model-index"][0]["results"][0]
+    assert result["metrics"][0] == {"type": "perplexity", "value": 42.5}
+    assert result["dataset"]["split"] == "validation"
+    assert "| num_hidden_layers | 2 |" in card and "| parameters | 123,456 |" in card
+    assert "knn_k=4" in card  # the k-NN note
+    assert "trust_remote_code=True" in card and "revision=revision" in card
+    assert "| learning rate | 0.003 |" in card
+    assert "![training curves](training_curves.png)" in card
+
+
+def test_image_card_and_card_without_results():
+    config = AoTForImageClassification(tiny_config()).config
+    config.architectures = ["AoTForImageClassification"]
+    card = str(render_model_card(config, model_name="clf"))
+    metadata = card_metadata(card)
+    assert metadata["pipeline_tag"] == "image-classification"
+    assert "model-index" not in metadata
+    assert 'pipeline("image-classification"' in card and "| num_labels | 5 |" in card
+
+
+# --------------------------------------------------------------------------------------------------------------
+# export
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_export_writes_card_and_extra_files(tmp_path):
+    target = export_model(
+        AoTForCausalLM(tiny_config()),
+        tmp_path / "out",
+        model_card=lm_card(),
+        extra_files={"results.json": "{}", "bytes.bin": b"\x00\x01"},
+    )
+    assert (target / "README.md").read_text().startswith("---")
+    assert (target / "bytes.bin").read_bytes() == b"\x00\x01"
+    check_export_folder(target)
+
+
+def test_failed_export_leaves_the_previous_folder_intact(tmp_path):
+    target = export_model(AoTForCausalLM(tiny_config()), tmp_path / "out")
+    before = folder_digest(target)
+    with pytest.raises(FileNotFoundError):
+        export_model(AoTForCausalLM(tiny_config()), target, extra_files={"x": Path(tmp_path / "missing")})
+    assert folder_digest(target) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging folder left behind
+
+
+# --------------------------------------------------------------------------------------------------------------
+# push
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def exported(tmp_path) -> Path:
+    return export_model(AoTForCausalLM(tiny_config()), tmp_path / "tiny-model")
+
+
+def test_push_creates_repo_and_commits_every_file(hub, exported):
+    before = folder_digest(exported)
+    result = push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=hub.url)
+    paths = hub.paths()
+    assert paths[0] == "/api/repos/create"
+    assert any(p == "/api/models/someone/tiny/preupload/main" for p in paths)
+    assert paths[-1] == "/api/models/someone/tiny/commit/main"
+    create = json.loads(hub.requests[0][3])
+    assert create == {"name": "tiny", "organization": "someone", "type": "model"}
+    assert hub.requests[0][2]["authorization"] == "Bearer hf_test"
+    files = hub.committed_files()
+    assert set(before) | {"README.md"} == set(files)
+    for name, digest in before.items():
+        assert hashlib.sha256(files[name]).hexdigest() == digest
+    assert "custom_code" in card_metadata(files["README.md"].decode())["tags"]  # rendered from config.json
+    assert folder_digest(exported) == before  # the card was uploaded from memory, not written locally
+    assert result.commit_oid and result.commit_url.endswith(result.commit_oid)
+    assert "README.md" in result.files
+
+
+def test_push_keeps_an_existing_card(hub, exported):
+    (exported / "README.md").write_text("---\nlicense: mit\n---\nmy card\n")
+    push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=hub.url)
+    assert hub.committed_files()["README.md"] == b"---\nlicense: mit\n---\nmy card\n"
+
+
+# 5xx answers are retried with back-off by huggingface_hub on some routes: 4xx keeps the test fast there.
+@pytest.mark.parametrize("failing, status", [("/commit/", 500), ("/preupload/", 403), ("/api/repos/create", 401)])
+def test_push_failure_leaves_the_folder_intact_and_says_why(exported, failing, status):
+    hub = StandInHub(fail={failing: status})
+    try:
+        before = folder_digest(exported)
+        with pytest.raises(HubPushError) as raised:
+            push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=hub.url)
+        message = str(raised.value)
+        assert "someone/tiny" in message and hub.url in message and str(status) in message
+        assert "local folder is unchanged" in message
+        assert folder_digest(exported) == before
+    finally:
+        hub.close()
+
+
+def test_push_to_unreachable_endpoint_is_a_clear_error(exported):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed once the block ends: nothing listens there
+    before = folder_digest(exported)
+    with pytest.raises(HubPushError, match="local folder is unchanged"):
+        push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=f"http://127.0.0.1:{port}")
+    assert folder_digest(exported) == before
+
+
+def test_push_refuses_what_is_not_an_export(tmp_path, hub):
+    (tmp_path / "config.json").write_text(json.dumps(AoTConfig().to_dict()))
+    with pytest.raises(ValueError, match="does not load with trust_remote_code=True"):
+        push_to_hub(tmp_path, "someone/x", endpoint=hub.url)
+    with pytest.raises(FileNotFoundError):
+        push_to_hub(tmp_path / "missing", "someone/x", endpoint=hub.url)
+    with pytest.raises(ValueError, match="Invalid repo id"):
+        push_to_hub(export_model(AoTForCausalLM(tiny_config()), tmp_path / "m"), "a/b/c", endpoint=hub.url)
+    assert hub.requests == []  # nothing reached the server
+
+
+def test_push_command(hub, exported, capsys):
+    import argparse
+
+    from aot_transformers.training.cli import register
+
+    parser = argparse.ArgumentParser(prog="aot")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        [
+            "push",
+            str(exported),
+            "--repo-id",
+            "someone/tiny",
+            "--endpoint",
+            hub.url,
+            "--token",
+            "hf_test",
+            "--commit-message",
+            "first",
+        ]
+    )
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "commit:" in out and "revision=" in out
+    header = json.loads(hub.requests[-1][3].decode().splitlines()[0])
+    assert header["value"]["summary"] == "first"
+    failing = StandInHub(fail={"/commit/": 403})
+    try:
+        args = parser.parse_args(["push", str(exported), "--repo-id", "someone/tiny", "--endpoint", failing.url])
+        assert args.func(args) == 1
+        assert "local folder is unchanged" in capsys.readouterr().err
+    finally:
+        failing.close()
+
+
+def test_training_with_push_to_hub_uploads_the_final_folder(hub, tmp_path):
+    pytest.importorskip("datasets")
+    from transformers import TrainingArguments
+
+    from aot_transformers.training.common import PublishArguments
+    from aot_transformers.training.lm import LMModelArguments, train_lm
+    from aot_transformers.training.text_data import TextDataArguments
+
+    train_lm(
+        LMModelArguments(
+            preset="aot-mssa-l-tiny",
+            config_overrides="hidden_size=32,num_hidden_layers=1,vocab_size=300",
+            tokenizer_vocab_size=300,
+        ),
+        TextDataArguments(block_size=32),
+        TrainingArguments(
+            output_dir=str(tmp_path / "run"),
+            max_steps=2,
+            report_to="none",
+            use_cpu=True,
+            save_strategy="no",
+            disable_tqdm=True,
+            push_to_hub=True,
+            hub_model_id="someone/trained",
+            hub_token="hf_test",
+        ),
+        PublishArguments(hub_endpoint=hub.url, make_plots=False),
+    )
+    files = hub.committed_files()
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "modeling_aot.py"} <= set(files)
+    metadata = card_metadata(files["README.md"].decode())
+    assert metadata["model-index"][0]["name"] == "trained"
+    assert metadata["model-index"][0]["results"][0]["metrics"][0]["type"] == "perplexity"

@@ -1,0 +1,285 @@
+"""Image-classification training: the data sources, clear errors before training, preprocessing equal to the saved
+image processor, augmentation, and a trained folder that works with `pipeline(..., trust_remote_code=True)`."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("datasets")
+pytest.importorskip("evaluate")
+
+from PIL import Image  # noqa: E402
+from transformers import AutoImageProcessor, TrainingArguments, pipeline  # noqa: E402
+
+from aot_transformers.training.common import PublishArguments, TrainingSetupError  # noqa: E402
+from aot_transformers.training.image import ImageModelArguments, prepare_image_training, train_image  # noqa: E402
+from aot_transformers.training.metrics import load_metric, metric_path  # noqa: E402
+from aot_transformers.training.vision_data import (  # noqa: E402
+    ImageBatchCollator,
+    ImageDataArguments,
+    load_cifar10_archives,
+    load_image_source,
+    load_pixel_csv,
+    load_sklearn_digits,
+    make_image_processor,
+    preprocess_images,
+    random_crop_flip,
+)
+
+TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,image_size=16,patch_size=4"
+COLOURS = {"cat": (220, 40, 40), "dog": (40, 40, 220), "frog": (40, 200, 40)}
+
+
+def _image(colour, seed: int, size: int = 32) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    array = np.clip(np.asarray(colour)[None, None, :] + rng.normal(0, 25, (size, size, 3)), 0, 255)
+    return Image.fromarray(array.astype(np.uint8))
+
+
+@pytest.fixture(scope="module")
+def cifar_dir(tmp_path_factory) -> Path:
+    """CIFAR-10-style archives: train_<class>.tar.gz holding train/<class>/NNNN.jpg."""
+    root = tmp_path_factory.mktemp("cifar")
+    for label, colour in COLOURS.items():
+        with tarfile.open(root / f"train_{label}.tar.gz", "w:gz") as tar:
+            for i in range(24):
+                buffer = io.BytesIO()
+                _image(colour, i).save(buffer, format="JPEG")
+                info = tarfile.TarInfo(f"train/{label}/{i:04d}.jpg")
+                info.size = buffer.tell()
+                buffer.seek(0)
+                tar.addfile(info, buffer)
+    return root
+
+
+@pytest.fixture(scope="module")
+def imagefolder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("imagefolder")
+    for split, labels in (("train", ["cat", "dog"]), ("val", ["cat", "dog"]), ("val_extra", ["cat", "dog", "frog"])):
+        for label in labels:
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(6):
+                _image(COLOURS[label], i, size=20).save(folder / f"{i}.png")
+    return root
+
+
+def training_args(tmp_path: Path, **overrides) -> TrainingArguments:
+    fields = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=3,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=16,
+        learning_rate=3e-3,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+    )
+    fields.update(overrides)
+    return TrainingArguments(**fields)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# data sources
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_cifar_archives_load_with_sorted_class_names(cifar_dir):
+    dataset = load_cifar10_archives(cifar_dir)
+    assert dataset.features["label"].names == ["cat", "dog", "frog"]
+    assert len(dataset) == 72
+    assert dataset[0]["image"].size == (32, 32)
+    assert len(load_cifar10_archives(cifar_dir, max_per_class=5)) == 15
+
+
+def test_pixel_csv_and_digits(tmp_path):
+    rows = [",".join(map(str, list(np.full(16, 10 * label)) + [label])) for label in (3, 7, 3, 9)]
+    path = tmp_path / "pixels.csv.gz"
+    with gzip.open(path, "wt") as handle:
+        handle.write("\n".join(rows) + "\n")
+    dataset = load_pixel_csv(path)
+    assert dataset.features["label"].names == ["3", "7", "9"]
+    assert dataset[1]["image"].size == (4, 4) and dataset[1]["label"] == 1
+    (tmp_path / "bad.csv").write_text("1,2,3,0\n")
+    with pytest.raises(TrainingSetupError, match="not a square image"):
+        load_pixel_csv(tmp_path / "bad.csv")
+    digits = load_sklearn_digits()
+    assert len(digits) == 1797 and digits[0]["image"].size == (8, 8)
+
+
+def test_shared_mnist_and_cifar_files_load(shared_data):
+    mnist = load_pixel_csv(shared_data / "vision" / "mnist5k" / "mnist_5k.csv.gz")
+    assert len(mnist) == 5000 and len(mnist.features["label"].names) == 10
+    assert mnist[0]["image"].size == (28, 28)
+    cifar = load_cifar10_archives(shared_data / "vision" / "cifar10", max_per_class=2)
+    assert len(cifar) == 20 and "airplane" in cifar.features["label"].names
+
+
+def test_splits_are_stratified_and_disjoint(cifar_dir):
+    source = load_image_source(
+        ImageDataArguments(dataset_name=str(cifar_dir), validation_split_percentage=25, test_split_percentage=25)
+    )
+    assert source.kind == "cifar10-archives" and source.class_names == ["cat", "dog", "frog"]
+    assert len(source.train) + len(source.validation) + len(source.test) == 72
+    assert sorted(set(source.validation["label"])) == [0, 1, 2]
+
+
+def test_imagefolder_with_validation_dir(imagefolder):
+    source = load_image_source(
+        ImageDataArguments(dataset_name=str(imagefolder / "train"), validation_dir=str(imagefolder / "val"))
+    )
+    assert source.class_names == ["cat", "dog"] and len(source.validation) == 12
+
+
+# --------------------------------------------------------------------------------------------------------------
+# errors before training
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_unseen_validation_classes_are_a_clear_error(imagefolder):
+    with pytest.raises(TrainingSetupError, match=r"label classes the training data does not have: \['frog'\]"):
+        load_image_source(
+            ImageDataArguments(dataset_name=str(imagefolder / "train"), validation_dir=str(imagefolder / "val_extra"))
+        )
+
+
+def _fake_hub(monkeypatch, splits):
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: datasets.DatasetDict(splits))
+
+
+def test_hub_dataset_without_image_column_is_a_clear_error(monkeypatch):
+    import datasets
+
+    _fake_hub(monkeypatch, {"train": datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]})})
+    with pytest.raises(TrainingSetupError, match="has no image column"):
+        load_image_source(ImageDataArguments(dataset_name="someone/texts"))
+
+
+def test_hub_dataset_with_unseen_integer_labels_is_a_clear_error(monkeypatch):
+    import datasets
+
+    images = [_image(COLOURS["cat"], i, 8) for i in range(4)]
+    _fake_hub(
+        monkeypatch,
+        {
+            "train": datasets.Dataset.from_dict({"img": images, "fine_label": [0, 1, 0, 1]}),
+            "validation": datasets.Dataset.from_dict({"img": images[:2], "fine_label": [1, 5]}),
+        },
+    )
+    with pytest.raises(TrainingSetupError, match=r"does not have: \['5'\]"):
+        load_image_source(ImageDataArguments(dataset_name="someone/images", label_column="fine_label"))
+    with pytest.raises(TrainingSetupError, match="no label column 'label'"):
+        load_image_source(ImageDataArguments(dataset_name="someone/images"))
+
+
+@pytest.mark.parametrize(
+    "model_args, data_args, message",
+    [
+        (dict(preset="aot-v-nonsense"), dict(), "Unknown preset"),
+        (dict(config_overrides="image_size=30,patch_size=4"), dict(), "image_size"),
+        (dict(), dict(dataset_name="./no/such/folder"), "no such file or folder"),
+        (dict(), dict(dataset_name="IMAGEFOLDER", image_column="photo"), "no image column 'photo'"),
+        (dict(), dict(augment="maybe"), "--augment"),
+    ],
+)
+def test_bad_input_fails_before_training(tmp_path, imagefolder, model_args, data_args, message):
+    if data_args.get("dataset_name") == "IMAGEFOLDER":
+        data_args["dataset_name"] = str(imagefolder / "train")
+    with pytest.raises(TrainingSetupError, match=message):
+        prepare_image_training(
+            ImageModelArguments(**model_args), ImageDataArguments(**data_args), training_args(tmp_path)
+        )
+    assert not (tmp_path / "run" / "model").exists()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# preprocessing, augmentation, metric
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_batches_match_the_saved_image_processor(cifar_dir):
+    dataset = load_cifar10_archives(cifar_dir, max_per_class=3)
+    processor = make_image_processor(16, 3)
+    prepared = preprocess_images(dataset, processor, 3)
+    batch = ImageBatchCollator(processor)([prepared[i] for i in range(len(prepared))])
+    expected = processor([example["image"] for example in dataset], return_tensors="pt")["pixel_values"]
+    assert batch["pixel_values"].shape == (9, 3, 16, 16)
+    torch.testing.assert_close(batch["pixel_values"], expected, atol=1e-5, rtol=0)
+    assert batch["labels"].tolist() == dataset["label"]
+
+
+def test_random_crop_flip():
+    torch.manual_seed(0)
+    images = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).reshape(2, 3, 8, 8)
+    out = random_crop_flip(images, padding=0)
+    for original, augmented in zip(images, out, strict=True):
+        assert torch.equal(augmented, original) or torch.equal(augmented, original.flip(-1))
+    padded = random_crop_flip(images, padding=2)
+    assert padded.shape == images.shape
+    assert (padded == 0).any()  # some crops reach into the zero padding
+
+
+def test_local_accuracy_metric_loads_by_path():
+    assert metric_path("accuracy").endswith("accuracy.py")
+    assert load_metric("accuracy").compute(predictions=[0, 1, 2, 2], references=[0, 1, 1, 2]) == {"accuracy": 0.75}
+    with pytest.raises(ValueError, match="No local metric"):
+        metric_path("bleu-from-the-hub")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# training end to end
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_train_and_classify_with_pipeline(tmp_path, cifar_dir):
+    metrics = train_image(
+        ImageModelArguments(config_overrides=TINY),
+        ImageDataArguments(dataset_name=str(cifar_dir), validation_split_percentage=20, test_split_percentage=20),
+        training_args(tmp_path, max_steps=25, eval_strategy="steps", eval_steps=25),
+        PublishArguments(model_name="tiny-colours"),
+    )
+    final = tmp_path / "run" / "model"
+    names = {p.name for p in final.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "preprocessor_config.json",
+        "README.md",
+        "training_curves.png",
+    } <= names
+    assert metrics["eval_accuracy"] > 0.6 and "test_accuracy" in metrics  # colours are easy
+    card = (final / "README.md").read_text()
+    assert "image-classification" in card and "random crop" in card  # CIFAR-10 archives: augmentation on
+    processor = AutoImageProcessor.from_pretrained(final)
+    assert processor.size == {"height": 16, "width": 16}
+    classifier = pipeline("image-classification", model=str(final), trust_remote_code=True)
+    prediction = classifier(_image(COLOURS["dog"], 99, size=40))  # any size: the processor resizes
+    assert {p["label"] for p in prediction} <= {"cat", "dog", "frog"}
+
+
+def test_fine_tune_on_new_classes_replaces_the_head(tmp_path, cifar_dir, imagefolder):
+    train_image(
+        ImageModelArguments(config_overrides=TINY),
+        ImageDataArguments(dataset_name=str(cifar_dir)),
+        training_args(tmp_path, max_steps=2),
+    )
+    run = prepare_image_training(
+        ImageModelArguments(model_name_or_path=str(tmp_path / "run" / "model")),
+        ImageDataArguments(dataset_name=str(imagefolder / "train"), validation_split_percentage=0),
+        training_args(tmp_path, output_dir=str(tmp_path / "finetune"), max_steps=1),
+    )
+    assert run.trainer.model.config.id2label == {0: "cat", 1: "dog"}
+    assert run.trainer.model.classifier.out_features == 2
