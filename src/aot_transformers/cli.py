@@ -23,12 +23,23 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from .verify import verify_folder
+
+    report = verify_folder(args.folder)
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `aot` with every subcommand."""
     parser = argparse.ArgumentParser(prog="aot", description="Attention-only transformers for Hugging Face.")
     subcommands = parser.add_subparsers(dest="command", required=True)
     info = subcommands.add_parser("info", help="version and presets")
     info.set_defaults(func=_info)
+    verify = subcommands.add_parser("verify", help="check a saved model folder's code files against their hashes")
+    verify.add_argument("folder", help="a folder written by save_pretrained / aot export, or downloaded")
+    verify.set_defaults(func=_verify)
     for register in _subcommand_registrars():
         register(subcommands)
     return parser

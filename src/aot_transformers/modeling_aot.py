@@ -13,7 +13,9 @@ C channels, P patch side, N patches, L labels, V vocabulary.
 
 from __future__ import annotations
 
+import hashlib
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +42,33 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_aot.AoTForCausalLM",
     "AutoModelForImageClassification": "modeling_aot.AoTForImageClassification",
 }
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
+
+
+def code_file_hashes(folder: Path) -> dict[str, str]:
+    """SHA-256 of each remote-code file in `folder` (missing files map to None)."""
+    hashes = {}
+    for name in CODE_FILES:
+        path = Path(folder) / name
+        hashes[name] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return hashes
+
+
+def _check_code_files(config: AoTConfig, source: str) -> None:
+    """When running as remote code, refuse code files that differ from those the model was saved with."""
+    recorded = getattr(config, "code_sha256", None)
+    if not recorded or not __name__.startswith("transformers_modules"):
+        return  # the installed package's own code is running, or the folder predates the hashes
+    actual = code_file_hashes(Path(__file__).parent)
+    edited = sorted(name for name in CODE_FILES if recorded.get(name) != actual[name])
+    if edited:
+        raise ValueError(
+            f"The code files {edited} of {source} differ from those recorded in its config.json (`code_sha256`): "
+            "they were edited after saving. Run `aot verify` on the folder, or save the model again."
+        )
 
 
 def _is_compiling() -> bool:
@@ -221,10 +250,47 @@ class AoTPreTrainedModel(PreTrainedModel):
         """Save weights (safetensors), config and the three code files, with an `auto_map` for every Auto class.
 
         Whichever AoT class saves the folder, it loads with `AutoConfig`, `AutoModel`, `AutoModelForCausalLM` and
-        `AutoModelForImageClassification` through `trust_remote_code=True`.
+        `AutoModelForImageClassification` through `trust_remote_code=True`. The config records the SHA-256 of each
+        code file (`code_sha256`) so that `aot verify DIR` and loading can tell whether they were edited.
         """
+        if kwargs.get("safe_serialization") is False:
+            raise ValueError("AoT models are saved as safetensors only; drop `safe_serialization=False`.")
         self.config.auto_map = dict(AUTO_MAP)
+        self.config.code_sha256 = code_file_hashes(Path(__file__).parent)
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, allow_pickle: bool = False, **kwargs):
+        """Load a saved AoT model (see `transformers.PreTrainedModel.from_pretrained`).
+
+        Only safetensors weights are read unless `allow_pickle=True`: pickle files can run arbitrary code. A
+        corrupted or truncated weights file, or code files that differ from the ones recorded at save time, raise
+        a clear error.
+        """
+        source = str(pretrained_model_name_or_path)
+        if not allow_pickle:
+            if kwargs.get("use_safetensors") is False:
+                raise ValueError("`use_safetensors=False` loads pickle weights; pass `allow_pickle=True` to allow it.")
+            kwargs["use_safetensors"] = True
+            folder = Path(source) / kwargs.get("subfolder", "")
+            if folder.is_dir() and not any(folder.glob("*.safetensors")):
+                pickles = sorted(p.name for ext in PICKLE_SUFFIXES for p in folder.glob(f"*{ext}"))
+                if pickles:
+                    raise ValueError(
+                        f"{folder} holds weights only as pickle ({', '.join(pickles)}), which can run arbitrary code "
+                        "when loaded. Pass `allow_pickle=True` if you trust the files, or convert them to safetensors."
+                    )
+        try:
+            model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except Exception as error:
+            if type(error).__name__ == "SafetensorError":
+                raise OSError(
+                    f"The safetensors weights of {source} are corrupted or truncated ({error}); download or save "
+                    "them again."
+                ) from error
+            raise
+        _check_code_files(model.config, source)
+        return model
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

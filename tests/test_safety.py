@@ -1,0 +1,147 @@
+"""Loading files from strangers: no pickle unless asked, clear errors for corrupted weights, configs and code."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from aot_transformers import AoTConfig, AoTForCausalLM
+from aot_transformers.cli import main as cli_main
+from aot_transformers.verify import verify_folder
+from conftest import tiny_config
+
+
+@pytest.fixture
+def saved(tmp_path):
+    folder = tmp_path / "model"
+    AoTForCausalLM(tiny_config()).save_pretrained(folder)
+    return folder
+
+
+def test_pickle_weights_refused_unless_opted_in(saved):
+    model = AoTForCausalLM.from_pretrained(saved)
+    (saved / "model.safetensors").unlink()
+    torch.save(model.state_dict(), saved / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"pickle \(pytorch_model.bin\).*allow_pickle=True"):
+        AoTForCausalLM.from_pretrained(saved)
+    with pytest.raises(ValueError, match="allow_pickle"):
+        AoTForCausalLM.from_pretrained(saved, use_safetensors=False)
+    loaded = AoTForCausalLM.from_pretrained(saved, allow_pickle=True)
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+
+
+def test_saving_as_pickle_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="safetensors"):
+        AoTForCausalLM(tiny_config()).save_pretrained(tmp_path, safe_serialization=False)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_corrupted_weights_give_clear_error(saved, damage):
+    path = saved / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"\x00garbage" * 50, "empty": b""}[damage])
+    with pytest.raises(OSError, match="corrupted or truncated"):
+        AoTForCausalLM.from_pretrained(saved)
+
+
+@pytest.mark.parametrize(
+    ("edit", "error", "match"),
+    [
+        (("attention_type", "quantum"), ValueError, "attention_type"),
+        (("hidden_size", "32"), TypeError, "hidden_size"),
+        (("knn_k", -1), ValueError, "knn_k"),
+        (("num_attention_heads", 5), ValueError, "num_attention_heads"),
+    ],
+)
+def test_bad_config_json_gives_clear_error(saved, edit, error, match):
+    config = json.loads((saved / "config.json").read_text())
+    config[edit[0]] = edit[1]
+    (saved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(error, match=match):
+        AoTForCausalLM.from_pretrained(saved)
+
+
+def test_config_records_code_hashes(saved):
+    recorded = json.loads((saved / "config.json").read_text())["code_sha256"]
+    assert set(recorded) == {"configuration_aot.py", "attention_aot.py", "modeling_aot.py"}
+    assert all(len(h) == 64 for h in recorded.values())
+
+
+def test_verify_clean_edited_missing_and_pickle(saved, capsys):
+    report = verify_folder(saved)
+    assert report.ok and report.matches_installed
+    assert cli_main(["verify", str(saved)]) == 0
+    with open(saved / "modeling_aot.py", "a") as handle:
+        handle.write("\nimport os  # injected\n")
+    report = verify_folder(saved)
+    assert report.edited == ["modeling_aot.py"] and not report.ok
+    (saved / "attention_aot.py").unlink()
+    torch.save({}, saved / "extra.pt")
+    report = verify_folder(saved)
+    assert report.missing == ["attention_aot.py"] and report.pickle_files == ["extra.pt"]
+    assert cli_main(["verify", str(saved)]) == 1
+    out = capsys.readouterr().out
+    assert "EDITED   modeling_aot.py" in out and "MISSING  attention_aot.py" in out and "FAILED" in out
+
+
+def test_verify_rejects_non_model_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        verify_folder(tmp_path)
+
+
+REMOTE_LOAD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["aot_transformers"] = None
+    from transformers import AutoModelForCausalLM
+    try:
+        AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+    except Exception as error:
+        print(f"{type(error).__name__}: {error}")
+        sys.exit(3)
+    print("loaded")
+    """
+)
+
+
+def _remote_load(tmp_path, folder) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update({"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")})
+    return subprocess.run(
+        [sys.executable, "-c", REMOTE_LOAD, str(folder)], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
+
+
+def test_remote_load_refuses_edited_code(tmp_path, saved):
+    edited = tmp_path / "edited"
+    shutil.copytree(saved, edited)
+    with open(edited / "attention_aot.py", "a") as handle:
+        handle.write("\n# edited after saving\n")
+    result = _remote_load(tmp_path, edited)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "attention_aot.py" in result.stdout and "edited" in result.stdout
+
+
+def test_remote_load_missing_code_file_names_it(tmp_path, saved):
+    (saved / "attention_aot.py").unlink()
+    result = _remote_load(tmp_path, saved)
+    assert result.returncode != 0
+    assert "attention_aot.py" in result.stdout + result.stderr
+
+
+def test_config_with_wrong_types_via_autoconfig(saved):
+    from transformers import AutoConfig
+
+    config = json.loads((saved / "config.json").read_text())
+    config["layer_norm"] = "yes"
+    (saved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TypeError, match="layer_norm"):
+        AutoConfig.from_pretrained(saved)
+    assert AoTConfig  # the package's class is what AutoConfig resolved to
