@@ -167,7 +167,7 @@ def _usage(task: str, repo_id: str, is_text: bool) -> str:
             "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
             f'repo_id = "{repo_id}"\n'
             'revision = "main"  # replace with the commit hash you reviewed\n'
-            "tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision)\n"
+            "tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision, trust_remote_code=True)\n"
             "model = AutoModelForCausalLM.from_pretrained(repo_id, revision=revision, trust_remote_code=True)\n"
             'inputs = tokenizer("The ", return_tensors="pt")\n'
             "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40, do_sample=True)[0]))"

@@ -13,6 +13,8 @@ import sys
 
 sys.modules["aot_transformers"] = None  # type: ignore[assignment]  # prove the folders are self-contained
 
+REPORT_PREFIX = "AOT_RELOAD_REPORT "
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -29,7 +31,7 @@ def main() -> int:
 
     report = {}
     if args.lm:
-        tokenizer = AutoTokenizer.from_pretrained(args.lm)
+        tokenizer = AutoTokenizer.from_pretrained(args.lm, trust_remote_code=True)
         model = AutoModelForCausalLM.from_pretrained(args.lm, trust_remote_code=True).eval()
         report["lm_class"] = f"{type(model).__module__}.{type(model).__name__}"
         inputs = tokenizer(args.prompt, return_tensors="pt")
@@ -58,7 +60,7 @@ def main() -> int:
             correct = sum(pred[0]["label"] == name for pred, name in zip(predictions, label_names, strict=True))
             report["test_accuracy"] = correct / len(images)
             report["test_images"] = len(images)
-    print(json.dumps(report))
+    print(REPORT_PREFIX + json.dumps(report), flush=True)
     return 0
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 LM_FOLDER = "aot-mssa-l-tiny-pydoc"
 IMAGE_FOLDER = "aot-v-tiny-digits"
+REPORT_PREFIX = "AOT_RELOAD_REPORT "  # as printed by _reload_check.py
 
 
 def idle_cores() -> int:
@@ -132,10 +133,15 @@ def reload_in_fresh_process(lm_dir: Path, image_dir: Path, test_images: Path, pr
         "--test-images",
         str(test_images),
     ]
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, cwd=lm_dir.parent)
-    if completed.returncode != 0:
-        raise RuntimeError(f"Reloading in a fresh process failed:\n{completed.stderr[-4000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    completed = subprocess.run(
+        command, env=env, capture_output=True, text=True, cwd=lm_dir.parent, stdin=subprocess.DEVNULL
+    )
+    reports = [line.split(REPORT_PREFIX, 1)[1] for line in completed.stdout.splitlines() if REPORT_PREFIX in line]
+    if completed.returncode != 0 or not reports:
+        raise RuntimeError(
+            f"Reloading in a fresh process failed:\n{completed.stdout[-2000:]}\n{completed.stderr[-4000:]}"
+        )
+    return json.loads(reports[-1])
 
 
 def run_demo(
