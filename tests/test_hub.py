@@ -144,6 +144,8 @@ def lm_card(**overrides):
 def test_card_template_lives_in_model_cards():
     path = card_template_path()
     assert path.name == "aot_model_card.md" and path.parent.name == "model_cards"
+    repository_template = Path(__file__).resolve().parents[1] / "model_cards" / "aot_model_card.md"
+    assert path.resolve() == repository_template.resolve()  # the packaged symlink points at model_cards/
 
 
 def test_lm_card_metadata_and_sections():

@@ -100,16 +100,14 @@ def export_model(
 
 
 def card_template_path() -> Path:
-    """The card template: shipped as package data (`aot_transformers.model_cards`) or, in a source checkout, the
-    repository's `model_cards/` folder."""
-    candidates = []
-    try:
-        from importlib.resources import files
-
-        candidates.append(Path(str(files("aot_transformers.model_cards") / CARD_TEMPLATE)))
-    except (ImportError, ModuleNotFoundError, TypeError):
-        pass
-    candidates.append(Path(__file__).resolve().parents[2] / "model_cards" / CARD_TEMPLATE)
+    """The card template of `model_cards/`: shipped in wheels as package data through the symlink
+    `aot_transformers/training/model_cards`, read from the repository's `model_cards/` in a source checkout."""
+    package = Path(__file__).resolve().parent
+    candidates = [
+        package / "training" / "model_cards" / CARD_TEMPLATE,
+        Path(__file__).parent / "training" / "model_cards" / CARD_TEMPLATE,
+        package.parents[1] / "model_cards" / CARD_TEMPLATE,
+    ]
     for candidate in candidates:
         if candidate.is_file():
             return candidate

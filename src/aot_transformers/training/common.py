@@ -178,8 +178,10 @@ def plot_training_curves(log_history: list[dict[str, Any]], path: str | os.PathL
         return None
     train = [(e["step"], e["loss"]) for e in log_history if "loss" in e and "step" in e]
     evals = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e]
-    metric_name = next((k for e in log_history for k in ("eval_accuracy", "eval_perplexity") if k in e), None)
+    metric_name = "eval_accuracy" if any("eval_accuracy" in e for e in log_history) else None
     metric = [(e["step"], e[metric_name]) for e in log_history if metric_name and metric_name in e]
+    if metric_name is None and evals:  # language models: the perplexity of each evaluation
+        metric_name, metric = "eval_perplexity", [(step, perplexity(loss)) for step, loss in evals]
     if not train and not evals:
         return None
     columns = 2 if metric else 1

@@ -190,7 +190,7 @@ def run_image_training(run: ImageRun) -> dict[str, Any]:
     train_result = trainer.train(resume_from_checkpoint=run.resume)
     metrics = dict(train_result.metrics)
     results = []
-    name = run.source.hub_ids[0] if run.source.hub_ids else "custom"
+    name = run.source.name
     if trainer.eval_dataset is not None:
         metrics.update(trainer.evaluate())
         results.append(

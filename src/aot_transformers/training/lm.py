@@ -274,7 +274,7 @@ def run_lm_training(run: LMRun) -> dict[str, Any]:
         eval_metrics["eval_perplexity"] = perplexity(eval_metrics["eval_loss"])
         trainer.log({"eval_perplexity": eval_metrics["eval_perplexity"]})
         metrics.update(eval_metrics)
-        name = run.source.hub_ids[0] if run.source.hub_ids else "custom"
+        name = run.source.name
         results.append(
             {
                 "metric": "perplexity",

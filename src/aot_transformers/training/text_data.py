@@ -75,6 +75,7 @@ class TextSource:
     description: str
     hub_ids: list[str]
     documents: bool  # examples are whole documents (separate them with EOS) rather than lines
+    name: str = "custom"  # the dataset's name in the model card's model-index
 
 
 def _looks_local(name: str) -> bool:
@@ -198,7 +199,13 @@ def load_text_source(args: TextDataArguments, seed: int = 42) -> TextSource:
         validation = _load_local(list(args.validation_file), args.text_column, False, "validation")
     if validation is None:
         train, validation = _split_validation(train, args)
-    return TextSource(train, validation, description, hub_ids, documents)
+    if hub_ids:
+        label = hub_ids[0]
+    elif name == EMBEDDED_CORPUS:
+        label = EMBEDDED_CORPUS
+    else:
+        label = Path(name or args.train_file[0]).name
+    return TextSource(train, validation, description, hub_ids, documents, label)
 
 
 def _split_validation(train, args: TextDataArguments):

@@ -69,6 +69,7 @@ class ImageSource:
     description: str
     hub_ids: list[str]
     kind: str  # "hub", "imagefolder", "cifar10-archives", "pixel-csv", "sklearn-digits"
+    name: str = "custom"  # the dataset's name in the model card's model-index
 
 
 def _class_label_dataset(images: list, labels: list[int], class_names: list[str]):
@@ -289,7 +290,8 @@ def load_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
         train = train.shuffle(seed=seed).select(range(min(len(train), args.max_train_samples)))
     if validation is not None and args.max_eval_samples is not None:
         validation = validation.shuffle(seed=seed).select(range(min(len(validation), args.max_eval_samples)))
-    return ImageSource(train, validation, test, class_names, description, hub_ids, kind)
+    label = hub_ids[0] if hub_ids else SKLEARN_DIGITS if kind == "sklearn-digits" else path.name
+    return ImageSource(train, validation, test, class_names, description, hub_ids, kind, label)
 
 
 def _load_imagefolder(path: Path, what: str):

@@ -1,0 +1,131 @@
+"""Training throughput of the same `aot train lm` command in 1 process and in 2 processes (DDP, gloo, CPU).
+
+    python -m benchmarks.training.throughput                 # ~3 min on 2 cores
+    python -m benchmarks.training.throughput --launcher accelerate
+
+The global batch is the same in both runs (1 × 32 or 2 × 16 blocks of 128 tokens); the single process uses all
+cores as torch threads, each of the two processes one core per thread. Reports Trainer's samples (blocks) per
+second and tokens per second, measured over `--max-steps` optimizer steps after the data is prepared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(command: list[str], threads: int, output_dir: Path) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{completed.stderr[-3000:]}")
+    return json.loads((output_dir / "all_results.json").read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "text" / "tinyshakespeare"))
+    parser.add_argument("--output-dir", default=str(ROOT / "benchmarks" / "results" / "training" / "throughput"))
+    parser.add_argument("--max-steps", type=int, default=60)
+    parser.add_argument("--global-batch", type=int, default=32)
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--config-overrides", default="hidden_size=128,num_hidden_layers=4,num_attention_heads=4")
+    parser.add_argument("--launcher", choices=["torchrun", "accelerate"], default="torchrun")
+    args = parser.parse_args(argv)
+
+    cores = len(os.sched_getaffinity(0))
+    root = Path(args.output_dir)
+
+    def arguments(output_dir: Path, per_device: int) -> list[str]:
+        return [
+            "--preset", "aot-mssa-l-tiny", "--config_overrides", args.config_overrides,
+            "--tokenizer_vocab_size", "1024", "--dataset_name", args.data, "--block_size", str(args.block_size),
+            "--per_device_train_batch_size", str(per_device), "--max_steps", str(args.max_steps),
+            "--learning_rate", "1e-3", "--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none",
+            "--use_cpu", "--disable_tqdm", "true", "--seed", "0", "--make_plots", "false", "--logging_steps", "1000",
+            "--output_dir", str(output_dir),
+        ]  # fmt: skip
+
+    bin_dir = Path(sys.executable).parent
+    one_dir, two_dir = root / "1proc", root / "2proc"
+    for folder in (one_dir, two_dir):
+        shutil.rmtree(folder, ignore_errors=True)
+    # Train the tokenizer once and share it, so both runs see identical data.
+    one = _run(
+        [sys.executable, "-m", "aot_transformers.training.lm", *arguments(one_dir, args.global_batch)], cores, one_dir
+    )
+    tokenizer = str(one_dir / "tokenizer")
+    one = _run(
+        [
+            sys.executable,
+            "-m",
+            "aot_transformers.training.lm",
+            *arguments(one_dir, args.global_batch),
+            "--tokenizer_name_or_path",
+            tokenizer,
+        ],
+        cores,
+        one_dir,
+    )
+    if args.launcher == "torchrun":
+        launcher = [str(bin_dir / "torchrun"), "--standalone", "--nproc_per_node", "2"]
+    else:
+        launcher = [
+            str(bin_dir / "accelerate"),
+            "launch",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--cpu",
+        ]
+    two = _run(
+        [
+            *launcher,
+            "-m",
+            "aot_transformers.training.lm",
+            *arguments(two_dir, args.global_batch // 2),
+            "--tokenizer_name_or_path",
+            tokenizer,
+        ],
+        max(1, cores // 2),
+        two_dir,
+    )
+    tokens = args.block_size
+    summary = {
+        "cores": cores,
+        "launcher": args.launcher,
+        "global_batch_blocks": args.global_batch,
+        "steps": args.max_steps,
+        "config_overrides": args.config_overrides,
+        "one_process": {
+            "threads": cores,
+            "samples_per_second": one["train_samples_per_second"],
+            "tokens_per_second": one["train_samples_per_second"] * tokens,
+        },
+        "two_processes": {
+            "threads_each": max(1, cores // 2),
+            "samples_per_second": two["train_samples_per_second"],
+            "tokens_per_second": two["train_samples_per_second"] * tokens,
+        },
+    }
+    summary["speedup"] = two["train_samples_per_second"] / one["train_samples_per_second"]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"summary_{args.launcher}.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
