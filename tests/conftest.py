@@ -33,8 +33,11 @@ def tiny_config(**overrides) -> AoTConfig:
 
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
+    """Seed every test, and undo any change a test makes to torch's thread count."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
     yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -29,7 +29,8 @@ LOADER = textwrap.dedent(
     from safetensors.torch import load_file, save_file
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageClassification
 
-    source, inputs_file, output_file, kind = sys.argv[1:5]
+    source, inputs_file, output_file, kind, threads = sys.argv[1:6]
+    torch.set_num_threads(int(threads))  # the parent's thread count, so that reductions run in the same order
     inputs = load_file(inputs_file)
     results = {}
     with torch.no_grad():
@@ -55,7 +56,15 @@ def _run_fresh(tmp_path: Path, source: str, inputs: dict, kind: str, env_extra: 
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")})
     env.update(env_extra or {})
     subprocess.run(
-        [sys.executable, str(script), source, str(tmp_path / "inputs.safetensors"), str(tmp_path / "out.st"), kind],
+        [
+            sys.executable,
+            str(script),
+            source,
+            str(tmp_path / "inputs.safetensors"),
+            str(tmp_path / "out.st"),
+            kind,
+            str(torch.get_num_threads()),
+        ],
         check=True,
         env=env,
         cwd=tmp_path,
