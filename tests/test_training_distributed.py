@@ -48,7 +48,7 @@ def _arguments(text_file: Path, output_dir: Path, batch_size: int) -> list[str]:
     ]  # fmt: skip
 
 
-def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
+def _two_vs_one(tmp_path: Path, extra: list[str]) -> None:
     from aot_transformers.training.text_data import embedded_corpus
 
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
@@ -62,7 +62,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
 
     two = subprocess.run(
         [torchrun, "--standalone", "--nproc_per_node", "2", str(script),
-         *_arguments(text_file, tmp_path / "two", batch_size=4)],
+         *_arguments(text_file, tmp_path / "two", batch_size=4), *extra],
         env=env, capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
@@ -81,5 +81,19 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     for name, value in rank0.items():
         assert torch.equal(value, rank1[name]), f"{name} differs across ranks: gradients were not synchronised"
         torch.testing.assert_close(value, single[name], rtol=1e-4, atol=1e-6, msg=name)
-    # Only rank 0 writes the final folder, and it loads like any other.
-    assert (tmp_path / "two" / "model" / "model.safetensors").is_file()
+    # Only rank 0 writes the final folder; it holds the full (gathered) weights of the single-process run.
+    final = load_file(str(tmp_path / "two" / "model" / "model.safetensors"))
+    for name, value in final.items():
+        if name in single:
+            torch.testing.assert_close(value, single[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
+    _two_vs_one(tmp_path, [])
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_match_one_process(tmp_path):
+    """FSDP (version 2, one shard per AoTLayer) on CPU: `pytest -m slow tests/test_training_distributed.py`."""
+    config = '{"transformer_layer_cls_to_wrap": ["AoTLayer"], "fsdp_version": 2}'
+    _two_vs_one(tmp_path, ["--fsdp", "full_shard auto_wrap", "--fsdp_config", config])

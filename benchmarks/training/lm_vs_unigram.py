@@ -1,6 +1,6 @@
 """A tiny AoT-MSSA language model on `../shared/data/text` against a unigram model of the same tokens.
 
-    python -m benchmarks.training.lm_vs_unigram                       # ~10 min on 2 shared cores
+    python -m benchmarks.training.lm_vs_unigram                       # ~10 min on 2 shared cores (1,200 steps)
     python -m benchmarks.training.lm_vs_unigram --max-steps 200       # a quick look
 
 Runs `aot train lm` (a byte-level BPE trained on the training text, `aot-mssa-l-tiny` with the vocabulary set to the
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--max-steps", type=int, default=3000)
+    parser.add_argument("--max-steps", type=int, default=1200)
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     args = parser.parse_args(argv)
 

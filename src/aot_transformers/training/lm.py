@@ -133,6 +133,20 @@ def check_tokenizer_fits(tokenizer, config) -> None:
         )
 
 
+def _perplexity_trainer_class():
+    from transformers import Trainer
+
+    class PerplexityTrainer(Trainer):
+        """`Trainer` that logs the perplexity `exp(eval_loss)` beside every evaluation loss."""
+
+        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+            for key in [k for k in logs if k.endswith("_loss") and k != "loss" and k != "train_loss"]:
+                logs[key.removesuffix("_loss") + "_perplexity"] = perplexity(logs[key])
+            super().log(logs, start_time)
+
+    return PerplexityTrainer
+
+
 def unigram_perplexity(train_blocks, eval_blocks, vocab_size: int) -> float:
     """Perplexity on `eval_blocks` of the unigram model fitted to `train_blocks` (add-one smoothing): the baseline
     a language model has to beat. Counts the same target tokens as the LM's loss (all but the first of a block)."""
@@ -159,7 +173,7 @@ def prepare_lm_training(
 ) -> LMRun:
     """Check every input, load and pack the data, build the model and the `Trainer`. Nothing is trained yet."""
     import torch
-    from transformers import Trainer, default_data_collator, set_seed
+    from transformers import default_data_collator, set_seed
 
     from ..modeling_aot import AoTForCausalLM
 
@@ -239,7 +253,7 @@ def prepare_lm_training(
     model.config.use_cache = False  # no cache while training; generation turns it back on
     logger.info("Model: %s parameters", f"{sum(p.numel() for p in model.parameters()):,}")
     torch.set_float32_matmul_precision("high")
-    trainer = Trainer(
+    trainer = _perplexity_trainer_class()(
         model=model,
         args=training_args,
         train_dataset=train,
@@ -272,7 +286,6 @@ def run_lm_training(run: LMRun) -> dict[str, Any]:
     if trainer.eval_dataset is not None:
         eval_metrics = trainer.evaluate()
         eval_metrics["eval_perplexity"] = perplexity(eval_metrics["eval_loss"])
-        trainer.log({"eval_perplexity": eval_metrics["eval_perplexity"]})
         metrics.update(eval_metrics)
         name = run.source.name
         results.append(
