@@ -61,6 +61,7 @@ def test_train_help_lists_our_and_every_trainer_flag(parser, capsys):
         ("lm", ["--preset", "aot-unknown"], "Unknown preset 'aot-unknown'"),
         ("image", ["--preset", "aot-unknown"], "Unknown preset 'aot-unknown'"),
         ("image", ["--dataset_name", "MISSING/images"], "no such file or folder"),
+        ("lm", ["--warmup_ratio", "0.05"], "not used by the HfArgumentParser: ['--warmup_ratio', '0.05']"),
     ],
 )
 def test_setup_errors_exit_2_with_one_line(parser, capsys, tmp_path, kind, arguments, message):

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from ._results import write_summary
+
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = "image_size=32,patch_size=4,hidden_size=128,num_hidden_layers=6,num_attention_heads=4,pooling=mean"
 
@@ -23,7 +25,7 @@ OVERRIDES = "image_size=32,patch_size=4,hidden_size=128,num_hidden_layers=6,num_
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "vision" / "cifar10"))
-    parser.add_argument("--output-dir", default=str(ROOT / "benchmarks" / "results" / "training" / "cifar10"))
+    parser.add_argument("--output-dir", default=str(ROOT / "runs" / "training" / "cifar10"))
     parser.add_argument("--epochs", type=float, default=14.0)
     parser.add_argument("--config-overrides", default=OVERRIDES)
     parser.add_argument("--batch-size", type=int, default=128)
@@ -33,13 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     from aot_transformers.training.image import main as train_image
 
     output_dir = Path(args.output_dir)
+    warmup = int(0.05 * args.epochs * 45_000 / args.batch_size)  # 5% of the optimizer steps
     start = time.perf_counter()
     status = train_image([
         "--preset", "aot-v-tiny", "--config_overrides", args.config_overrides, "--dataset_name", args.data,
         "--validation_split_percentage", "10", "--augment", "yes",
         "--per_device_train_batch_size", str(args.batch_size), "--per_device_eval_batch_size", "256",
         "--num_train_epochs", str(args.epochs), "--learning_rate", str(args.learning_rate),
-        "--lr_scheduler_type", "cosine", "--warmup_ratio", "0.05", "--weight_decay", "0.05",
+        "--lr_scheduler_type", "cosine", "--warmup_steps", str(warmup), "--weight_decay", "0.05",
         "--eval_strategy", "epoch", "--logging_steps", "50", "--save_strategy", "epoch", "--save_total_limit", "1",
         "--report_to", "none", "--use_cpu", "--seed", "0", "--dataloader_num_workers", "0",
         "--output_dir", str(output_dir), "--model_name", "aot-v-cifar10",
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_samples_per_second": metrics["train_samples_per_second"],
         "wall_seconds": round(time.perf_counter() - start, 1),
     }
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_summary(summary, output_dir / "summary.json", f"cifar10_{args.epochs:g}epochs.json")
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -16,13 +16,15 @@ import sys
 import time
 from pathlib import Path
 
+from ._results import write_summary
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "text"))
-    parser.add_argument("--output-dir", default=str(ROOT / "benchmarks" / "results" / "training" / "lm_vs_unigram"))
+    parser.add_argument("--output-dir", default=str(ROOT / "runs" / "training" / "lm_vs_unigram"))
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_seconds": metrics["train_runtime"],
         "wall_seconds": round(time.perf_counter() - start, 1),
     }
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_summary(summary, output_dir / "summary.json", f"lm_vs_unigram_{args.max_steps}steps.json")
     print(json.dumps(summary, indent=2))
     return 0
 

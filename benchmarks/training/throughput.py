@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ._results import write_summary
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,7 +34,7 @@ def _run(command: list[str], threads: int, output_dir: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "text" / "tinyshakespeare"))
-    parser.add_argument("--output-dir", default=str(ROOT / "benchmarks" / "results" / "training" / "throughput"))
+    parser.add_argument("--output-dir", default=str(ROOT / "runs" / "training" / "throughput"))
     parser.add_argument("--max-steps", type=int, default=60)
     parser.add_argument("--global-batch", type=int, default=32)
     parser.add_argument("--block-size", type=int, default=128)
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     summary["speedup"] = two["train_samples_per_second"] / one["train_samples_per_second"]
     root.mkdir(parents=True, exist_ok=True)
-    (root / f"summary_{args.launcher}.json").write_text(json.dumps(summary, indent=2))
+    write_summary(summary, root / f"summary_{args.launcher}.json", f"throughput_{args.launcher}.json")
     print(json.dumps(summary, indent=2))
     return 0
 

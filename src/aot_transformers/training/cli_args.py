@@ -17,11 +17,14 @@ def parse_dataclasses(classes: tuple[type, ...], argv: list[str] | None = None) 
 
     parser = HfArgumentParser((*classes, TrainingArguments))
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=argv[0])
-    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
-        return parser.parse_yaml_file(yaml_file=argv[0])
-    return parser.parse_args_into_dataclasses(args=argv)
+    try:
+        if len(argv) == 1 and argv[0].endswith(".json"):
+            return parser.parse_json_file(json_file=argv[0])
+        if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
+            return parser.parse_yaml_file(yaml_file=argv[0])
+        return parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as error:  # unknown or invalid arguments: say so in one line, before anything runs
+        raise TrainingSetupError(str(error)) from error
 
 
 def run_with_clear_errors(job: Callable[[], Any]) -> int:
