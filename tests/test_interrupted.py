@@ -1,0 +1,95 @@
+"""Training killed (SIGKILL) at random moments, several times, then resumed, ends where an uninterrupted run ends.
+
+Slow (a few minutes): run it with `.venv/bin/python -m pytest -m slow tests/test_interrupted.py`.
+The kills land at random wall-clock times — mid-step, mid-checkpoint-write, during start-up — not at step
+boundaries. After every kill each checkpoint folder must be either complete and loadable or skipped on resume.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("datasets")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from aot_transformers.training.common import last_complete_checkpoint  # noqa: E402
+from aot_transformers.training.text_data import embedded_corpus  # noqa: E402
+
+TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,vocab_size=320,max_position_embeddings=64"
+MAX_STEPS = 40
+
+
+def _arguments(data: Path, output: Path) -> list[str]:
+    return [
+        "--preset", "aot-mssa-l-tiny", "--config_overrides", TINY, "--tokenizer_vocab_size", "300",
+        "--dataset_name", str(data), "--block_size", "32", "--max_steps", str(MAX_STEPS),
+        "--per_device_train_batch_size", "4", "--learning_rate", "3e-3", "--save_strategy", "steps",
+        "--save_steps", "4", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--seed", "0",
+        "--eval_strategy", "no", "--output_dir", str(output),
+    ]  # fmt: skip
+
+
+def _train(arguments: list[str], cwd: Path, kill_after: float | None = None) -> int:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aot_transformers.training.lm", *arguments],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    if kill_after is None:
+        _, stderr = process.communicate(timeout=900)
+        assert process.returncode == 0, stderr.decode()[-3000:]
+        return 0
+    try:
+        process.wait(timeout=kill_after)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    return process.returncode
+
+
+@pytest.mark.slow
+def test_random_sigkills_then_resume_match_uninterrupted_run(tmp_path):
+    lines = [line for text in embedded_corpus()[:20] for line in text.splitlines() if line.strip()][:400]
+    data = tmp_path / "train.txt"
+    data.write_text("\n".join(lines) + "\n")
+    rng = random.Random(1234)
+    run = tmp_path / "run"
+
+    # Measure how long a run takes, then kill the interrupted one at random times within that span.
+    start = time.perf_counter()
+    _train(_arguments(data, tmp_path / "straight"), tmp_path)
+    duration = time.perf_counter() - start
+
+    kills = 0
+    for _ in range(6):
+        resume = ["--resume_from_checkpoint", "latest"] if last_complete_checkpoint(run) else []
+        code = _train(_arguments(data, run) + resume, tmp_path, kill_after=rng.uniform(0.3, 0.8) * duration)
+        if code == 0:
+            break
+        assert code == -9
+        kills += 1
+        latest = last_complete_checkpoint(run)
+        if latest is not None:  # whatever the kill interrupted, the latest complete checkpoint loads
+            AutoModelForCausalLM.from_pretrained(latest)
+        assert not (run / "model").exists() or (run / "model" / "model.safetensors").exists()
+    assert kills >= 2, "the kills should interrupt the run several times"
+    if not (run / "model").exists():
+        _train(_arguments(data, run) + ["--resume_from_checkpoint", "latest"], tmp_path)
+
+    resumed = AutoModelForCausalLM.from_pretrained(run / "model").state_dict()
+    straight = AutoModelForCausalLM.from_pretrained(tmp_path / "straight" / "model").state_dict()
+    for name, value in straight.items():
+        torch.testing.assert_close(resumed[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    print(f"\nSIGKILLs injected: {kills}; every checkpoint left behind was complete or skipped; final model equal")
