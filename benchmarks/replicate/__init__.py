@@ -1,0 +1,1 @@
+"""Small-scale replication of the AoT and KVT papers' comparisons (issue 4): `python -m benchmarks.replicate`."""

@@ -1,0 +1,190 @@
+"""Comparison 4: forward cost of the LM presets against GPT-2 Base/Medium shapes at batch 16 x 1024 tokens.
+
+- GFLOPs of the *full-size* models, counted with `torch.utils.flop_counter.FlopCounterMode`. Counting a full model
+  would cost a full forward, so the counter runs on 1- and 2-layer copies with a tiny vocabulary at batch 1: every
+  layer costs the same and every op is per sample, so `F(L) = F(1) + (L - 1)(F(2) - F(1))`, times the batch, plus
+  the LM head's `2·B·T·d·V` (one matmul). `tests/test_replicate.py` checks this against a direct count.
+  Attention is counted as torch counts it, as a full T x T product (causal masking saves nothing in the count);
+  CPU SDPA has no formula in torch, so the same formula as torch's GPU kernels is registered for it.
+- Time per forward and peak memory of shapes scaled down by depth/`depth_divisor` and width/`width_divisor`
+  (head count kept), each model in a fresh process (peak RSS is a per-process high-water mark): the first forward
+  gives the peak memory, the best of `rounds` further forwards the time.
+
+    python -m benchmarks.replicate.compute --one NAME DEPTH_DIVISOR WIDTH_DIVISOR BATCH SEQ ROUNDS   # (internal)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+GPT2_VOCAB_SIZE = 50257
+
+# name -> (family, preset or None, layers, width, heads); GPT-2 shapes are the published ones.
+SHAPES: dict[str, tuple[str, str | None, int, int, int]] = {
+    "GPT-2 Base": ("gpt2", None, 12, 768, 12),
+    "GPT-2 Medium": ("gpt2", None, 24, 1024, 16),
+    "AoT-MSSA-L Base": ("aot", "aot-mssa-l-base", 24, 1024, 16),
+    "AoT-MHSA-L Base": ("aot", "aot-mhsa-l-base", 24, 896, 14),
+    "AoT-MSSA-L Medium": ("aot", "aot-mssa-l-medium", 36, 1280, 20),
+    "AoT-MSSA-L Large": ("aot", "aot-mssa-l-large", 48, 1600, 25),
+}
+
+
+def build(name: str, layers: int, width: int, vocab_size: int = GPT2_VOCAB_SIZE, positions: int = 1024):
+    """The causal LM `name` with `layers` layers of `width` (heads as in `SHAPES`), in eval mode."""
+    family, preset, _, _, heads = SHAPES[name]
+    if family == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(vocab_size=vocab_size, n_positions=positions, n_embd=width, n_layer=layers, n_head=heads)
+        config._attn_implementation = "sdpa"
+        model = GPT2LMHeadModel(config)
+    else:
+        from aot_transformers import AoTConfig, AoTForCausalLM
+
+        config = AoTConfig.from_preset(
+            preset,
+            vocab_size=vocab_size,
+            bos_token_id=None if vocab_size < GPT2_VOCAB_SIZE else GPT2_VOCAB_SIZE - 1,
+            eos_token_id=None if vocab_size < GPT2_VOCAB_SIZE else GPT2_VOCAB_SIZE - 1,
+            num_hidden_layers=layers,
+            hidden_size=width,
+            max_position_embeddings=positions,
+            use_cache=False,
+        )
+        model = AoTForCausalLM(config)
+    return model.eval()
+
+
+def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def count_flops(model: torch.nn.Module, input_ids: torch.Tensor) -> int:
+    """Forward FLOPs of `model` on `input_ids` (FlopCounterMode, CPU SDPA included)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
+    with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        model(input_ids=input_ids, use_cache=False)
+    return counter.get_total_flops()
+
+
+def extrapolated_flops(
+    name: str, layers: int, width: int, batch: int, sequence: int, vocab_size: int = GPT2_VOCAB_SIZE
+) -> dict[str, int]:
+    """Forward FLOPs of `name` with `layers` x `width` at `batch` x `sequence` tokens, counted on 1- and 2-layer
+    copies with an 8-token vocabulary at batch 1 (see the module docstring): total, LM head, one layer."""
+    small_vocab = 8
+    ids = torch.zeros(1, sequence, dtype=torch.long)
+    one, two = (
+        count_flops(build(name, depth, width, vocab_size=small_vocab, positions=sequence), ids) for depth in (1, 2)
+    )
+    per_layer = two - one
+    body = one - 2 * sequence * width * small_vocab + (layers - 1) * per_layer
+    head = 2 * sequence * width * vocab_size
+    return {"total": batch * (body + head), "lm_head": batch * head, "per_layer": batch * per_layer}
+
+
+def full_size_flops(name: str, batch: int, sequence: int) -> dict[str, float]:
+    """Forward GFLOPs of the full-size model `name` at `batch` x `sequence` tokens: total, LM head, per layer."""
+    _, _, layers, width, _ = SHAPES[name]
+    flops = extrapolated_flops(name, layers, width, batch, sequence)
+    return {
+        "gflops": flops["total"] / 1e9,
+        "lm_head_gflops": flops["lm_head"] / 1e9,
+        "per_layer_gflops": flops["per_layer"] / 1e9,
+    }
+
+
+def scaled_shape(name: str, depth_divisor: int, width_divisor: int) -> tuple[int, int]:
+    """(layers, width) of the scaled-down copy: the head count is kept, the head width divided."""
+    _, _, layers, width, heads = SHAPES[name]
+    head_dim = max(1, width // heads // width_divisor)
+    return max(1, layers // depth_divisor), heads * head_dim
+
+
+def measure_one(name: str, depth_divisor: int, width_divisor: int, batch: int, sequence: int, rounds: int) -> dict:
+    """Time per forward and peak extra memory of the scaled-down `name`, in this (fresh) process."""
+    from .._common import current_rss_mb, peak_rss_mb, setup
+
+    setup()
+    layers, width = scaled_shape(name, depth_divisor, width_divisor)
+    model = build(name, layers, width, positions=max(sequence, 8))
+    ids = torch.randint(0, GPT2_VOCAB_SIZE, (batch, sequence))
+    with torch.inference_mode():
+        model(input_ids=ids[:1, :8], use_cache=False)  # load kernels and thread pools before the baseline
+        baseline = max(current_rss_mb(), peak_rss_mb())
+        start = time.perf_counter()
+        model(input_ids=ids, use_cache=False)
+        first = time.perf_counter() - start
+        peak = peak_rss_mb() - baseline
+        times = [first]
+        for _ in range(rounds):
+            start = time.perf_counter()
+            model(input_ids=ids, use_cache=False)
+            times.append(time.perf_counter() - start)
+    flops = count_flops(model, ids[:1]) * batch
+    return {
+        "name": name,
+        "layers": layers,
+        "width": width,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "seconds_per_forward": min(times[1:]) if rounds else first,
+        "peak_extra_mb": peak,
+        "gflops": flops / 1e9,
+    }
+
+
+def run_compute(plan) -> dict:
+    """The compute comparison: full-size FLOPs for every shape, then time and memory of the scaled copies."""
+    from .._common import run_isolated
+
+    results = {"full_size": {}, "scaled": {}}
+    for name in SHAPES:
+        _, _, layers, width, heads = SHAPES[name]
+        full = full_size_flops(name, plan.batch_size, plan.sequence_length)
+        with torch.device("meta"):
+            parameters = build(name, layers, width)
+        counts = sum(p.numel() for p in parameters.parameters())
+        positions = 1024 * width
+        results["full_size"][name] = {
+            **full,
+            "layers": layers,
+            "width": width,
+            "heads": heads,
+            "parameters_without_positions": counts - positions,
+        }
+        print(f"  compute: {name}: {full['gflops']:.0f} GFLOPs per forward (full size)", flush=True)
+    for name in SHAPES:
+        args = [name, plan.depth_divisor, plan.width_divisor, plan.batch_size, plan.sequence_length, plan.rounds]
+        if plan.isolated:
+            measured = run_isolated("replicate.compute", "--one", *map(str, args))
+        else:  # smoke: no fresh process (the memory number is then not meaningful)
+            measured = measure_one(*args)
+        results["scaled"][name] = measured
+        print(
+            f"  compute: {name} scaled to {measured['layers']} x {measured['width']}: "
+            f"{measured['seconds_per_forward']:.2f} s/forward, {measured['peak_extra_mb']:.0f} MB",
+            flush=True,
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--one", nargs=6, metavar=("NAME", "DEPTH_DIV", "WIDTH_DIV", "BATCH", "SEQ", "ROUNDS"))
+    args = parser.parse_args(argv)
+    if args.one:
+        name, *numbers = args.one
+        print(json.dumps(measure_one(name, *map(int, numbers))))
+
+
+if __name__ == "__main__":
+    main()

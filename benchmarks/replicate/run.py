@@ -1,0 +1,252 @@
+"""Entry point: run the comparisons of the plan, cache every run, and write REPORT.md with its figures.
+
+    python -m benchmarks.replicate                  # budget 1: about an hour on two quiet cores
+    python -m benchmarks.replicate --budget 0.25    # every training run 4x shorter
+    python -m benchmarks.replicate --smoke          # CI: a few steps of every row (report in the work folder)
+    python -m benchmarks.replicate --only language,vision --budget 0.25   # some sections; --only report: redraw
+
+Each run's record is written to `<work-dir>/<section>-<settings hash>/` as soon as it finishes and reused by later
+invocations with the same settings, so a killed run resumes and sections can run in separate invocations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .plan import Plan, make_plan
+
+SECTIONS = ("language", "vision", "compute")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_DATA = Path(os.environ.get("AOT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+DEFAULT_REPORT_DIR = Path(__file__).resolve().parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.replicate", description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=1.0, help="scales every training run (1 = about an hour)")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, two steps per row (CI)")
+    parser.add_argument("--seeds", type=int, default=2, help="seeds of the main rows (default 2)")
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated sections among {', '.join(SECTIONS)}, or 'report'"
+    )
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="the shared data folder")
+    parser.add_argument(
+        "--text", type=Path, help="training text, file or folder (default: <data-dir>/text/janeausten)"
+    )
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: <data-dir>/tokenizer-gpt2)")
+    parser.add_argument("--eval-dir", type=Path, help="zero-shot files (default: <data-dir>/eval-dev)")
+    parser.add_argument("--cifar", type=Path, help="CIFAR-10 archives (default: <data-dir>/vision/cifar10)")
+    parser.add_argument("--work-dir", type=Path, help="run records and Trainer scratch (default: a temp folder)")
+    parser.add_argument("--report-dir", type=Path, help="REPORT.md + PNGs (default: benchmarks/replicate)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    return parser.parse_args(argv)
+
+
+class RunCache:
+    """One JSON record per (section, row, seed) under a folder named by the section's settings."""
+
+    def __init__(self, work_dir: Path, plan: Plan, section: str):
+        self.folder = work_dir / f"{section}-{plan.section_key(section)}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def path(self, name: str) -> Path:
+        return self.folder / f"{name.replace('+', '_')}.json"
+
+    def get(self, name: str) -> dict | None:
+        path = self.path(name)
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def put(self, name: str, record: dict) -> None:
+        temporary = self.path(name).with_suffix(".tmp")
+        temporary.write_text(json.dumps(record, indent=1))
+        temporary.replace(self.path(name))  # atomic: a kill never leaves half a record
+
+
+def _load() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:  # pragma: no cover - platforms without getloadavg
+        return "n/a"
+
+
+def _runs(rows, seeds):
+    return [(row, seed) for row in rows for seed in (seeds if row.main else seeds[:1])]
+
+
+def run_language(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
+    from .language import prepare_language_data, time_language_rows, train_language_row
+    from .models import language_rows
+
+    lp = plan.language
+    rows = language_rows(lp)
+    data = prepare_language_data(lp, args.text, args.tokenizer, args.eval_dir)
+    records = []
+    for row, seed in _runs(rows, plan.seeds):
+        name = f"{row.name}-seed{seed}"
+        record = cache.get(name)
+        if record is None:
+            start = time.perf_counter()
+            record = train_language_row(row, seed, lp, data, cache.folder / "trainer")
+            cache.put(name, record)
+            print(
+                f"  language: {name}: val loss {record['eval_loss']:.3f} "
+                f"({time.perf_counter() - start:.0f} s, load {_load()})",
+                flush=True,
+            )
+        records.append(record)
+    timing = cache.get("step-seconds") or {"seconds": time_language_rows(rows, lp, data)}
+    cache.put("step-seconds", timing)
+    embedding = len(data.tokenizer) * lp.hidden_size
+    return {
+        "runs": records,
+        "step_seconds": timing["seconds"],
+        "tokens_per_step": lp.batch_size * lp.block_size,
+        "zero_shot_error": data.zero_shot_error,
+        "data": {
+            "description": f"{data.description} ({args.text})",
+            "train_tokens_available": data.train_tokens_available,
+            "validation_tokens": len(data.validation) * lp.block_size,
+            "embedding_parameters": embedding,
+        },
+    }
+
+
+def run_vision(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
+    from .models import vision_rows
+    from .vision import prepare_vision_data, time_vision_rows, train_vision_row
+
+    vp = plan.vision
+    rows = vision_rows(vp)
+    data = prepare_vision_data(vp, args.cifar)
+    records = []
+    for row, seed in _runs(rows, plan.seeds):
+        name = f"{row.name}-seed{seed}"
+        record = cache.get(name)
+        if record is None:
+            start = time.perf_counter()
+            record = train_vision_row(row, seed, vp, data, cache.folder / "trainer")
+            cache.put(name, record)
+            print(
+                f"  vision: {name}: val accuracy {100 * record['eval_accuracy']:.1f}% "
+                f"({time.perf_counter() - start:.0f} s, load {_load()})",
+                flush=True,
+            )
+        records.append(record)
+    timing = cache.get("step-seconds") or {"seconds": time_vision_rows(rows, vp, data)}
+    cache.put("step-seconds", timing)
+    return {
+        "runs": records,
+        "step_seconds": timing["seconds"],
+        "images_per_step": vp.batch_size,
+        "data": {
+            "description": data.description,
+            "train_images": len(data.train),
+            "eval_images": len(data.validation),
+        },
+    }
+
+
+def run_compute(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
+    from .compute import run_compute as measure
+
+    record = cache.get("compute")
+    if record is None:
+        record = measure(plan.compute)
+        cache.put("compute", record)
+    return record
+
+
+RUNNERS = {"language": run_language, "vision": run_vision, "compute": run_compute}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(only) - set(SECTIONS) - {"report"})
+    if unknown:
+        print(
+            f"--only: unknown section(s) {unknown}; choose among {', '.join(SECTIONS)} or 'report'.", file=sys.stderr
+        )
+        return 2
+    try:
+        plan = make_plan(args.budget, args.smoke, args.seeds)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    label = "smoke" if plan.smoke else f"budget-{plan.budget:g}"
+    args.work_dir = args.work_dir or Path(tempfile.gettempdir()) / "aot-replicate" / label
+    args.report_dir = args.report_dir or (args.work_dir / "report" if plan.smoke else DEFAULT_REPORT_DIR)
+    args.text = args.text or args.data_dir / "text" / "janeausten"
+    args.tokenizer = args.tokenizer or args.data_dir / "tokenizer-gpt2"
+    args.eval_dir = args.eval_dir or args.data_dir / "eval-dev"
+    args.cifar = args.cifar or args.data_dir / "vision" / "cifar10"
+    needed = {"language": [args.text, args.tokenizer], "vision": [args.cifar], "compute": []}
+    missing = [str(p) for section in only for p in needed.get(section, []) if not p.exists()]
+    if missing:
+        print(f"Missing data: {', '.join(missing)} (set --data-dir or the per-source flags).", file=sys.stderr)
+        return 2
+
+    import torch
+    import transformers
+
+    from .._common import machine
+
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("aot_transformers").setLevel(logging.WARNING)
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover - datasets is a dependency of the training package
+        pass
+
+    command = "python -m benchmarks.replicate " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
+    print(f"{command.strip()}: work folder {args.work_dir}", flush=True)
+    results: dict = {"plan": plan.to_dict(), "machine": machine(), "sections": {}}
+    for section in SECTIONS:
+        cache = RunCache(args.work_dir, plan, section)
+        summary_path = cache.folder / "section.json"
+        if section in only:
+            print(f"[{section}] start (load {_load()})", flush=True)
+            start, load = time.perf_counter(), _load()
+            summary = RUNNERS[section](plan, args, cache)
+            summary["meta"] = {
+                "command": command.strip(),
+                "minutes": (time.perf_counter() - start) / 60,
+                "load": f"{load} -> {_load()}",
+                "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="minutes"),
+            }
+            cache.put("section", summary)
+            print(f"[{section}] done in {summary['meta']['minutes']:.1f} min", flush=True)
+        elif summary_path.is_file():
+            summary = json.loads(summary_path.read_text())
+        else:
+            continue
+        results[section] = summary
+        results["sections"][section] = summary["meta"]
+    (args.work_dir / "results.json").write_text(json.dumps(results, indent=1))
+    if not results["sections"]:
+        print("No section has results yet for these settings: nothing to report.", file=sys.stderr)
+        return 1
+    from .report import render_report
+
+    path = render_report(results, args.report_dir)
+    print(f"Report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The replication benchmark (`benchmarks/replicate`): its plan, its FLOP accounting, the k-NN attention it gives
+transformers' peers, the verdict rules of the report, and the `--smoke` command end to end on the shared data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.replicate import compute, models, report  # noqa: E402
+from benchmarks.replicate.plan import make_plan  # noqa: E402
+
+
+def test_budget_scales_training_and_rejects_nonsense():
+    full, quarter = make_plan(1.0), make_plan(0.25)
+    assert quarter.language.max_steps == full.language.max_steps // 4
+    assert quarter.vision.max_steps == full.vision.max_steps // 4
+    assert quarter.section_key("language") != full.section_key("language")
+    assert make_plan(smoke=True).smoke
+    with pytest.raises(ValueError, match="budget"):
+        make_plan(0.0)
+    with pytest.raises(ValueError, match="seeds"):
+        make_plan(1.0, seeds=0)
+
+
+@pytest.mark.parametrize("name", ["GPT-2 Base", "AoT-MSSA-L Base", "AoT-MHSA-L Base"])
+def test_flops_extrapolated_from_two_layers_equal_a_direct_count(name):
+    _, _, _, _, heads = compute.SHAPES[name]
+    width, layers, batch, sequence, vocab = 2 * heads, 5, 3, 16, 50
+    direct = compute.count_flops(
+        compute.build(name, layers, width, vocab_size=vocab, positions=sequence),
+        torch.zeros(batch, sequence, dtype=torch.long),
+    )
+    assert compute.extrapolated_flops(name, layers, width, batch, sequence, vocab_size=vocab)["total"] == direct
+
+
+def test_cpu_sdpa_is_counted():
+    model = compute.build("GPT-2 Base", 1, 24, vocab_size=8, positions=16)
+    ids = torch.zeros(1, 16, dtype=torch.long)
+    with_sdpa = compute.count_flops(model, ids)
+    linear_only = 2 * 16 * 24 * (3 * 24 + 24 + 2 * 4 * 24 + 8)  # qkv, out, MLP, LM head
+    assert with_sdpa == linear_only + 2 * (2 * 16 * 16 * 24)  # + scores and weighted sum
+
+
+def _tiny_gpt2(knn_k):
+    row = models.Row(
+        "gpt2",
+        "GPT-2",
+        "gpt2",
+        {"hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 2, "max_position_embeddings": 32},
+        knn=knn_k is not None,
+    )
+    torch.manual_seed(0)
+    return models.build_causal_lm(row, vocab_size=40, knn_k=knn_k if knn_k is not None else 0.5).eval()
+
+
+def test_peer_knn_attention_keeping_every_key_equals_dense_and_stays_causal():
+    dense, every_key, half = _tiny_gpt2(None), _tiny_gpt2(1.0), _tiny_gpt2(0.5)
+    assert every_key.config._attn_implementation == models.KNN_ATTENTION
+    ids = torch.randint(0, 40, (2, 12))
+    with torch.no_grad():
+        reference = dense(input_ids=ids).logits
+        torch.testing.assert_close(every_key(input_ids=ids).logits, reference, rtol=1e-5, atol=1e-5)
+        sparse = half(input_ids=ids).logits
+        assert not torch.allclose(sparse, reference)
+        changed = ids.clone()
+        changed[:, 8:] = (changed[:, 8:] + 1) % 40
+        torch.testing.assert_close(half(input_ids=changed).logits[:, :8], sparse[:, :8])
+
+
+def test_vision_rows_share_the_shape_and_labels():
+    plan = make_plan(smoke=True).vision
+    labels = {i: f"c{i}" for i in range(10)}
+    built = {row.name: models.build_image_classifier(row, 32, labels, plan.knn_k) for row in models.vision_rows(plan)}
+    assert {m.config.num_labels for m in built.values()} == {10}
+    assert built["aot-mssa+knn"].config.knn_k == plan.knn_k and built["aot-mssa"].config.knn_k is None
+    assert built["vit+knn"].config._attn_implementation == models.KNN_ATTENTION
+    assert models.count_parameters(built["aot-mssa"])["total"] < models.count_parameters(built["vit"])["total"]
+
+
+def _lm_run(row, seed, loss, knn=False, early=None):
+    early = loss + 1.0 if early is None else early
+    return {
+        "row": row,
+        "label": row,
+        "seed": seed,
+        "knn": knn,
+        "eval_loss": loss,
+        "parameters": {"total": 100, "without_positions": 100},
+        "curve": {"train": [(1, loss + 2)], "eval": [(1, early), (2, loss)]},
+        "zero_shot": {"ptb": {"loss": loss}, "lambada": {"loss": loss}, "lambada_acc": {"acc": 0.0}},
+    }
+
+
+def _synthetic_language(aot_loss, knn_delta):
+    runs = [_lm_run("gpt2", s, 5.0 + 0.01 * s) for s in (0, 1)]
+    runs += [_lm_run("aot-mssa", s, aot_loss + 0.01 * s) for s in (0, 1)]
+    runs += [_lm_run("aot-mhsa", s, aot_loss + 0.01 * s) for s in (0, 1)]
+    for row, loss in (("gpt2", 5.0), ("aot-mssa", aot_loss), ("aot-mhsa", aot_loss)):
+        runs.append(_lm_run(f"{row}+knn", 0, loss + knn_delta, knn=True, early=loss + 1.0 + knn_delta))
+    return {
+        "runs": runs,
+        "step_seconds": {"gpt2": 1.0, "gpt2+knn": 1.5},
+        "tokens_per_step": 512,
+        "zero_shot_error": None,
+        "data": {
+            "description": "text",
+            "train_tokens_available": 10,
+            "validation_tokens": 10,
+            "embedding_parameters": 50,
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("aot_loss", "knn_delta", "close", "knn"),
+    [(5.05, -0.1, "held", "held"), (5.5, 0.1, "did not hold", "did not hold")],
+)
+def test_report_verdicts_follow_the_stated_rules(tmp_path, aot_loss, knn_delta, close, knn):
+    results = {
+        "plan": make_plan(0.25).to_dict(),
+        "machine": {"cpu": "x", "threads": 2, "torch": "t"},
+        "sections": {"language": {"command": "cmd", "date": "d", "minutes": 1.0, "load": "1 -> 1"}},
+        "language": _synthetic_language(aot_loss, knn_delta),
+    }
+    text = report.render_report(results, tmp_path).read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert f"**{close}**" in rows["AoT (no MLP) comes close to GPT-2 in held-out loss"]
+    assert f"**{knn}**" in rows["k-NN attention trains faster early"]
+    assert "--budget 0.25" in text and (tmp_path / "language_curves.png").is_file()
+
+
+def test_smoke_command_writes_every_section(shared_data, tmp_path):
+    work, out = tmp_path / "work", tmp_path / "report"
+    command = [sys.executable, "-m", "benchmarks.replicate", "--smoke", "--data-dir", str(shared_data)]
+    command += ["--work-dir", str(work), "--report-dir", str(out)]
+    subprocess.run(command, cwd=REPO_ROOT, check=True, capture_output=True, text=True, timeout=900)
+    text = (out / "REPORT.md").read_text()
+    for header in ("## 1. Language", "## 2. Image", "## 3. k-NN", "## 4. Compute", "## Noise"):
+        assert header in text
+    for figure in ("language_curves.png", "vision_curves.png", "knn_curves.png", "compute.png"):
+        assert (out / figure).stat().st_size > 0
+    results = json.loads((work / "results.json").read_text())
+    assert len([r for r in results["language"]["runs"] if r["row"] == "gpt2"]) == 2  # two seeds of a main row
+    # A second invocation reuses every cached run and redraws the same report.
+    rerun = subprocess.run(command + ["--only", "report"], cwd=REPO_ROOT, check=True, capture_output=True, text=True)
+    assert "Report:" in rerun.stdout
+    assert (out / "REPORT.md").read_text() == text
