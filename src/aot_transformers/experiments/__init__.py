@@ -1,0 +1,43 @@
+"""The papers' theory and small-scale experiments as tested, runnable modules.
+
+One module per study, each exposing plain functions (generators, operators, metrics, training loops) and a
+`run(out=..., **options)` that writes `results.json`, PNG figures and `summary.md`:
+
+- `denoising` — AoT Theorem 1 / Fig. 4: SNR per layer of unrolled MSSA on a noisy mixture of low-rank Gaussians.
+- `icl` — AoT Fig. 6: in-context linear and sparse-linear regression (AoT-MSSA, AoT-MHSA, transformer with MLPs).
+- `clustering` — Maulen-Soto, Marion, Boyer: two-head attention learns the centroids; in-context quantization.
+- `knn` — KVT: noise distillation of k-NN attention and its training speed on CIFAR-10.
+- `attention_maps` — AoT Fig. 7: [CLS]-to-patch attention of each head of a trained image classifier.
+- `diagnostics` — `aot inspect MODEL`: layer-wise coding rates and head subspace energy.
+
+Command line: `aot experiment NAME [--out DIR] [options]` and `aot inspect MODEL`. See README.md in this folder for
+the derivations, the measured numbers and the paper-scale commands.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+STUDIES: dict[str, str] = {
+    "denoising": "denoising",
+    "icl": "icl",
+    "clustering": "clustering",
+    "knn": "knn",
+    "attention-maps": "attention_maps",
+}
+
+
+def run_experiment(name: str, **options: Any) -> dict[str, Any]:
+    """Run study `name` (a key of `STUDIES`) with `options` passed to its `run` function.
+
+    Raises:
+        ValueError: For an unknown study name (the message lists the known ones).
+    """
+    if name not in STUDIES:
+        raise ValueError(f"Unknown study {name!r}; choose one of {sorted(STUDIES)}.")
+    module = importlib.import_module(f"{__name__}.{STUDIES[name]}")
+    return module.run(**options)
+
+
+__all__ = ["STUDIES", "run_experiment"]
