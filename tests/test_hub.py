@@ -342,3 +342,22 @@ def test_training_with_push_to_hub_uploads_the_final_folder(hub, tmp_path):
     metadata = card_metadata(files["README.md"].decode())
     assert metadata["model-index"][0]["name"] == "trained"
     assert metadata["model-index"][0]["results"][0]["metrics"][0]["type"] == "perplexity"
+
+
+def test_failed_push_after_training_keeps_the_final_folder(tmp_path, capsys):
+    pytest.importorskip("datasets")
+    from aot_transformers.training.lm import main
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    status = main([
+        "--preset", "aot-mssa-l-tiny", "--config_overrides", "hidden_size=32,num_hidden_layers=1,vocab_size=300",
+        "--tokenizer_vocab_size", "300", "--block_size", "32", "--max_steps", "1", "--report_to", "none",
+        "--use_cpu", "--save_strategy", "no", "--disable_tqdm", "true", "--make_plots", "false",
+        "--output_dir", str(tmp_path / "run"), "--push_to_hub", "--hub_model_id", "someone/x",
+        "--hub_endpoint", f"http://127.0.0.1:{port}",
+    ])  # fmt: skip
+    assert status == 1
+    assert "local folder is unchanged" in capsys.readouterr().err
+    check_export_folder(tmp_path / "run" / "model")

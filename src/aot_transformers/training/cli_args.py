@@ -28,10 +28,16 @@ def parse_dataclasses(classes: tuple[type, ...], argv: list[str] | None = None) 
 
 
 def run_with_clear_errors(job: Callable[[], Any]) -> int:
-    """Run `job`; a setup error (bad input found before training) is printed as one line and exits with 2."""
+    """Run `job`; a setup error (bad input found before training) is printed as one line and exits with 2, a
+    failed push after training (the final folder is written and intact) with 1."""
+    from ..hub import HubPushError
+
     try:
         job()
     except TrainingSetupError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except HubPushError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0
