@@ -182,3 +182,9 @@ def test_the_aot_command_has_eval():
 
     args = build_parser().parse_args(["eval", "lm", "model", "--tasks", "ptb"])
     assert args.tasks == "ptb" and callable(args.func)
+
+
+def test_missing_model_folder(tmp_path, capsys):
+    argv = ["eval", "lm", str(tmp_path / "no" / "such" / "model"), "--tasks", "wikitext"]
+    assert run([*argv, "--data", f"wikitext={FIXTURES / 'wiki.test.raw'}", "--output-dir", str(tmp_path / "o")]) == 2
+    assert "model folder not found" in capsys.readouterr().err

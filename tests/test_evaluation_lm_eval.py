@@ -126,3 +126,25 @@ def test_task_folder_defines_every_task_and_the_group():
     manager = TaskManager(include_path=str(lm_eval_tasks_path()), include_defaults=False)
     names = set(manager.all_tasks)
     assert {TASKS[name].lm_eval_task for name in TASKS} | {"aot_suite"} <= names
+
+
+@pytest.mark.slow
+def test_lm_eval_agrees_on_the_full_dev_samples(gpt2_tokenizer):
+    """The whole PTB validation split (~90k tokens, one document) and the 100 LAMBADA dev passages.
+
+    Run with: .venv/bin/pytest -m slow tests/test_evaluation_lm_eval.py   (a few minutes on 2 cores)
+    """
+    dev = SHARED_DATA / "eval-dev"
+    if not dev.exists():
+        pytest.skip(f"dev samples not found at {dev}")
+    data = {
+        "ptb": str(dev / "ptb" / "ptb.valid.txt"),
+        "lambada": str(dev / "lambada" / "lambada_dev100.jsonl"),
+        "wikitext": str(FIXTURES / "wiki.test.raw"),
+        "cbt_cn": str(FIXTURES / "cbtest_CN_test_fixture.txt"),
+        "cbt_ne": str(FIXTURES / "cbtest_NE_test_fixture.txt"),
+    }
+    model = tiny_aot(vocab_size=len(gpt2_tokenizer), max_length=WINDOW, hidden_size=32)
+    ours = evaluate_model(model, OUR_TASKS, tokenizer=gpt2_tokenizer, data=data, batch_size=8)
+    assert ours.results["ptb"]["tokens"] > 80_000
+    assert_same_numbers(ours, lm_eval_results(model, gpt2_tokenizer, data))

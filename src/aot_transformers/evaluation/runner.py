@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,9 @@ import torch
 from .data import EvaluationError
 from .scoring import LanguageModelScorer
 from .tasks import TASKS, TaskResult, load_source, parse_task_names, resolve_sources, run_task
+
+# A Hub repository id: "name" or "owner/name" (anything else is a local path).
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 @dataclass
@@ -82,8 +86,8 @@ def load_model_and_tokenizer(
 
     name = os.fspath(model)
     local = Path(name).expanduser()
-    if (local.is_absolute() or name.startswith((".", "~"))) and not local.exists():
-        raise EvaluationError(f"model folder not found: {local}")
+    if not local.exists() and not _HUB_ID.fullmatch(name):
+        raise EvaluationError(f"model folder not found: {local} (and it is not a Hub id like 'owner/name')")
     tokenizer_name = os.fspath(tokenizer) if tokenizer is not None else name
     try:
         tok = AutoTokenizer.from_pretrained(tokenizer_name)
@@ -92,11 +96,9 @@ def load_model_and_tokenizer(
             f"no tokenizer could be loaded from {tokenizer_name} ({type(error).__name__}: {str(error)[:200]}). Save "
             "the tokenizer next to the model with tokenizer.save_pretrained(MODEL) or pass --tokenizer PATH."
         ) from None
-    if not getattr(tok, "is_fast", True) and not hasattr(tok, "encode"):
-        raise EvaluationError(f"{tokenizer_name} did not give a usable tokenizer.")
     try:
         lm = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=True)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # missing files or Hub, an invalid repo id, an unknown model type
         raise EvaluationError(f"could not load a causal LM from {name}: {str(error)[:300]}") from None
     return lm.to(device).eval(), tok
 

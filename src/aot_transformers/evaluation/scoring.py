@@ -18,7 +18,7 @@ Tokenisation follows lm-evaluation-harness for causal models, so the numbers agr
 are added, and a (context, continuation) pair is encoded as a whole and split where the context's tokens end,
 with whitespace that ends the context moved to the continuation.
 
-Shape legend: B windows in a batch, T padded window length, K kept logit positions, V vocabulary, N scored tokens.
+Shape legend: B windows in a batch, T padded window length, K kept logit positions, V vocabulary, n scored tokens.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class Window:
 
 @dataclass(frozen=True)
 class WindowScore:
-    """Sum of the target log-probabilities of a window, and whether every target was the arg-max prediction."""
+    """Sum of the target log-probabilities of a window, and whether every target was the arg-max prediction
+    (False when the check was not asked for)."""
 
     loglikelihood: float
     is_greedy: bool
@@ -215,7 +216,8 @@ class LanguageModelScorer:
                 owners.append(index)
         totals = [0.0] * len(texts)
         counts = [0] * len(texts)
-        for owner, window, score in zip(owners, windows, self.score_windows(windows, description), strict=True):
+        scores = self.score_windows(windows, description, greedy=False)
+        for owner, window, score in zip(owners, windows, scores, strict=True):
             totals[owner] += score.loglikelihood
             counts[owner] += window.num_scored
         return [RollingScore(total, count) for total, count in zip(totals, counts, strict=True)]
@@ -250,20 +252,29 @@ class LanguageModelScorer:
     # -- the forward passes ---------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def score_windows(self, windows: Sequence[Window], description: str = "scoring") -> list[WindowScore]:
-        """Score windows in batches of similar length (longest first, so a memory error shows at once)."""
+    def score_windows(
+        self, windows: Sequence[Window], description: str = "scoring", greedy: bool = True
+    ) -> list[WindowScore]:
+        """Score windows in batches of similar length (longest first, so a memory error shows at once).
+
+        Args:
+            windows: The windows.
+            description: Label of the progress bar.
+            greedy: Also check whether each target is the arg-max (an extra pass over the logits; the rolling
+                scores do not need it and report `is_greedy=False`).
+        """
         order = sorted(range(len(windows)), key=lambda i: -len(windows[i].tokens))
         results: list[WindowScore | None] = [None] * len(windows)
         bar = _progress_bar(len(windows), description, self.progress)
         for start in range(0, len(order), self.batch_size):
-            batch = [windows[i] for i in order[start : start + self.batch_size]]
-            for index, score in zip(order[start : start + self.batch_size], self._score_batch(batch), strict=True):
+            indices = order[start : start + self.batch_size]
+            for index, score in zip(indices, self._score_batch([windows[i] for i in indices], greedy), strict=True):
                 results[index] = score
-            bar(len(batch))
+            bar(len(indices))
         bar(0, close=True)
         return results  # type: ignore[return-value]
 
-    def _score_batch(self, batch: Sequence[Window]) -> list[WindowScore]:
+    def _score_batch(self, batch: Sequence[Window], greedy: bool) -> list[WindowScore]:
         lengths = [len(window.tokens) - 1 for window in batch]
         padded = max(lengths)
         # Right padding: a causal model never lets a real position see the padding after it.
@@ -278,33 +289,39 @@ class LanguageModelScorer:
             logits = self.model(input_ids=inputs.to(self._device), use_cache=False, **kwargs).logits
         logits = logits[:, -keep:]  # (B, K, V)
 
-        rows, positions, targets = [], [], []
+        # Targets laid out like the kept logits; positions that score nothing (context, padding) are masked out.
+        targets = torch.zeros(len(batch), keep, dtype=torch.long)
+        scored = torch.zeros(len(batch), keep, dtype=torch.bool)
         for row, (length, window) in enumerate(zip(lengths, batch, strict=True)):
-            first = length - window.num_scored - (padded - keep)  # index of the first scored position in the K kept
-            rows.extend([row] * window.num_scored)
-            positions.extend(range(first, first + window.num_scored))
-            targets.extend(window.tokens[-window.num_scored :])
-        selected = logits[torch.tensor(rows), torch.tensor(positions)]  # (N, V)
-        targets_t = torch.tensor(targets, device=selected.device)
-        token_logprobs, greedy = _target_logprobs(selected, targets_t)  # (N,), (N,)
-
-        scores, offset = [], 0
-        for window in batch:
-            span = slice(offset, offset + window.num_scored)
-            scores.append(WindowScore(float(token_logprobs[span].double().sum()), bool(greedy[span].all())))
-            offset += window.num_scored
-        return scores
+            first = length - window.num_scored - (padded - keep)  # first scored position among the K kept
+            targets[row, first : first + window.num_scored] = torch.tensor(window.tokens[-window.num_scored :])
+            scored[row, first : first + window.num_scored] = True
+        targets, scored = targets.to(logits.device), scored.to(logits.device)
+        logprobs, is_greedy = _target_logprobs(logits, targets, greedy)  # (B, K), (B, K)
+        logprobs = logprobs.double().masked_fill(~scored, 0.0).sum(dim=1)  # (B,)
+        if greedy:
+            is_greedy = (is_greedy | ~scored).all(dim=1)  # (B,)
+        return [
+            WindowScore(float(logprobs[row]), bool(is_greedy[row]) if greedy else False) for row in range(len(batch))
+        ]
 
 
-def _target_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 2048) -> tuple[torch.Tensor, ...]:
-    """log p(target) and whether the target is the arg-max, in float32, chunked over rows to bound memory."""
-    logprobs, greedy = [], []
-    for start in range(0, logits.shape[0], chunk):
-        part = logits[start : start + chunk].float()  # (n, V)
-        target = targets[start : start + chunk]
+def _target_logprobs(logits: torch.Tensor, targets: torch.Tensor, greedy: bool, chunk: int = 4096):
+    """log p(target) (B, K) in float32 and, when asked, whether the target is the arg-max (else None).
+
+    One fused cross-entropy over all kept positions is much faster than one call per row; it runs over chunks of
+    positions so the temporary log-softmax stays O(chunk · V).
+    """
+    batch, keep, vocab = logits.shape
+    flat, flat_targets = logits.reshape(batch * keep, vocab), targets.reshape(-1)  # (B·K, V), (B·K,)
+    logprobs, hits = [], []
+    for start in range(0, flat.shape[0], chunk):
+        part = flat[start : start + chunk].float()  # (n, V)
+        target = flat_targets[start : start + chunk]
         logprobs.append(-F.cross_entropy(part, target, reduction="none"))
-        greedy.append(part.argmax(dim=-1) == target)
-    return torch.cat(logprobs), torch.cat(greedy)
+        if greedy:
+            hits.append(part.argmax(dim=-1) == target)
+    return torch.cat(logprobs).view(batch, keep), torch.cat(hits).view(batch, keep) if greedy else None
 
 
 def _progress_bar(total: int, description: str, enabled: bool) -> Callable[..., None]:
