@@ -53,8 +53,18 @@ def interleaved_best_times(fns: dict[str, Callable[[], object]], rounds: int = 5
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MB (Linux reports ru_maxrss in KB)."""
+    """Peak resident memory of this process since start or the last `reset_peak_rss()`, in MB (Linux VmHWM)."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> None:
+    """Restart the peak-memory high-water mark at the current resident size (Linux: write 5 to clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
 
 
 def current_rss_mb() -> float:

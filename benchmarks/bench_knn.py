@@ -17,7 +17,15 @@ import torch
 
 from aot_transformers.attention_aot import knn_attention_forward
 
-from ._common import current_rss_mb, interleaved_best_times, peak_rss_mb, run_isolated, setup, write_results
+from ._common import (
+    current_rss_mb,
+    interleaved_best_times,
+    peak_rss_mb,
+    reset_peak_rss,
+    run_isolated,
+    setup,
+    write_results,
+)
 
 BATCH, HEADS, HEAD_DIM, K = 4, 4, 64, 32
 
@@ -54,7 +62,8 @@ def memory_one(kernel: str, n: int) -> dict:
     setup()
     kernels(64)[kernel]()  # load the math libraries and thread pools before taking the baseline
     fns = kernels(n)
-    baseline = max(current_rss_mb(), peak_rss_mb())
+    reset_peak_rss()
+    baseline = current_rss_mb()
     fns[kernel]()
     return {"kernel": kernel, "n": n, "peak_extra_mb": peak_rss_mb() - baseline}
 
