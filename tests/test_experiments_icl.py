@@ -1,0 +1,127 @@
+"""In-context regression study: prompts, encoding, models (causality), baselines, training loop and the run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from aot_transformers.experiments import icl as I
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread avoids oversubscription on a shared CPU
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_prompts_linear_and_sparse():
+    xs, ys, w = I.sample_prompts(6, 9, 5, "linear", generator=I.make_generator(0))
+    assert xs.shape == (6, 9, 5) and ys.shape == (6, 9) and w.shape == (6, 5)
+    torch.testing.assert_close(ys, torch.einsum("bnd,bd->bn", xs, w))
+    xs, ys, w = I.sample_prompts(6, 9, 5, "sparse_linear", sparsity=2, generator=I.make_generator(0))
+    assert ((w != 0).sum(-1) == 2).all()
+    torch.testing.assert_close(ys, torch.einsum("bnd,bd->bn", xs, w))
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: I.sample_prompts(2, 3, 4, "quadratic"), "task"),
+        (lambda: I.sample_prompts(2, 3, 4, "sparse_linear", sparsity=5), "sparsity"),
+        (lambda: I.backbone_config("lstm"), "kind"),
+        (lambda: I.run(dim=3, num_points=4), "num_points"),
+        (lambda: I.run(dim=3, models=("gpt5",)), "models"),
+    ],
+)
+def test_bad_options(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_zero_estimator_error_is_the_target_second_moment():
+    xs, ys, _ = I.sample_prompts(4000, 4, 6, "sparse_linear", sparsity=3, generator=I.make_generator(1))
+    assert ys.square().mean().item() == pytest.approx(I.zero_estimator_error(6, "sparse_linear", 3), rel=0.1)
+    assert I.zero_estimator_error(6, "linear") == 6.0
+
+
+def test_interleave_layout():
+    xs = torch.arange(12.0).reshape(1, 2, 6)[..., :3].reshape(1, 2, 3)
+    ys = torch.tensor([[7.0, 8.0]])
+    tokens = I.interleave(xs, ys)
+    assert tokens.shape == (1, 4, 3)
+    torch.testing.assert_close(tokens[0, 0], xs[0, 0])
+    torch.testing.assert_close(tokens[0, 1], torch.tensor([7.0, 0.0, 0.0]))
+    torch.testing.assert_close(tokens[0, 2], xs[0, 1])
+
+
+def test_backbones():
+    mssa, mhsa, gpt = (I.backbone_config(kind, 32, 2, 4, 5) for kind in ("aot-mssa", "aot-mhsa", "transformer"))
+    assert mssa.attention_type == "mssa" and mssa.mlp_layers == "none"
+    assert mhsa.attention_type == "mhsa" and mhsa.mlp_layers == "none"
+    assert gpt.attention_type == "mhsa" and gpt.mlp_layers == "all"
+    assert mssa.max_position_embeddings == 10
+
+
+@pytest.mark.parametrize("kind", I.MODELS)
+def test_prediction_i_sees_only_earlier_examples_and_x_i(kind):
+    model = I.build_model(kind, 3, 16, 2, 2, 6).eval()
+    xs, ys, _ = I.sample_prompts(2, 6, 3, generator=I.make_generator(2))
+    base = model(xs, ys)
+    changed_xs, changed_ys = xs.clone(), ys.clone()
+    changed_ys[:, 3] += 5.0  # y_3 itself must not leak into prediction 3
+    changed_xs[:, 4:] += 1.0
+    changed_ys[:, 4:] -= 2.0
+    out = model(changed_xs, changed_ys)
+    torch.testing.assert_close(out[:, :4], base[:, :4])
+    assert not torch.allclose(out[:, 4:], base[:, 4:])
+
+
+def test_model_rejects_wrong_shapes():
+    model = I.build_model("aot-mssa", 3, 16, 1, 2, 4)
+    with pytest.raises(ValueError, match="xs"):
+        model(torch.zeros(1, 4, 2), torch.zeros(1, 4))
+
+
+def test_least_squares_is_exact_once_there_are_d_examples():
+    xs, ys, _ = I.sample_prompts(16, 8, 3, generator=I.make_generator(3))
+    errors = I.least_squares_errors(xs, ys)
+    assert errors[:, 3:].max().item() < 1e-8
+    torch.testing.assert_close(errors[:, 0], ys[:, 0].square())
+
+
+def test_lasso_recovers_sparse_targets():
+    xs, ys, _ = I.sample_prompts(4, 12, 6, "sparse_linear", sparsity=1, generator=I.make_generator(4))
+    errors = I.lasso_errors(xs, ys, alpha=0.001)
+    assert errors.shape == (4, 12)
+    assert errors[:, 8:].mean().item() < 0.05 * ys.square().mean().item()
+
+
+def test_training_reduces_the_loss_and_respects_the_time_limit():
+    model = I.build_model("aot-mhsa", 2, 16, 1, 2, 5)
+    history = I.train_regressor(model, "linear", 5, steps=150, batch_size=32, lr=3e-3, warmup_steps=10,
+                                log_every=50)
+    assert history["loss"][-1] < history["loss"][0]
+    stopped = I.train_regressor(model, "linear", 5, steps=10_000, batch_size=8, time_limit=0.5, log_every=10)
+    assert stopped["steps_done"] < 10_000
+
+
+def test_run_smoke(tmp_path):
+    results = I.run(out=tmp_path, dim=2, tasks=("linear", "sparse_linear"), sparsity=1, hidden_size=16, num_heads=2,
+                    aot_layers=1, transformer_layers=1, steps=3, batch_size=4, eval_prompts=8, time_budget=60)
+    assert {"results.json", "summary.md", "icl_error_curves.png"} <= {p.name for p in tmp_path.iterdir()}
+    saved = json.loads((tmp_path / "results.json").read_text())
+    curves = saved["tasks"]["linear"]["curves"]
+    assert set(curves) >= {"least squares", "aot-mssa", "aot-mhsa", "transformer"}
+    assert all(len(curve) == 5 for curve in curves.values())
+    assert results["claims"]
+
+
+@pytest.mark.slow
+def test_cpu_budget_claim_aot_mssa_learns_linear_regression(tmp_path):
+    """The CPU-budget claim (minutes): `pytest -m slow tests/test_experiments_icl.py`."""
+    results = I.run(out=tmp_path, tasks=("linear",), models=("aot-mssa",))
+    assert results["tasks"]["linear"]["curves"]["aot-mssa"][2 * 5] <= 0.25
