@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         "train_samples_per_second": metrics["train_samples_per_second"],
         "wall_seconds": round(time.perf_counter() - start, 1),
     }
-    write_summary(summary, output_dir / "summary.json", f"cifar10_{args.epochs:g}epochs.json")
+    kind = "mhsa" if "attention_type=mhsa" in args.config_overrides else "mssa"
+    write_summary(summary, output_dir / "summary.json", f"cifar10_{kind}_{args.epochs:g}epochs.json")
     print(json.dumps(summary, indent=2))
     return 0
 

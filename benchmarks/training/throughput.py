@@ -3,9 +3,9 @@
     python -m benchmarks.training.throughput                 # ~3 min on 2 cores
     python -m benchmarks.training.throughput --launcher accelerate
 
-The global batch is the same in both runs (1 × 32 or 2 × 16 blocks of 128 tokens); the single process uses all
-cores as torch threads, each of the two processes one core per thread. Reports Trainer's samples (blocks) per
-second and tokens per second, measured over `--max-steps` optimizer steps after the data is prepared.
+The global batch is the same in every run (1 × 32 or 2 × 16 blocks of 128 tokens). Rows: one process with all
+cores as torch threads, one process with one thread, and two processes with one thread each. Reports Trainer's
+samples (blocks) per second and tokens per second over `--max-steps` optimizer steps (data preparation excluded).
 """
 
 from __future__ import annotations
@@ -56,26 +56,21 @@ def main(argv: list[str] | None = None) -> int:
         ]  # fmt: skip
 
     bin_dir = Path(sys.executable).parent
-    one_dir, two_dir = root / "1proc", root / "2proc"
-    for folder in (one_dir, two_dir):
-        shutil.rmtree(folder, ignore_errors=True)
-    # Train the tokenizer once and share it, so both runs see identical data.
-    one = _run(
-        [sys.executable, "-m", "aot_transformers.training.lm", *arguments(one_dir, args.global_batch)], cores, one_dir
-    )
-    tokenizer = str(one_dir / "tokenizer")
-    one = _run(
-        [
-            sys.executable,
-            "-m",
-            "aot_transformers.training.lm",
-            *arguments(one_dir, args.global_batch),
-            "--tokenizer_name_or_path",
-            tokenizer,
-        ],
+    module = [sys.executable, "-m", "aot_transformers.training.lm"]
+    shutil.rmtree(root, ignore_errors=True)
+    # Train the tokenizer once (a 1-step run) and share it, so every run sees identical data.
+    _run(
+        [*module, *arguments(root / "tokenizer-run", args.global_batch), "--max_steps", "1"],
         cores,
-        one_dir,
+        root / "tokenizer-run",
     )
+    shared = ["--tokenizer_name_or_path", str(root / "tokenizer-run" / "tokenizer")]
+    rows = {}
+    for threads in sorted({cores, 1}, reverse=True):
+        folder = root / f"1proc-{threads}threads"
+        rows[f"1 process x {threads} threads"] = _run(
+            [*module, *arguments(folder, args.global_batch), *shared], threads, folder
+        )
     if args.launcher == "torchrun":
         launcher = [str(bin_dir / "torchrun"), "--standalone", "--nproc_per_node", "2"]
     else:
@@ -92,39 +87,32 @@ def main(argv: list[str] | None = None) -> int:
             "no",
             "--cpu",
         ]
-    two = _run(
-        [
-            *launcher,
-            "-m",
-            "aot_transformers.training.lm",
-            *arguments(two_dir, args.global_batch // 2),
-            "--tokenizer_name_or_path",
-            tokenizer,
-        ],
-        max(1, cores // 2),
-        two_dir,
+    folder = root / "2proc"
+    threads = max(1, cores // 2)
+    rows[f"2 processes x {threads} threads ({args.launcher})"] = _run(
+        [*launcher, "-m", "aot_transformers.training.lm", *arguments(folder, args.global_batch // 2), *shared],
+        threads,
+        folder,
     )
-    tokens = args.block_size
+    baseline = next(iter(rows.values()))["train_samples_per_second"]
     summary = {
         "cores": cores,
         "launcher": args.launcher,
         "global_batch_blocks": args.global_batch,
+        "block_size": args.block_size,
         "steps": args.max_steps,
         "config_overrides": args.config_overrides,
-        "one_process": {
-            "threads": cores,
-            "samples_per_second": one["train_samples_per_second"],
-            "tokens_per_second": one["train_samples_per_second"] * tokens,
-        },
-        "two_processes": {
-            "threads_each": max(1, cores // 2),
-            "samples_per_second": two["train_samples_per_second"],
-            "tokens_per_second": two["train_samples_per_second"] * tokens,
+        "rows": {
+            name: {
+                "samples_per_second": metrics["train_samples_per_second"],
+                "tokens_per_second": metrics["train_samples_per_second"] * args.block_size,
+                "relative_to_first_row": metrics["train_samples_per_second"] / baseline,
+            }
+            for name, metrics in rows.items()
         },
     }
-    summary["speedup"] = two["train_samples_per_second"] / one["train_samples_per_second"]
     root.mkdir(parents=True, exist_ok=True)
-    write_summary(summary, root / f"summary_{args.launcher}.json", f"throughput_{args.launcher}.json")
+    write_summary(summary, root / "summary.json", f"throughput_{args.launcher}.json")
     print(json.dumps(summary, indent=2))
     return 0
 

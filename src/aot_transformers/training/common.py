@@ -223,7 +223,7 @@ def training_summary(training_args, trainer, extra: dict[str, Any] | None = None
         "schedule": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
         "warmup": training_args.warmup_steps or 0,
         "weight decay": training_args.weight_decay,
-        "optimizer": str(training_args.optim),
+        "optimizer": str(getattr(training_args.optim, "value", training_args.optim)),
         "seed": training_args.seed,
     }
     summary.update(extra or {})
