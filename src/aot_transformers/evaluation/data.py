@@ -207,9 +207,16 @@ def _read_lines(path: str | Path) -> list[str]:
     if not path.is_file():
         raise EvaluationError(f"data file not found: {path}")
     try:
-        return path.read_text(encoding="utf-8").splitlines(keepends=True)
-    except UnicodeDecodeError as error:
-        line = path.read_bytes()[: error.start].count(b"\n") + 1
+        # Iterating the file splits on newlines only (as the Hub loaders did), not on every Unicode line break.
+        with path.open(encoding="utf-8") as stream:
+            return list(stream)
+    except UnicodeDecodeError:
+        raw = path.read_bytes()  # decode it whole to locate the bad byte (the streaming decoder's offset is local)
+        try:
+            raw.decode("utf-8")
+            line = None
+        except UnicodeDecodeError as error:
+            line = raw[: error.start].count(b"\n") + 1
         raise DataFormatError(path, line, "not UTF-8 text") from None
 
 

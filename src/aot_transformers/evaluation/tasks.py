@@ -1,13 +1,13 @@
 """The zero-shot suite of the AoT paper: tasks, where their data comes from, and how each number is computed.
 
-| task          | data    | number                                                                               |
-|---------------|---------|--------------------------------------------------------------------------------------|
-| `wikitext`    | WikiText| loss = mean token cross-entropy (nats), perplexity = exp(loss), bits per byte        |
-| `ptb`         | PTB     | same                                                                                 |
-| `lambada`     | LAMBADA | same, over whole passages                                                            |
-| `lambada_acc` | LAMBADA | accuracy: greedy decoding reproduces the whole last word (all of its tokens)          |
-| `cbt_cn`      | CBT CN  | 10-way accuracy: the candidate whose filled-in question has the highest log-likelihood |
-| `cbt_ne`      | CBT NE  | same                                                                                 |
+| task          | data     | number                                                                           |
+|---------------|----------|----------------------------------------------------------------------------------|
+| `wikitext`    | WikiText | loss = mean token cross-entropy (nats), perplexity = exp(loss), bits per byte    |
+| `ptb`         | PTB      | same                                                                             |
+| `lambada`     | LAMBADA  | same, over whole passages                                                        |
+| `lambada_acc` | LAMBADA  | accuracy: greedy decoding reproduces the whole last word (all of its tokens)     |
+| `cbt_cn`      | CBT CN   | 10-way accuracy: the candidate whose filled-in question is the most likely       |
+| `cbt_ne`      | CBT NE   | same                                                                             |
 
 Data comes from a local file (`--data TASK=PATH`, or found by name under `--data-dir`) or from the Hub
 (`hub:REPO_ID[:CONFIG[:SPLIT]]`, by default the dataset a user would pick online); both give identical documents.
