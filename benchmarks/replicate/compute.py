@@ -6,18 +6,17 @@
   the LM head's `2·B·T·d·V` (one matmul). `tests/test_replicate.py` checks this against a direct count.
   Attention is counted as torch counts it, as a full T x T product (causal masking saves nothing in the count);
   CPU SDPA has no formula in torch, so the same formula as torch's GPU kernels is registered for it.
-- Time per forward and peak memory of shapes scaled down by depth/`depth_divisor` and width/`width_divisor`
-  (head count kept), each model in a fresh process (peak RSS is a per-process high-water mark): the first forward
-  gives the peak memory, the best of `rounds` further forwards the time.
+- Time per forward of shapes scaled down by depth/`depth_divisor` and width/`width_divisor` (head count kept):
+  best of `rounds` interleaved forwards, all models in one process. Peak memory of one forward of each, in a
+  fresh process (peak RSS is a per-process high-water mark).
 
-    python -m benchmarks.replicate.compute --one NAME DEPTH_DIVISOR WIDTH_DIVISOR BATCH SEQ ROUNDS   # (internal)
+    python -m benchmarks.replicate.compute --memory-one NAME DEPTH_DIVISOR WIDTH_DIVISOR BATCH SEQ   # (internal)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
@@ -40,7 +39,16 @@ def build(name: str, layers: int, width: int, vocab_size: int = GPT2_VOCAB_SIZE,
     if family == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        config = GPT2Config(vocab_size=vocab_size, n_positions=positions, n_embd=width, n_layer=layers, n_head=heads)
+        special = None if vocab_size < GPT2_VOCAB_SIZE else GPT2_VOCAB_SIZE - 1
+        config = GPT2Config(
+            vocab_size=vocab_size,
+            n_positions=positions,
+            n_embd=width,
+            n_layer=layers,
+            n_head=heads,
+            bos_token_id=special,
+            eos_token_id=special,
+        )
         config._attn_implementation = "sdpa"
         model = GPT2LMHeadModel(config)
     else:
@@ -110,8 +118,8 @@ def scaled_shape(name: str, depth_divisor: int, width_divisor: int) -> tuple[int
     return max(1, layers // depth_divisor), heads * head_dim
 
 
-def measure_one(name: str, depth_divisor: int, width_divisor: int, batch: int, sequence: int, rounds: int) -> dict:
-    """Time per forward and peak extra memory of the scaled-down `name`, in this (fresh) process."""
+def measure_memory(name: str, depth_divisor: int, width_divisor: int, batch: int, sequence: int) -> dict:
+    """Peak extra memory (growth of the peak RSS) of one forward of the scaled-down `name`, in this fresh process."""
     from .._common import current_rss_mb, peak_rss_mb, setup
 
     setup()
@@ -121,25 +129,39 @@ def measure_one(name: str, depth_divisor: int, width_divisor: int, batch: int, s
     with torch.inference_mode():
         model(input_ids=ids[:1, :8], use_cache=False)  # load kernels and thread pools before the baseline
         baseline = max(current_rss_mb(), peak_rss_mb())
-        start = time.perf_counter()
         model(input_ids=ids, use_cache=False)
-        first = time.perf_counter() - start
-        peak = peak_rss_mb() - baseline
-        times = [first]
-        for _ in range(rounds):
-            start = time.perf_counter()
-            model(input_ids=ids, use_cache=False)
-            times.append(time.perf_counter() - start)
-    flops = count_flops(model, ids[:1]) * batch
-    return {
-        "name": name,
-        "layers": layers,
-        "width": width,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "seconds_per_forward": min(times[1:]) if rounds else first,
-        "peak_extra_mb": peak,
-        "gflops": flops / 1e9,
-    }
+    return {"name": name, "peak_extra_mb": peak_rss_mb() - baseline}
+
+
+def time_scaled(plan) -> dict[str, dict]:
+    """Best time per forward of every scaled-down model, measured in interleaved rounds in this process so that a
+    change in the machine's load hits all of them alike; plus their shapes, parameters and FLOPs."""
+    from .._common import interleaved_best_times, setup
+
+    setup()
+    ids = torch.randint(0, GPT2_VOCAB_SIZE, (plan.batch_size, plan.sequence_length))
+    shapes, forwards = {}, {}
+
+    def forward(model):
+        def run():
+            with torch.inference_mode():
+                model(input_ids=ids, use_cache=False)
+
+        return run
+
+    for name in SHAPES:
+        layers, width = scaled_shape(name, plan.depth_divisor, plan.width_divisor)
+        model = build(name, layers, width, positions=max(plan.sequence_length, 8))
+        shapes[name] = {
+            "name": name,
+            "layers": layers,
+            "width": width,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "gflops": count_flops(model, ids[:1]) * plan.batch_size / 1e9,
+        }
+        forwards[name] = forward(model)
+    times = interleaved_best_times(forwards, rounds=plan.rounds, warmup=1)
+    return {name: {**shapes[name], "seconds_per_forward": times[name]} for name in SHAPES}
 
 
 def run_compute(plan) -> dict:
@@ -162,13 +184,14 @@ def run_compute(plan) -> dict:
             "parameters_without_positions": counts - positions,
         }
         print(f"  compute: {name}: {full['gflops']:.0f} GFLOPs per forward (full size)", flush=True)
-    for name in SHAPES:
-        args = [name, plan.depth_divisor, plan.width_divisor, plan.batch_size, plan.sequence_length, plan.rounds]
+    results["scaled"] = time_scaled(plan)
+    for name, measured in results["scaled"].items():
+        args = [name, plan.depth_divisor, plan.width_divisor, plan.batch_size, plan.sequence_length]
         if plan.isolated:
-            measured = run_isolated("replicate.compute", "--one", *map(str, args))
+            memory = run_isolated("replicate.compute", "--memory-one", *map(str, args))
         else:  # smoke: no fresh process (the memory number is then not meaningful)
-            measured = measure_one(*args)
-        results["scaled"][name] = measured
+            memory = measure_memory(*args)
+        measured["peak_extra_mb"] = memory["peak_extra_mb"]
         print(
             f"  compute: {name} scaled to {measured['layers']} x {measured['width']}: "
             f"{measured['seconds_per_forward']:.2f} s/forward, {measured['peak_extra_mb']:.0f} MB",
@@ -179,11 +202,11 @@ def run_compute(plan) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--one", nargs=6, metavar=("NAME", "DEPTH_DIV", "WIDTH_DIV", "BATCH", "SEQ", "ROUNDS"))
+    parser.add_argument("--memory-one", nargs=5, metavar=("NAME", "DEPTH_DIV", "WIDTH_DIV", "BATCH", "SEQ"))
     args = parser.parse_args(argv)
-    if args.one:
-        name, *numbers = args.one
-        print(json.dumps(measure_one(name, *map(int, numbers))))
+    if args.memory_one:
+        name, *numbers = args.memory_one
+        print(json.dumps(measure_memory(name, *map(int, numbers))))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Data, tokenizer and packing come from `aot_transformers.training` (the path `aot
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ class LanguageData:
     validation: Any
     description: str
     train_tokens_available: int
+    unigram_loss: float  # validation loss of the unigram model of the training tokens: the floor to beat
     zero_shot: dict[str, tuple[Any, Any]]  # dataset key -> (data, source)
     zero_shot_error: str | None
 
@@ -51,7 +53,7 @@ def prepare_language_data(plan, text_path: Path, tokenizer_path: Path, eval_dir:
     """Tokenize and pack the training text with GPT-2's tokenizer (validation: the package's held-out last 5% of
     the lines), and load the zero-shot data (PTB cut to its first `plan.ptb_sentences` sentences)."""
     from aot_transformers.evaluation import EvaluationError, load_source, resolve_sources
-    from aot_transformers.training import TextDataArguments, load_text_source, tokenize_and_pack
+    from aot_transformers.training import TextDataArguments, load_text_source, tokenize_and_pack, unigram_perplexity
 
     tokenizer = load_tokenizer(tokenizer_path)
     args = TextDataArguments(train_file=[str(text_path)], block_size=plan.block_size)
@@ -79,8 +81,9 @@ def prepare_language_data(plan, text_path: Path, tokenizer_path: Path, eval_dir:
     except EvaluationError as failure:  # e.g. no local files and no internet
         error = str(failure)
         logger.warning("Zero-shot data unavailable: %s", error)
+    unigram_loss = math.log(unigram_perplexity(train, validation, len(tokenizer)))
     return LanguageData(
-        tokenizer, train, validation, source.description, len(train) * plan.block_size, zero_shot, error
+        tokenizer, train, validation, source.description, len(train) * plan.block_size, unigram_loss, zero_shot, error
     )
 
 

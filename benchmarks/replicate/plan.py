@@ -47,7 +47,7 @@ class VisionPlan:
     warmup_ratio: float = 0.1
     weight_decay: float = 0.05
     evaluations: int = 5
-    train_images: int = 45_000
+    train_images: int = 25_600  # one pass: max_steps x batch_size images drawn from the 45,000 of the split
     eval_images: int = 2_000
     knn_k: float = 0.5
     timing_rounds: int = 3
@@ -62,7 +62,7 @@ class ComputePlan:
     sequence_length: int = 1024
     depth_divisor: int = 4
     width_divisor: int = 8
-    rounds: int = 2
+    rounds: int = 3
     isolated: bool = True  # one fresh process per model (needed for peak memory)
 
 
@@ -149,8 +149,9 @@ def make_plan(budget: float = 1.0, smoke: bool = False, seeds: int = 2) -> Plan:
             ptb_sentences=_scaled(base_language.ptb_sentences, eval_scale, 50),
         ),
         vision=VisionPlan(
-            max_steps=_scaled(base_vision.max_steps, budget, 16),
+            max_steps=(vision_steps := _scaled(base_vision.max_steps, budget, 16)),
+            train_images=min(45_000, vision_steps * base_vision.batch_size),
             eval_images=_scaled(base_vision.eval_images, eval_scale, 500),
         ),
-        compute=ComputePlan(rounds=2 if budget >= 0.5 else 1),
+        compute=ComputePlan(rounds=3 if budget >= 0.5 else 2),
     )

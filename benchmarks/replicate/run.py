@@ -114,6 +114,7 @@ def run_language(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
         "data": {
             "description": f"{data.description} ({args.text})",
             "train_tokens_available": data.train_tokens_available,
+            "unigram_loss": data.unigram_loss,
             "validation_tokens": len(data.validation) * lp.block_size,
             "embedding_parameters": embedding,
         },
