@@ -6,7 +6,9 @@
 Rows (fp32 unless said, 2 threads, forward + backward + AdamW step):
 - LM backbones, d=512, 8 heads, seq 256, batch 8, vocab 1024: AoTModel (MSSA) vs GPT2Model (sdpa) at the same
   width and depth (6 layers), and at equal parameters (AoT 36 layers); both again under torch.compile; AoT in bf16
-  autocast vs fp32.
+  autocast vs fp32 when the CPU multiplies bf16 natively (AVX512-BF16 or AMX; `--bf16 yes` forces the rows). Without
+  it, torch emulates bf16 matmuls and they are tens of times slower than fp32 (`bf16_matmul_probe` in the results
+  records by how much), so the bf16 rows would only measure the emulation.
 - Vision, 32 px, patch 4, batch 128: AoTForImageClassification vs ViTForImageClassification at ViT-tiny's width
   and depth (192 x 6 layers, 3 heads), and at equal parameters (AoT 36 layers).
 """
@@ -15,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 
 import torch
 from transformers import GPT2Config, GPT2Model, ViTConfig, ViTForImageClassification
 
 from aot_transformers import AoTConfig, AoTForImageClassification, AoTModel
 
-from ._common import interleaved_best_times, setup, write_results
+from ._common import best_time, interleaved_best_times, setup, write_results
 
 WIDTH, HEADS, SEQ, BATCH, VOCAB = 512, 8, 256, 8, 1024
 
@@ -123,9 +126,33 @@ def aot_vision(layers: int, width: int = 192, heads: int = 3) -> AoTForImageClas
     )
 
 
+def bf16_matmul_probe(size: tuple[int, int, int] = (2048, 512, 512)) -> dict:
+    """Time one (m × k) @ (k × n) matmul in fp32 and bf16, and read whether the CPU has native bf16 instructions."""
+    flags = set()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    m, k, n = size
+    seconds = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        seconds[str(dtype).removeprefix("torch.")] = best_time(functools.partial(torch.matmul, a, b), 3, warmup=1)
+    return {
+        "native_bf16": bool(flags & {"avx512_bf16", "amx_bf16"}),
+        "matmul_seconds": seconds,
+        "bf16_over_fp32_time": seconds["bfloat16"] / seconds["float32"],
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument(
+        "--bf16", choices=["auto", "yes", "no"], default="auto",
+        help="bf16 autocast rows: auto = only if the CPU has native bf16 matmuls (AVX512-BF16 or AMX)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     rounds = 2 if args.quick else 4
     setup()
@@ -134,8 +161,11 @@ def main(argv: list[str] | None = None) -> dict:
     models = {"gpt2-6": gpt2(6), "aot-6": aot_lm(6), "aot-36": aot_lm(36)}
     results["lm_params"] = {name: count(m) for name, m in models.items()}
     steps = {name: lm_step(m) for name, m in models.items()}
-    steps["aot-6-bf16"] = lm_step(models["aot-6"], autocast=True)
-    steps["aot-36-bf16"] = lm_step(models["aot-36"], autocast=True)
+    results["bf16_matmul_probe"] = probe = bf16_matmul_probe()
+    bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and probe["native_bf16"])
+    if bf16:
+        steps["aot-6-bf16"] = lm_step(models["aot-6"], autocast=True)
+        steps["aot-36-bf16"] = lm_step(models["aot-36"], autocast=True)
     times = interleaved_best_times(steps, rounds=rounds)
     tokens = BATCH * SEQ
     lm = {name: tokens / t for name, t in times.items()}
@@ -143,9 +173,12 @@ def main(argv: list[str] | None = None) -> dict:
     results["lm_ratios"] = {
         "same_width_depth (aot-6 / gpt2-6)": lm["aot-6"] / lm["gpt2-6"],
         "equal_params (aot-36 / gpt2-6)": lm["aot-36"] / lm["gpt2-6"],
-        "bf16_vs_fp32 (aot-6)": lm["aot-6-bf16"] / lm["aot-6"],
-        "bf16_vs_fp32 (aot-36)": lm["aot-36-bf16"] / lm["aot-36"],
     }
+    if bf16:
+        results["lm_ratios"]["bf16_vs_fp32 (aot-6)"] = lm["aot-6-bf16"] / lm["aot-6"]
+        results["lm_ratios"]["bf16_vs_fp32 (aot-36)"] = lm["aot-36-bf16"] / lm["aot-36"]
+    else:
+        print(f"bf16 rows skipped: no native bf16 matmul on this CPU ({probe})", flush=True)
     print(results["lm_ratios"], flush=True)
 
     compiled = {name: lm_step(torch.compile(m)) for name, m in models.items() if name != "aot-6"}
