@@ -116,6 +116,33 @@ def test_wrong_format_names_the_line_and_keeps_old_results(model_dir, tmp_path, 
     assert sorted(p.name for p in out.iterdir()) == ["results.json"]
 
 
+def test_crash_during_evaluation_keeps_results_and_card(model_dir, data_args, tmp_path, capsys, monkeypatch):
+    """A task that crashes mid-run (here: the model raises on the second task) leaves the earlier results files and
+    the model card byte for byte as they were, and the error names the failing task and the finished ones."""
+    from aot_transformers.evaluation import tasks as task_module
+
+    out = tmp_path / "out"
+    argv = ["eval", "lm", str(model_dir), "--tasks", "ptb,lambada,cbt_cn", *data_args, "--output-dir", str(out)]
+    assert run([*argv, "--no-progress", "--update-card"]) == 0
+    before = {path.name: path.read_bytes() for path in [*out.iterdir(), model_dir / "README.md"]}
+
+    real = task_module.run_task
+
+    def crash_on_lambada(scorer, task, *args, **kwargs):
+        if task == "lambada":
+            raise RuntimeError("simulated out-of-memory in forward")
+        return real(scorer, task, *args, **kwargs)
+
+    monkeypatch.setattr("aot_transformers.evaluation.runner.run_task", crash_on_lambada)
+    assert run([*argv, "--no-progress", "--update-card"]) == 1
+    error = capsys.readouterr().err
+    assert "task 'lambada' failed with RuntimeError: simulated out-of-memory in forward" in error
+    assert "tasks finished before it: ptb" in error and "Nothing was written" in error
+    assert "Traceback" in error  # the crash keeps its traceback
+    after = {path.name: path.read_bytes() for path in [*out.iterdir(), model_dir / "README.md"]}
+    assert after == before
+
+
 def test_model_without_tokenizer(tmp_path, capsys):
     bare = save_model(tiny_aot(max_length=32), None, tmp_path / "bare")
     data = ["--data", f"wikitext={FIXTURES / 'wiki.test.raw'}", "--output-dir", str(tmp_path / "out")]

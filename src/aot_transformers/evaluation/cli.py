@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import traceback
 from pathlib import Path
 
-from .data import EvaluationError
+from .data import EvaluationError, EvaluationFailed
 
 
 def _data_overrides(values: list[str]) -> dict[str, str]:
@@ -106,7 +107,8 @@ def run_table(args: argparse.Namespace) -> int:
 
 
 def _guard(function):
-    """Report user errors as one line and exit code 2; bugs keep their traceback."""
+    """Report user errors as one line and exit code 2; a task that crashes while scoring prints its traceback, the
+    task and what is unchanged on disk, and exits with 1; other bugs keep their traceback."""
 
     def run(args: argparse.Namespace) -> int:
         try:
@@ -114,6 +116,14 @@ def _guard(function):
         except EvaluationError as error:
             print(f"aot eval: error: {error}", file=sys.stderr)
             return 2
+        except EvaluationFailed as failure:
+            traceback.print_exception(failure.__cause__ or failure, file=sys.stderr)
+            print(
+                f"aot eval: error: {failure}. Nothing was written: earlier results files and the model card are "
+                "unchanged.",
+                file=sys.stderr,
+            )
+            return 1
 
     return run
 

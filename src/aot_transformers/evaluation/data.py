@@ -39,6 +39,21 @@ class EvaluationError(ValueError):
     """A user error at the boundary of the evaluation suite (unknown task, missing data, bad settings)."""
 
 
+class EvaluationFailed(RuntimeError):
+    """A task crashed while scoring (the model raised, ran out of memory, …); names the task and those finished.
+
+    The original exception is chained as `__cause__`. Nothing has been written when it is raised: results files and
+    model cards are only written once every task has finished.
+    """
+
+    def __init__(self, task: str, finished: list[str], error: BaseException):
+        self.task, self.finished = task, finished
+        done = ", ".join(finished) if finished else "none"
+        super().__init__(
+            f"task {task!r} failed with {type(error).__name__}: {error} (tasks finished before it: {done})"
+        )
+
+
 class DataFormatError(EvaluationError):
     """A data file that does not follow its format; the message names the file and the line."""
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .data import EvaluationError
+from .data import EvaluationError, EvaluationFailed
 from .scoring import LanguageModelScorer
 from .tasks import TASKS, TaskResult, load_source, parse_task_names, resolve_sources, run_task
 
@@ -185,7 +185,12 @@ def evaluate_model(
     results: dict[str, TaskResult] = {}
     for task in names:
         key = TASKS[task].dataset
-        results[task] = run_task(scorer, task, datasets[key], sources[key])
+        try:
+            results[task] = run_task(scorer, task, datasets[key], sources[key])
+        except EvaluationError:
+            raise
+        except Exception as error:
+            raise EvaluationFailed(task, list(results), error) from error
 
     return EvaluationReport(
         model=name,
