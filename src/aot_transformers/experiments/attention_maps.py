@@ -103,11 +103,13 @@ def run(
     dataset: str = "mnist",
     layer: int = -1,
     num_images: int = 6,
-    epochs: int = 4,
+    epochs: int = 15,
     per_class: int = 300,
     data_dir: str | Path | None = None,
     hidden_size: int = 96,
     num_layers: int = 4,
+    patch_size: int = 4,
+    lr: float = 3e-3,
     train_images: int | None = None,
     save_model: bool = True,
     seed: int = 0,
@@ -125,13 +127,15 @@ def run(
         data_dir: Folder of the image files (default: the shared data folder).
         hidden_size: Width of the model trained when none is given.
         num_layers: Layers of the model trained when none is given.
+        patch_size: Patch side of the model trained when none is given (4: a 7 × 7 grid on MNIST).
+        lr: Learning rate of that training.
         train_images: Use at most this many training images (default: all of the 80% training split).
         save_model: Save the freshly trained model under `out/model` (e.g. for `aot inspect`).
         seed: Seed.
     """
     options = dict(model=model, dataset=dataset, layer=layer, num_images=num_images, epochs=epochs,
                    per_class=per_class, data_dir=data_dir, hidden_size=hidden_size, num_layers=num_layers,
-                   train_images=train_images, save_model=save_model, seed=seed)
+                   patch_size=patch_size, lr=lr, train_images=train_images, save_model=save_model, seed=seed)
     check_choice("dataset", dataset, DATASETS)
     check_int("num_images", num_images, 1, 64)
     folder = output_dir(out, "attention-maps")
@@ -150,13 +154,13 @@ def run(
     if model is None:
         torch.manual_seed(seed)
         side = images.shape[-1]
-        config = vision_config("aot", None, image_size=side, patch_size=4, hidden_size=hidden_size,
+        config = vision_config("aot", None, image_size=side, patch_size=patch_size, hidden_size=hidden_size,
                                num_layers=num_layers, num_channels=images.shape[1])
         config.image_mean, config.image_std = mean.tolist(), std.tolist()  # kept with the model for reuse
         classifier = AoTForImageClassification(config)
         normalised = {key: _vision.normalise(value, mean, std) if key.endswith("images") else value
                       for key, value in data.items()}
-        results["training"] = _vision.train_classifier(classifier, normalised, epochs, seed=seed)
+        results["training"] = _vision.train_classifier(classifier, normalised, epochs, lr=lr, seed=seed)
         if save_model:
             classifier.save_pretrained(folder / "model")
     else:

@@ -103,6 +103,8 @@ def _add_attention_maps(sub) -> None:
     p.add_argument("--data-dir", default=S)
     p.add_argument("--hidden-size", type=int, default=S)
     p.add_argument("--num-layers", type=int, default=S)
+    p.add_argument("--patch-size", type=int, default=S)
+    p.add_argument("--lr", type=float, default=S)
     p.add_argument("--train-images", type=int, default=S, help="cap on the training images")
     p.add_argument("--no-save-model", dest="save_model", action="store_false", default=S)
 
