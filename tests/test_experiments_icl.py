@@ -35,6 +35,8 @@ def test_prompts_linear_and_sparse():
         (lambda: I.backbone_config("lstm"), "kind"),
         (lambda: I.run(dim=3, num_points=4), "num_points"),
         (lambda: I.run(dim=3, models=("gpt5",)), "models"),
+        (lambda: I.run(dim=3, tokens="triples"), "tokens"),
+        (lambda: I.interleave(torch.zeros(1, 2, 3), torch.zeros(1, 2), "triples"), "tokens"),
     ],
 )
 def test_bad_options(call, match):
@@ -51,11 +53,16 @@ def test_zero_estimator_error_is_the_target_second_moment():
 def test_interleave_layout():
     xs = torch.arange(12.0).reshape(1, 2, 6)[..., :3].reshape(1, 2, 3)
     ys = torch.tensor([[7.0, 8.0]])
-    tokens = I.interleave(xs, ys)
-    assert tokens.shape == (1, 4, 3)
+    tokens = I.interleave(xs, ys, "garg")
+    assert tokens.shape == (1, 4, 3) and I.token_width(3, "garg") == 3
     torch.testing.assert_close(tokens[0, 0], xs[0, 0])
     torch.testing.assert_close(tokens[0, 1], torch.tensor([7.0, 0.0, 0.0]))
     torch.testing.assert_close(tokens[0, 2], xs[0, 1])
+    pairs = I.interleave(xs, ys, "pairs")  # (x_i, 0), (x_i, y_i): the y token carries its x
+    assert pairs.shape == (1, 4, 4) and I.token_width(3, "pairs") == 4
+    torch.testing.assert_close(pairs[0, 0], torch.cat((xs[0, 0], torch.tensor([0.0]))))
+    torch.testing.assert_close(pairs[0, 1], torch.cat((xs[0, 0], torch.tensor([7.0]))))
+    torch.testing.assert_close(pairs[0, 3], torch.cat((xs[0, 1], torch.tensor([8.0]))))
 
 
 def test_backbones():
@@ -64,11 +71,14 @@ def test_backbones():
     assert mhsa.attention_type == "mhsa" and mhsa.mlp_layers == "none"
     assert gpt.attention_type == "mhsa" and gpt.mlp_layers == "all"
     assert mssa.max_position_embeddings == 10
+    # Larger initial weights for MSSA: with unit-norm queries small keys make every attention map uniform.
+    assert mssa.initializer_range == 0.1 and mhsa.initializer_range == gpt.initializer_range == 0.02
 
 
+@pytest.mark.parametrize("tokens", I.TOKEN_LAYOUTS)
 @pytest.mark.parametrize("kind", I.MODELS)
-def test_prediction_i_sees_only_earlier_examples_and_x_i(kind):
-    model = I.build_model(kind, 3, 16, 2, 2, 6).eval()
+def test_prediction_i_sees_only_earlier_examples_and_x_i(kind, tokens):
+    model = I.build_model(kind, 3, 16, 2, 2, 6, tokens=tokens).eval()
     xs, ys, _ = I.sample_prompts(2, 6, 3, generator=I.make_generator(2))
     base = model(xs, ys)
     changed_xs, changed_ys = xs.clone(), ys.clone()

@@ -53,6 +53,7 @@ def _add_icl(sub) -> None:
     p.add_argument("--lasso-alpha", type=float, default=S)
     p.add_argument("--eval-prompts", type=int, default=S)
     p.add_argument("--time-budget", type=float, default=S, help="seconds for the whole run")
+    p.add_argument("--tokens", default=S, help="token layout: pairs (default; y tokens carry their x) or garg")
 
 
 def _add_clustering(sub) -> None:
