@@ -1,5 +1,6 @@
-"""Distributed data parallel on CPU: `torchrun --nproc_per_node 2` (gloo) runs the unchanged training code, the
-ranks stay identical, and they equal a single-process run with the same global batch (~45 s)."""
+"""Distributed data parallel on CPU: `torchrun --nproc_per_node 2` and `accelerate launch --multi_gpu
+--num_processes 2` (gloo) run the unchanged training code, the ranks stay identical, and they equal a single-process
+run with the same global batch (~30-45 s per launcher)."""
 
 from __future__ import annotations
 
@@ -48,12 +49,23 @@ def _arguments(text_file: Path, output_dir: Path, batch_size: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _two_vs_one(tmp_path: Path, extra: list[str]) -> None:
+def _launcher(name: str) -> list[str]:
+    executable = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    if executable is None:
+        pytest.skip(f"{name} not found")
+    if name == "torchrun":
+        return [executable, "--standalone", "--nproc_per_node", "2"]
+    # `--multi_gpu` is accelerate's torchrun-based launcher; on a machine without GPUs the training arguments'
+    # `--use_cpu` put the ranks on the CPU with gloo. (`--cpu` would start a single process: accelerate runs several
+    # CPU processes only through mpirun.)
+    return [executable, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+
+
+def _two_vs_one(tmp_path: Path, extra: list[str], launcher: str = "torchrun") -> None:
     from aot_transformers.training.text_data import embedded_corpus
 
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("torchrun not found")
+    command = _launcher(launcher)
     text_file = tmp_path / "corpus.txt"
     text_file.write_text("\n".join(embedded_corpus()[:12]))
     script = tmp_path / "train.py"
@@ -61,7 +73,7 @@ def _two_vs_one(tmp_path: Path, extra: list[str]) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
     two = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", str(script),
+        [*command, str(script),
          *_arguments(text_file, tmp_path / "two", batch_size=4), *extra],
         env=env, capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
@@ -88,8 +100,9 @@ def _two_vs_one(tmp_path: Path, extra: list[str]) -> None:
             torch.testing.assert_close(value, single[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
-    _two_vs_one(tmp_path, [])
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, launcher):
+    _two_vs_one(tmp_path, [], launcher)
 
 
 @pytest.mark.slow

@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             "no",
             "--dynamo_backend",
             "no",
-            "--cpu",
-        ]
+            "--multi_gpu",  # accelerate's torchrun-based launcher; `--use_cpu` puts the ranks on the CPU (gloo).
+        ]  # (`--cpu` would start one process: accelerate runs several CPU processes only through mpirun)
     folder = root / "2proc"
     threads = max(1, cores // 2)
     rows[f"2 processes x {threads} threads ({args.launcher})"] = _run(

@@ -1,7 +1,8 @@
 """Causal-LM pretraining and fine-tuning of AoT models with `transformers.Trainer`.
 
 Runs as `aot train lm …`, `python -m aot_transformers.training.lm …`, `torchrun --nproc_per_node N -m
-aot_transformers.training.lm …` and `accelerate launch -m aot_transformers.training.lm …` with the same arguments:
+aot_transformers.training.lm …` and `accelerate launch --multi_gpu -m aot_transformers.training.lm …` (plus `--use_cpu`
+without GPUs) with the same arguments:
 the three dataclasses below plus every `TrainingArguments` flag. All input is checked (data, columns, preset,
 tokenizer against the model, block size) before the first training step.
 """
