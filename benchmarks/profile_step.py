@@ -1,0 +1,72 @@
+"""Where a training step spends its time: the equal-parameter rows of `bench_train`, broken down by operator.
+
+    python -m benchmarks.profile_step                     # all four models, 2 threads
+    python -m benchmarks.profile_step --models aot-36 gpt2-6 --threads 1
+
+Models (the shapes of `bench_train`): `gpt2-6` / `aot-36` (LM backbones, d 512, seq 256, batch 8, equal
+parameters) and `vit-6` / `aot-v-36` (image classifiers, 192 wide, 32 px, patch 4, batch 128, equal parameters).
+Each step (forward + backward + AdamW) runs under `torch.profiler`; the self CPU time of every aten operator is
+summed into groups: dense matmuls (the weights), attention (the SDPA kernels, forward and backward), LayerNorm,
+the optimizer, everything else. Writes `benchmarks/results/profile_step.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from torch.profiler import ProfilerActivity, profile
+
+from ._common import setup, write_results
+from .bench_train import aot_lm, aot_vision, gpt2, image_step, lm_step, vit
+
+MODELS = {
+    "gpt2-6": lambda: lm_step(gpt2(6)),
+    "aot-36": lambda: lm_step(aot_lm(36)),
+    "vit-6": lambda: image_step(vit(6)),
+    "aot-v-36": lambda: image_step(aot_vision(36)),
+}
+GROUPS = {
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                  "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
+    "layer_norm": ("aten::native_layer_norm", "aten::native_layer_norm_backward"),
+}  # fmt: skip
+
+
+def breakdown(step, steps: int = 2) -> dict:
+    """Seconds per step by group (self CPU time, summed over threads' work as the profiler reports it)."""
+    step()
+    step()  # warm-up: allocator, oneDNN primitives
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    seconds = {group: 0.0 for group in (*GROUPS, "optimizer", "other")}
+    for event in prof.key_averages():
+        self_s = event.self_cpu_time_total / 1e6 / steps
+        group = next((g for g, names in GROUPS.items() if event.key in names), None)
+        if group is None and event.key.startswith(("Optimizer.", "aten::_foreach", "aten::lerp", "aten::addc")):
+            group = "optimizer"
+        seconds[group or "other"] += self_s
+    seconds["total"] = sum(seconds.values())
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    setup(threads=args.threads)
+    results: dict = {"threads": args.threads, "seconds_per_step": {}}
+    header = f"{'model':<10}" + "".join(f"{g:>12}" for g in (*GROUPS, "optimizer", "other", "total"))
+    print(header)
+    for name in args.models:
+        seconds = breakdown(MODELS[name]())
+        results["seconds_per_step"][name] = seconds
+        print(f"{name:<10}" + "".join(f"{seconds[g]:>12.3f}" for g in seconds), flush=True)
+    write_results("profile_step", results)
+    return results
+
+
+if __name__ == "__main__":
+    main()
