@@ -24,8 +24,16 @@ def _one_thread():
 
 def _classifier(num_channels=1, image_size=8):
     torch.manual_seed(0)
-    config = vision_config("aot", None, image_size=image_size, patch_size=2, hidden_size=16, num_layers=2,
-                           num_heads=2, num_channels=num_channels)
+    config = vision_config(
+        "aot",
+        None,
+        image_size=image_size,
+        patch_size=2,
+        hidden_size=16,
+        num_layers=2,
+        num_heads=2,
+        num_channels=num_channels,
+    )
     return AoTForImageClassification(config)
 
 
@@ -64,8 +72,16 @@ def test_plot_grid(tmp_path):
 
 
 def test_run_trains_saves_and_reloads(tmp_path, shared_data):
-    results = A.run(out=tmp_path, dataset="mnist", epochs=1, num_images=2, data_dir=shared_data, hidden_size=16,
-                    num_layers=1, train_images=256)
+    results = A.run(
+        out=tmp_path,
+        dataset="mnist",
+        epochs=1,
+        num_images=2,
+        data_dir=shared_data,
+        hidden_size=16,
+        num_layers=1,
+        train_images=256,
+    )
     assert {"results.json", "summary.md", "attention_maps.png", "model"} <= {p.name for p in tmp_path.iterdir()}
     assert results["maps"].shape[:2] == (2, 4)
     again = A.run(out=tmp_path / "again", model=tmp_path / "model", num_images=2, data_dir=shared_data)
@@ -113,16 +129,20 @@ def test_layerwise_diagnostics_on_language_and_vision_models():
     model = _classifier()
     rows = G.layerwise_diagnostics(model, torch.randn(2, 1, 8, 8))
     assert len(rows["rate"]) == 2 and len(rows["head_energy"][0]) == 2
-    lm = AoTForCausalLM(G.AoTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=4,
-                                     attention_type="mhsa"))
+    lm = AoTForCausalLM(
+        G.AoTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=4, attention_type="mhsa")
+    )
     rows = G.layerwise_diagnostics(lm, torch.randint(0, 50, (2, 12)))
     assert len(rows["rate"]) == 3
     assert all(0 <= e <= 1 for layer in rows["head_energy"] for e in layer)
 
 
 def test_inspect_a_saved_text_model(tmp_path):
-    model = AoTForCausalLM(G.AoTConfig(vocab_size=300, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                       max_position_embeddings=32))
+    model = AoTForCausalLM(
+        G.AoTConfig(
+            vocab_size=300, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=32
+        )
+    )
     model.save_pretrained(tmp_path / "lm")
     text = tmp_path / "text.txt"
     text.write_text("attention only transformers compress tokens layer by layer. " * 40)

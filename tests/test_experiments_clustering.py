@@ -104,10 +104,13 @@ def test_identity_value_predictor_is_flat_on_the_manifold_of_frames():
     angle = torch.tensor(0.6, dtype=torch.float64)
     rotation = torch.stack([torch.stack([angle.cos(), -angle.sin()]), torch.stack([angle.sin(), angle.cos()])])
     rotated = rotation @ centroids
-    torch.testing.assert_close(C.linear_attention_predictor(tokens, rotated, 0.6),
-                               C.linear_attention_predictor(tokens, centroids, 0.6))
-    assert not torch.allclose(C.linear_attention_predictor(tokens, rotated, 0.6, "projected"),
-                              C.linear_attention_predictor(tokens, centroids, 0.6, "projected"))
+    torch.testing.assert_close(
+        C.linear_attention_predictor(tokens, rotated, 0.6), C.linear_attention_predictor(tokens, centroids, 0.6)
+    )
+    assert not torch.allclose(
+        C.linear_attention_predictor(tokens, rotated, 0.6, "projected"),
+        C.linear_attention_predictor(tokens, centroids, 0.6, "projected"),
+    )
 
 
 def test_softmax_predictor_projected_values_use_subspace_attention_and_centering():
@@ -202,9 +205,11 @@ def test_exact_finite_length_risks_by_monte_carlo(sigma, length, lam):
 def test_exact_risks_tend_to_the_limits():
     for sigma, lam in [(0.3, 0.7), (1.0, 0.25)]:
         assert C.in_context_quantization_risk_exact(5, sigma, 10**6, lam) == pytest.approx(
-            C.in_context_quantization_risk_limit(5, sigma, lam), rel=1e-4)
+            C.in_context_quantization_risk_limit(5, sigma, lam), rel=1e-4
+        )
         assert C.oracle_linear_attention_risk_exact(5, sigma, 10**6, lam) == pytest.approx(
-            C.oracle_linear_attention_risk_limit(5, sigma, lam), rel=1e-4)
+            C.oracle_linear_attention_risk_limit(5, sigma, lam), rel=1e-4
+        )
 
 
 def test_oracle_risk_limit_is_sigma_squared_d_minus_two():
@@ -254,8 +259,9 @@ def test_span_initialisation_is_an_orthonormal_frame_of_the_span():
 
 
 def test_regularised_sgd_moves_the_heads_to_the_centroids():
-    run = C.train_heads(sigma=0.3, lam=0.6, rho=0.2, init="random", steps=500, batch_size=64, lr=0.02,
-                        record_every=50, seed=1)
+    run = C.train_heads(
+        sigma=0.3, lam=0.6, rho=0.2, init="random", steps=500, batch_size=64, lr=0.02, record_every=50, seed=1
+    )
     assert run["distance"][-1] < 0.2 * run["distance"][0]
     assert run["distance"][-1] < 0.1
 
@@ -266,11 +272,18 @@ def test_without_regulariser_the_frame_on_the_manifold_does_not_move():
 
 
 def test_run_smoke(tmp_path):
-    results = C.run(out=tmp_path, steps=20, rhos=(0.0, 0.2), softmax_steps=10, batch_size=16, mc_sequences=4,
-                    mc_seq_len=50)
+    results = C.run(
+        out=tmp_path, steps=20, rhos=(0.0, 0.2), softmax_steps=10, batch_size=16, mc_sequences=4, mc_seq_len=50
+    )
     names = {p.name for p in tmp_path.iterdir()}
-    assert {"results.json", "summary.md", "fig1_manifold_init.png", "fig2_random_init_rho.png",
-            "fig3_fig4_pca.png", "k3_and_softmax.png"} <= names
+    assert {
+        "results.json",
+        "summary.md",
+        "fig1_manifold_init.png",
+        "fig2_random_init_rho.png",
+        "fig3_fig4_pca.png",
+        "k3_and_softmax.png",
+    } <= names
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["closed_form_checks"][0]["oracle_risk_limit"] == pytest.approx(0.09 * 3)
     assert len(results["claims"]) >= 6

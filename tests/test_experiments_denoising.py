@@ -129,8 +129,7 @@ def test_unroll_rejects_bad_options():
 
 
 def test_run_writes_artifacts_and_the_claim_holds(tmp_path):
-    results = D.run(out=tmp_path, noise_levels=(0.2,), num_subspaces=2, subspace_dim=64, num_tokens=64,
-                    num_layers=3)
+    results = D.run(out=tmp_path, noise_levels=(0.2,), num_subspaces=2, subspace_dim=64, num_tokens=64, num_layers=3)
     assert {p.name for p in tmp_path.iterdir()} >= {"results.json", "summary.md", "snr_per_layer.png"}
     saved = json.loads((tmp_path / "results.json").read_text())
     threshold_claim = next(c for c in saved["claims"] if "h∘softmax" in c["quantity"])

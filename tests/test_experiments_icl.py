@@ -112,16 +112,27 @@ def test_lasso_recovers_sparse_targets():
 
 def test_training_reduces_the_loss_and_respects_the_time_limit():
     model = I.build_model("aot-mhsa", 2, 16, 1, 2, 5)
-    history = I.train_regressor(model, "linear", 5, steps=150, batch_size=32, lr=3e-3, warmup_steps=10,
-                                log_every=50)
+    history = I.train_regressor(model, "linear", 5, steps=150, batch_size=32, lr=3e-3, warmup_steps=10, log_every=50)
     assert history["loss"][-1] < history["loss"][0]
     stopped = I.train_regressor(model, "linear", 5, steps=10_000, batch_size=8, time_limit=0.5, log_every=10)
     assert stopped["steps_done"] < 10_000
 
 
 def test_run_smoke(tmp_path):
-    results = I.run(out=tmp_path, dim=2, tasks=("linear", "sparse_linear"), sparsity=1, hidden_size=16, num_heads=2,
-                    aot_layers=1, transformer_layers=1, steps=3, batch_size=4, eval_prompts=8, time_budget=60)
+    results = I.run(
+        out=tmp_path,
+        dim=2,
+        tasks=("linear", "sparse_linear"),
+        sparsity=1,
+        hidden_size=16,
+        num_heads=2,
+        aot_layers=1,
+        transformer_layers=1,
+        steps=3,
+        batch_size=4,
+        eval_prompts=8,
+        time_budget=60,
+    )
     assert {"results.json", "summary.md", "icl_error_curves.png"} <= {p.name for p in tmp_path.iterdir()}
     saved = json.loads((tmp_path / "results.json").read_text())
     curves = saved["tasks"]["linear"]["curves"]

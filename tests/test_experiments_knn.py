@@ -73,8 +73,17 @@ def test_run_distillation_only(tmp_path):
 
 
 def test_run_with_training_on_cifar_files(tmp_path, shared_data):
-    results = K.run(out=tmp_path, noise_ratios=(0.5,), num_tokens=16, num_trials=2, data_dir=shared_data,
-                    per_class=6, epochs=1, hidden_size=16, num_layers=1)
+    results = K.run(
+        out=tmp_path,
+        noise_ratios=(0.5,),
+        num_tokens=16,
+        num_trials=2,
+        data_dir=shared_data,
+        per_class=6,
+        epochs=1,
+        hidden_size=16,
+        num_layers=1,
+    )
     runs = results["training_speed"]["runs"]
     assert set(runs) == {"aot/dense", "aot/k = 0.5·n", "vit/dense", "vit/k = 0.5·n"}
     assert all(len(r["val_accuracy"]) == 1 for r in runs.values())

@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         "global_batch_size": global_batch,
         "learning_rate": args.learning_rate,
         "validation_accuracy": metrics["eval_accuracy"],
-        "validation_accuracy_per_epoch": {f"{e['epoch']:g}": round(e["eval_accuracy"], 4) for e in history
-                                          if "eval_accuracy" in e},
+        "validation_accuracy_per_epoch": {
+            f"{e['epoch']:g}": round(e["eval_accuracy"], 4) for e in history if "eval_accuracy" in e
+        },
         "train_seconds": metrics["train_runtime"],
         "train_samples_per_second": metrics["train_samples_per_second"],
         "wall_seconds": round(time.perf_counter() - start, 1),

@@ -37,7 +37,12 @@ def check_int(name: str, value: Any, minimum: int = 1, maximum: int | None = Non
 
 
 def check_real(
-    name: str, value: Any, minimum: float = 0.0, maximum: float = math.inf, *, open_min: bool = False,
+    name: str,
+    value: Any,
+    minimum: float = 0.0,
+    maximum: float = math.inf,
+    *,
+    open_min: bool = False,
     open_max: bool = False,
 ) -> float:
     """Return `value` as a float if it lies in the interval, else raise ValueError naming `name`."""
@@ -121,12 +126,23 @@ class Claim:
 
 
 def write_summary(
-    path: Path, title: str, claims: Iterable[Claim], *, command: str, notes: Sequence[str] = (),
+    path: Path,
+    title: str,
+    claims: Iterable[Claim],
+    *,
+    command: str,
+    notes: Sequence[str] = (),
     figures: Sequence[str] = (),
 ) -> Path:
     """Write the markdown summary: the command, a measured-vs-paper table, figures and notes."""
-    lines = [f"# {title}", "", f"Command: `{command}`", "", "| quantity | measured | paper | matches |",
-             "|---|---|---|---|"]
+    lines = [
+        f"# {title}",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| quantity | measured | paper | matches |",
+        "|---|---|---|---|",
+    ]
     lines += [claim.as_row() for claim in claims]
     if figures:
         lines += ["", "Figures: " + ", ".join(f"[{name}]({name})" for name in figures)]

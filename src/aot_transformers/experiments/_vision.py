@@ -53,8 +53,10 @@ def load_cifar10(data_dir: str | Path | None = None, per_class: int = 500) -> tu
     for label, name in enumerate(CIFAR10_CLASSES):
         path = folder / f"train_{name}.tar.gz"
         if not path.exists():
-            raise FileNotFoundError(f"CIFAR-10 file {path} not found; pass `data_dir` pointing at the folder that "
-                                    "holds vision/cifar10/train_<class>.tar.gz.")
+            raise FileNotFoundError(
+                f"CIFAR-10 file {path} not found; pass `data_dir` pointing at the folder that "
+                "holds vision/cifar10/train_<class>.tar.gz."
+            )
         taken = 0
         # Streaming mode reads members in archive order and stops early, instead of decompressing whole archives.
         with tarfile.open(path, "r|gz") as archive:
@@ -74,11 +76,16 @@ def load_cifar10(data_dir: str | Path | None = None, per_class: int = 500) -> tu
 def load_mnist5k(data_dir: str | Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The 5,000 MNIST digits of `vision/mnist5k/mnist_5k.csv.gz`: uint8 (5000, 1, 28, 28) and labels (5000,)."""
     root = Path(data_dir) if data_dir is not None else default_data_dir()
-    path = root / "mnist_5k.csv.gz" if (root / "mnist_5k.csv.gz").exists() else root / "vision" / "mnist5k" / (
-        "mnist_5k.csv.gz")
+    path = (
+        root / "mnist_5k.csv.gz"
+        if (root / "mnist_5k.csv.gz").exists()
+        else root / "vision" / "mnist5k" / ("mnist_5k.csv.gz")
+    )
     if not path.exists():
-        raise FileNotFoundError(f"MNIST file {path} not found; pass `data_dir` pointing at the folder that holds "
-                                "vision/mnist5k/mnist_5k.csv.gz.")
+        raise FileNotFoundError(
+            f"MNIST file {path} not found; pass `data_dir` pointing at the folder that holds "
+            "vision/mnist5k/mnist_5k.csv.gz."
+        )
     import numpy as np
 
     with gzip.open(path, "rt") as handle:
@@ -96,8 +103,12 @@ def split(images: torch.Tensor, labels: torch.Tensor, val_fraction: float, seed:
     order = torch.randperm(len(labels), generator=make_generator(seed))
     num_val = max(1, int(len(labels) * val_fraction))
     val, train = order[:num_val], order[num_val:]
-    return {"train_images": images[train], "train_labels": labels[train], "val_images": images[val],
-            "val_labels": labels[val]}
+    return {
+        "train_images": images[train],
+        "train_labels": labels[train],
+        "val_images": images[val],
+        "val_labels": labels[val],
+    }
 
 
 def normalise(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

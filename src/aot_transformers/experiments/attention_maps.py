@@ -43,8 +43,9 @@ def cls_attention_maps(model: AoTForImageClassification, pixel_values: torch.Ten
     """
     num_layers = model.config.num_hidden_layers
     if not -num_layers <= layer < num_layers:
-        raise ValueError(f"`layer` must be in [{-num_layers}, {num_layers - 1}] for this {num_layers}-layer model, "
-                         f"got {layer}.")
+        raise ValueError(
+            f"`layer` must be in [{-num_layers}, {num_layers - 1}] for this {num_layers}-layer model, got {layer}."
+        )
     model.eval()
     attentions = model.model(pixel_values, output_attentions=True, return_dict=True).attentions
     grid = model.config.image_size // model.config.patch_size
@@ -64,8 +65,11 @@ def object_attention_share(maps: torch.Tensor, images: torch.Tensor, threshold: 
     patch_means = F.adaptive_avg_pool2d(images.float().mean(1, keepdim=True), grid)[:, 0]  # (B, g, g)
     is_object = (patch_means > threshold).float()[:, None]  # (B, 1, g, g)
     share = (maps * is_object).sum((-1, -2)) / maps.sum((-1, -2)).clamp(min=1e-12)  # (B, H)
-    return {"attention_on_object": float(share.mean()), "object_patch_fraction": float(is_object.mean()),
-            "per_head": share.mean(0).tolist()}
+    return {
+        "attention_on_object": float(share.mean()),
+        "object_patch_fraction": float(is_object.mean()),
+        "per_head": share.mean(0).tolist(),
+    }
 
 
 def plot_attention_grid(images: torch.Tensor, maps: torch.Tensor, path: Path, title: str) -> str:
@@ -133,9 +137,22 @@ def run(
         save_model: Save the freshly trained model under `out/model` (e.g. for `aot inspect`).
         seed: Seed.
     """
-    options = dict(model=model, dataset=dataset, layer=layer, num_images=num_images, epochs=epochs,
-                   per_class=per_class, data_dir=data_dir, hidden_size=hidden_size, num_layers=num_layers,
-                   patch_size=patch_size, lr=lr, train_images=train_images, save_model=save_model, seed=seed)
+    options = dict(
+        model=model,
+        dataset=dataset,
+        layer=layer,
+        num_images=num_images,
+        epochs=epochs,
+        per_class=per_class,
+        data_dir=data_dir,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        patch_size=patch_size,
+        lr=lr,
+        train_images=train_images,
+        save_model=save_model,
+        seed=seed,
+    )
     check_choice("dataset", dataset, DATASETS)
     check_int("num_images", num_images, 1, 64)
     folder = output_dir(out, "attention-maps")
@@ -148,18 +165,29 @@ def run(
     data = _vision.split(images, labels, 0.2, seed)
     if train_images is not None:
         check_int("train_images", train_images)
-        data["train_images"], data["train_labels"] = data["train_images"][:train_images], data["train_labels"][
-            :train_images]
+        data["train_images"], data["train_labels"] = (
+            data["train_images"][:train_images],
+            data["train_labels"][:train_images],
+        )
     mean, std = _vision.channel_stats(data["train_images"])
     if model is None:
         torch.manual_seed(seed)
         side = images.shape[-1]
-        config = vision_config("aot", None, image_size=side, patch_size=patch_size, hidden_size=hidden_size,
-                               num_layers=num_layers, num_channels=images.shape[1])
+        config = vision_config(
+            "aot",
+            None,
+            image_size=side,
+            patch_size=patch_size,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_channels=images.shape[1],
+        )
         config.image_mean, config.image_std = mean.tolist(), std.tolist()  # kept with the model for reuse
         classifier = AoTForImageClassification(config)
-        normalised = {key: _vision.normalise(value, mean, std) if key.endswith("images") else value
-                      for key, value in data.items()}
+        normalised = {
+            key: _vision.normalise(value, mean, std) if key.endswith("images") else value
+            for key, value in data.items()
+        }
         results["training"] = _vision.train_classifier(classifier, normalised, epochs, lr=lr, seed=seed)
         if save_model:
             classifier.save_pretrained(folder / "model")
@@ -182,27 +210,49 @@ def run(
     chosen = val_images[:num_images]
     maps = cls_attention_maps(classifier, prepare(chosen), layer)
     layer_index = layer % classifier.config.num_hidden_layers
-    figure = plot_attention_grid(chosen.float() / 255.0, maps, folder / "attention_maps.png",
-                                 f"[CLS] → patch attention, layer {layer_index}, {dataset}")
+    figure = plot_attention_grid(
+        chosen.float() / 255.0,
+        maps,
+        folder / "attention_maps.png",
+        f"[CLS] → patch attention, layer {layer_index}, {dataset}",
+    )
     measured = val_images[:256]
-    share = object_attention_share(cls_attention_maps(classifier, prepare(measured), layer),
-                                   F.interpolate(measured.float() / 255.0, size=(side, side), mode="area"))
-    results.update({"layer": layer_index, "val_accuracy": val_accuracy, "object_share": share,
-                    "maps": maps, "seconds": clock.seconds()})
+    share = object_attention_share(
+        cls_attention_maps(classifier, prepare(measured), layer),
+        F.interpolate(measured.float() / 255.0, size=(side, side), mode="area"),
+    )
+    results.update(
+        {
+            "layer": layer_index,
+            "val_accuracy": val_accuracy,
+            "object_share": share,
+            "maps": maps,
+            "seconds": clock.seconds(),
+        }
+    )
     claims = [
-        Claim("validation accuracy of the classifier", f"{val_accuracy:.3f}", "(trained model needed for Fig. 7)",
-              None),
-        Claim(f"[CLS] attention on object patches, layer {layer_index} (mean over heads)",
-              f"{share['attention_on_object']:.2f} vs {share['object_patch_fraction']:.2f} for uniform attention",
-              "heads attend to the object / semantically meaningful parts (Fig. 7)",
-              share["attention_on_object"] > share["object_patch_fraction"] if dataset == "mnist" else None),
+        Claim(
+            "validation accuracy of the classifier", f"{val_accuracy:.3f}", "(trained model needed for Fig. 7)", None
+        ),
+        Claim(
+            f"[CLS] attention on object patches, layer {layer_index} (mean over heads)",
+            f"{share['attention_on_object']:.2f} vs {share['object_patch_fraction']:.2f} for uniform attention",
+            "heads attend to the object / semantically meaningful parts (Fig. 7)",
+            share["attention_on_object"] > share["object_patch_fraction"] if dataset == "mnist" else None,
+        ),
     ]
     results["claims"] = [c.as_dict() for c in claims]
     write_json(folder / "results.json", results)
-    write_summary(folder / "summary.md", "Attention maps (AoT Fig. 7)", claims,
-                  command=format_command("attention-maps", options), figures=[figure],
-                  notes=[f"Per-head share of attention on the object: "
-                         f"{', '.join(f'{v:.2f}' for v in share['per_head'])}",
-                         "Object patches: mean intensity > 0.2 (meaningful for MNIST digits; reported only for "
-                         "CIFAR-10).", f"Wall time {results['seconds']:.0f} s."])
+    write_summary(
+        folder / "summary.md",
+        "Attention maps (AoT Fig. 7)",
+        claims,
+        command=format_command("attention-maps", options),
+        figures=[figure],
+        notes=[
+            f"Per-head share of attention on the object: {', '.join(f'{v:.2f}' for v in share['per_head'])}",
+            "Object patches: mean intensity > 0.2 (meaningful for MNIST digits; reported only for CIFAR-10).",
+            f"Wall time {results['seconds']:.0f} s.",
+        ],
+    )
     return results

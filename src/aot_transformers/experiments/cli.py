@@ -14,14 +14,21 @@ S = argparse.SUPPRESS
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=S, help="output folder (default: out/experiments/NAME)")
     parser.add_argument("--seed", type=int, default=S, help="random seed")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: the studies' tensors are small, and one thread is "
-                             "fastest on a shared CPU)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: the studies' tensors are small, and one thread is "
+        "fastest on a shared CPU)",
+    )
 
 
 def _add_denoising(sub) -> None:
-    p = sub.add_parser("denoising", help="AoT Theorem 1 / Fig. 4: SNR per layer of unrolled MSSA",
-                       description="SNR per layer of Z + η·MSSA(Z) on a noisy mixture of low-rank Gaussians.")
+    p = sub.add_parser(
+        "denoising",
+        help="AoT Theorem 1 / Fig. 4: SNR per layer of unrolled MSSA",
+        description="SNR per layer of Z + η·MSSA(Z) on a noisy mixture of low-rank Gaussians.",
+    )
     _common(p)
     p.add_argument("--noise-levels", type=float, nargs="+", default=S, help="δ values (default 0.2 0.5)")
     p.add_argument("--num-subspaces", type=int, default=S, help="K")
@@ -35,8 +42,11 @@ def _add_denoising(sub) -> None:
 
 
 def _add_icl(sub) -> None:
-    p = sub.add_parser("icl", help="AoT Fig. 6: in-context linear / sparse regression",
-                       description="Train AoT-MSSA, AoT-MHSA and a transformer with MLPs on regression prompts.")
+    p = sub.add_parser(
+        "icl",
+        help="AoT Fig. 6: in-context linear / sparse regression",
+        description="Train AoT-MSSA, AoT-MHSA and a transformer with MLPs on regression prompts.",
+    )
     _common(p)
     p.add_argument("--dim", type=int, default=S, help="d")
     p.add_argument("--num-points", type=int, default=S, help="examples per prompt (default 2d + 1)")
@@ -57,8 +67,11 @@ def _add_icl(sub) -> None:
 
 
 def _add_clustering(sub) -> None:
-    p = sub.add_parser("clustering", help="attention-based clustering: Figs. 1-4 and the closed forms",
-                       description="Projected SGD of two-head attention on a Gaussian mixture; Monte Carlo checks.")
+    p = sub.add_parser(
+        "clustering",
+        help="attention-based clustering: Figs. 1-4 and the closed forms",
+        description="Projected SGD of two-head attention on a Gaussian mixture; Monte Carlo checks.",
+    )
     _common(p)
     p.add_argument("--dim", type=int, default=S, help="d")
     p.add_argument("--seq-len", type=int, default=S, help="L")
@@ -76,8 +89,11 @@ def _add_clustering(sub) -> None:
 
 
 def _add_knn(sub) -> None:
-    p = sub.add_parser("knn", help="KVT: noise distillation and training speed of k-NN attention",
-                       description="Dense vs top-k attention: distance to the relevant mean; CIFAR-10 accuracy.")
+    p = sub.add_parser(
+        "knn",
+        help="KVT: noise distillation and training speed of k-NN attention",
+        description="Dense vs top-k attention: distance to the relevant mean; CIFAR-10 accuracy.",
+    )
     _common(p)
     p.add_argument("--noise-ratios", type=float, nargs="+", default=S)
     p.add_argument("--num-tokens", type=int, default=S)
@@ -92,8 +108,11 @@ def _add_knn(sub) -> None:
 
 
 def _add_attention_maps(sub) -> None:
-    p = sub.add_parser("attention-maps", help="AoT Fig. 7: [CLS]-to-patch attention of each head",
-                       description="Attention maps of a trained image classifier (trains a small one if none).")
+    p = sub.add_parser(
+        "attention-maps",
+        help="AoT Fig. 7: [CLS]-to-patch attention of each head",
+        description="Attention maps of a trained image classifier (trains a small one if none).",
+    )
     _common(p)
     p.add_argument("--model", default=S, help="saved AoTForImageClassification folder")
     p.add_argument("--dataset", default=S, help="mnist or cifar10 (when training)")
@@ -110,8 +129,13 @@ def _add_attention_maps(sub) -> None:
     p.add_argument("--no-save-model", dest="save_model", action="store_false", default=S)
 
 
-_ADDERS = {"denoising": _add_denoising, "icl": _add_icl, "clustering": _add_clustering, "knn": _add_knn,
-           "attention-maps": _add_attention_maps}
+_ADDERS = {
+    "denoising": _add_denoising,
+    "icl": _add_icl,
+    "clustering": _add_clustering,
+    "knn": _add_knn,
+    "attention-maps": _add_attention_maps,
+}
 
 
 def _run_experiment(args: argparse.Namespace) -> int:
@@ -148,7 +172,8 @@ def _print_claims(results: dict, folder) -> None:
 def register(subcommands: argparse._SubParsersAction) -> None:
     """Add `experiment` (one sub-command per study) and `inspect` to the `aot` command."""
     experiment = subcommands.add_parser(
-        "experiment", help="run one of the papers' studies (results.json, PNGs, summary.md)",
+        "experiment",
+        help="run one of the papers' studies (results.json, PNGs, summary.md)",
         description="Reproduce a proposition or figure of the papers on this machine.",
     )
     studies = experiment.add_subparsers(dest="study", required=True, metavar="NAME")
@@ -157,7 +182,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     experiment.set_defaults(func=_run_experiment)
 
     inspect = subcommands.add_parser(
-        "inspect", help="layer-wise coding rate and head subspace energy of a model",
+        "inspect",
+        help="layer-wise coding rate and head subspace energy of a model",
         description="Per layer, the coding rate of the token representations and each head's subspace energy.",
     )
     inspect.add_argument("model", help="saved AoT folder, or a preset name (random weights)")

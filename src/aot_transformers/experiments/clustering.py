@@ -178,8 +178,13 @@ def softmax_attention_predictor(
         return weights if mask is None else weights * mask
 
     if values == "projected":
-        return subspace_attention(tokens, heads.unsqueeze(-1).to(tokens.dtype), phi=phi, scaling=lam,
-                                  attention_mask=None if mask is None else mask[None, None])
+        return subspace_attention(
+            tokens,
+            heads.unsqueeze(-1).to(tokens.dtype),
+            phi=phi,
+            scaling=lam,
+            attention_mask=None if mask is None else mask[None, None],
+        )
     coordinates = (tokens @ heads.T.to(tokens.dtype)).transpose(1, 2)  # (B, K, L)
     scores = lam * coordinates.unsqueeze(-1) * coordinates.unsqueeze(-2)  # (B, K, L, L)
     if mask is not None:
@@ -302,7 +307,14 @@ def _second_moments(dim: int, sigma: float, num_clusters: int) -> dict[str, floa
     q1 = (dim - num_clusters) * s2  # E‖(I − P)X‖², independent of PX
     a = 1 / num_clusters + s2  # eigenvalue of C on the centroids' span
     return {
-        "x1": x1, "x2": x2, "x3": x3, "p1": p1, "p2": p2, "p3": p3, "q1": q1, "a": a,
+        "x1": x1,
+        "x2": x2,
+        "x3": x3,
+        "p1": p1,
+        "p2": p2,
+        "p3": p3,
+        "q1": q1,
+        "a": a,
         "trC2": num_clusters * a**2 + (dim - num_clusters) * s2**2,
         "trC3": num_clusters * a**3 + (dim - num_clusters) * s2**3,
     }
@@ -403,9 +415,7 @@ def oracle_linear_attention_risk(
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def initial_heads(
-    centroids: torch.Tensor, init: str, generator: torch.Generator | None = None
-) -> torch.Tensor:
+def initial_heads(centroids: torch.Tensor, init: str, generator: torch.Generator | None = None) -> torch.Tensor:
     """Starting heads on the unit sphere.
 
     `"span"`: a uniformly random orthonormal frame of the centroids' span — on the manifold of orthonormal frames of
@@ -510,13 +520,19 @@ def train_heads(
                 psi_param -= lr * grads[2]
         if step % record_every == 0:
             history["risk"].append(float(risk.detach()))
-    return {**history, "heads": heads, "centroids": centroids, "lam": float(log_lam.detach().exp()),
-            "psi": float(psi_param.detach()), "seconds": clock.seconds()}
+    return {
+        **history,
+        "heads": heads,
+        "centroids": centroids,
+        "lam": float(log_lam.detach().exp()),
+        "psi": float(psi_param.detach()),
+        "seconds": clock.seconds(),
+    }
 
 
 def plateau(distances: Sequence[float], fraction: float = 0.2) -> float:
     """The median distance over the last `fraction` of the recorded steps (the plateau of a training curve)."""
-    tail = torch.tensor(distances[-max(1, int(len(distances) * fraction)):], dtype=torch.float64)
+    tail = torch.tensor(distances[-max(1, int(len(distances) * fraction)) :], dtype=torch.float64)
     return float(tail.median())
 
 
@@ -533,8 +549,15 @@ def _pca_2d(points: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
 
 
 def _curve(run_: dict[str, Any]) -> dict[str, Any]:
-    return {"steps": run_["steps"], "distance": run_["distance"], "risk": run_["risk"], "seconds": run_["seconds"],
-            "plateau": plateau(run_["distance"]), "lam": run_["lam"], "psi": run_["psi"]}
+    return {
+        "steps": run_["steps"],
+        "distance": run_["distance"],
+        "risk": run_["risk"],
+        "seconds": run_["seconds"],
+        "plateau": plateau(run_["distance"]),
+        "lam": run_["lam"],
+        "psi": run_["psi"],
+    }
 
 
 def run(
@@ -576,12 +599,26 @@ def run(
     Returns:
         The results dictionary also written to `results.json`.
     """
-    options = dict(dim=dim, seq_len=seq_len, sigmas=list(sigmas), lams=list(lams), manifold_rho=manifold_rho,
-                   rhos=list(rhos), lr=lr, batch_size=batch_size, steps=steps, k3_dim=k3_dim,
-                   softmax_steps=softmax_steps, mc_sequences=mc_sequences, mc_seq_len=mc_seq_len, seed=seed)
+    options = dict(
+        dim=dim,
+        seq_len=seq_len,
+        sigmas=list(sigmas),
+        lams=list(lams),
+        manifold_rho=manifold_rho,
+        rhos=list(rhos),
+        lr=lr,
+        batch_size=batch_size,
+        steps=steps,
+        k3_dim=k3_dim,
+        softmax_steps=softmax_steps,
+        mc_sequences=mc_sequences,
+        mc_seq_len=mc_seq_len,
+        seed=seed,
+    )
     if len(sigmas) != len(lams) or not sigmas:
-        raise ValueError(f"`sigmas` and `lams` must be non-empty and of equal length, got {list(sigmas)} and "
-                         f"{list(lams)}.")
+        raise ValueError(
+            f"`sigmas` and `lams` must be non-empty and of equal length, got {list(sigmas)} and {list(lams)}."
+        )
     for sigma in sigmas:
         _check_mixture(dim, 2, sigma)
     for lam in lams:
@@ -604,16 +641,29 @@ def run(
         curve = _curve(train_heads(dim, 2, sigma, lam, steps=steps, rho=manifold_rho, init="span", **common))
         results["figure1"][f"sigma={sigma}"] = curve
         axes[0, 0].semilogy(curve["steps"], curve["distance"], label=f"σ = {sigma}, λ = {lam}")
-        claims.append(Claim(f"Fig. 1: distance, init on the manifold, σ={sigma}, λ={lam}, ρ={manifold_rho}",
-                            f"{curve['distance'][0]:.2f} → plateau {curve['plateau']:.1e}",
-                            paper_plateau.get(sigma, "decreases to a plateau"),
-                            curve["plateau"] < 0.1 * curve["distance"][0]))
+        claims.append(
+            Claim(
+                f"Fig. 1: distance, init on the manifold, σ={sigma}, λ={lam}, ρ={manifold_rho}",
+                f"{curve['distance'][0]:.2f} → plateau {curve['plateau']:.1e}",
+                paper_plateau.get(sigma, "decreases to a plateau"),
+                curve["plateau"] < 0.1 * curve["distance"][0],
+            )
+        )
     if len(sigmas) >= 2:
         plateaus = [results["figure1"][f"sigma={s}"]["plateau"] for s in sigmas[:2]]
-        claims.append(Claim(f"Fig. 1: plateau ratio σ={sigmas[1]} / σ={sigmas[0]}", f"{plateaus[1] / plateaus[0]:.1f}",
-                            "≈ 10 (1e-1 vs 1e-2)", None))
-    axes[0, 0].set(xlabel="SGD step", ylabel="distance to the centroids", title=f"Fig. 1: init on the manifold, "
-                   f"ρ = {manifold_rho}")
+        claims.append(
+            Claim(
+                f"Fig. 1: plateau ratio σ={sigmas[1]} / σ={sigmas[0]}",
+                f"{plateaus[1] / plateaus[0]:.1f}",
+                "≈ 10 (1e-1 vs 1e-2)",
+                None,
+            )
+        )
+    axes[0, 0].set(
+        xlabel="SGD step",
+        ylabel="distance to the centroids",
+        title=f"Fig. 1: init on the manifold, ρ = {manifold_rho}",
+    )
     axes[0, 0].legend()
     figures.append(save_figure(fig, folder / "fig1_manifold_init.png"))
 
@@ -627,35 +677,68 @@ def run(
         results["figure2"][f"rho={rho}"] = _curve(run_)
         trained_heads = run_ if trained_heads is None or rho == 0.2 else trained_heads
         axes[0, 0].semilogy(run_["steps"], run_["distance"], label=f"ρ = {rho}")
-    axes[0, 0].set(xlabel="SGD step", ylabel="distance to the centroids",
-                   title=f"Fig. 2: random init, σ = {sigma}, λ = {lam}")
+    axes[0, 0].set(
+        xlabel="SGD step", ylabel="distance to the centroids", title=f"Fig. 2: random init, σ = {sigma}, λ = {lam}"
+    )
     axes[0, 0].legend()
     figures.append(save_figure(fig, folder / "fig2_random_init_rho.png"))
     fig2 = results["figure2"]
-    claims.append(Claim("Fig. 2 (random init): plateau per ρ",
-                        ", ".join(f"{key}: {value['plateau']:.1e}" for key, value in fig2.items()),
-                        "without ρ the heads stop at a random frame of the span; ρ = 0.2 reaches the centroids", None))
+    claims.append(
+        Claim(
+            "Fig. 2 (random init): plateau per ρ",
+            ", ".join(f"{key}: {value['plateau']:.1e}" for key, value in fig2.items()),
+            "without ρ the heads stop at a random frame of the span; ρ = 0.2 reaches the centroids",
+            None,
+        )
+    )
     if "rho=0.2" in fig2 and "rho=0.0" in fig2:
-        claims.append(Claim("Fig. 2: ρ = 0.2 ends closer to the centroids than ρ = 0",
-                            f"{fig2['rho=0.2']['plateau']:.1e} vs {fig2['rho=0.0']['plateau']:.1e}",
-                            "regularisation needed from a random start",
-                            fig2["rho=0.2"]["plateau"] < 0.1 * fig2["rho=0.0"]["plateau"]))
+        claims.append(
+            Claim(
+                "Fig. 2: ρ = 0.2 ends closer to the centroids than ρ = 0",
+                f"{fig2['rho=0.2']['plateau']:.1e} vs {fig2['rho=0.0']['plateau']:.1e}",
+                "regularisation needed from a random start",
+                fig2["rho=0.2"]["plateau"] < 0.1 * fig2["rho=0.0"]["plateau"],
+            )
+        )
 
     # K = 3 centroids.
     k3_rho = 0.2 if 0.2 in rhos else max(rhos, default=manifold_rho)
     results["k3"] = _curve(train_heads(k3_dim, 3, sigma, lam, steps=steps, rho=k3_rho, init="random", **common))
-    claims.append(Claim(f"K = 3, d = {k3_dim}, random init, ρ = {k3_rho}: distance",
-                        f"{results['k3']['distance'][0]:.2f} → plateau {results['k3']['plateau']:.1e}",
-                        "the 3 heads recover the 3 centroids", results["k3"]["plateau"] < 0.05))
+    claims.append(
+        Claim(
+            f"K = 3, d = {k3_dim}, random init, ρ = {k3_rho}: distance",
+            f"{results['k3']['distance'][0]:.2f} → plateau {results['k3']['plateau']:.1e}",
+            "the 3 heads recover the 3 centroids",
+            results["k3"]["plateau"] < 0.05,
+        )
+    )
 
     # Softmax heads with centering, λ and ψ learned (Appendix H); MSSA-style values (see README).
-    soft = _curve(train_heads(dim, 2, sigma, 3.0, steps=softmax_steps, rho=0.0, init="random", predictor="softmax",
-                              values="projected", psi=0.5, record_every=max(1, softmax_steps // 50), **common))
+    soft = _curve(
+        train_heads(
+            dim,
+            2,
+            sigma,
+            3.0,
+            steps=softmax_steps,
+            rho=0.0,
+            init="random",
+            predictor="softmax",
+            values="projected",
+            psi=0.5,
+            record_every=max(1, softmax_steps // 50),
+            **common,
+        )
+    )
     results["softmax"] = soft
-    claims.append(Claim("Softmax heads + centering ψ (λ, ψ learned, MSSA values, ρ = 0): distance",
-                        f"{soft['distance'][0]:.2f} → {soft['distance'][-1]:.2f} (λ = {soft['lam']:.2f}, "
-                        f"ψ = {soft['psi']:.2f})", "softmax heads also align with the centroids",
-                        soft["distance"][-1] < 0.25 * soft["distance"][0]))
+    claims.append(
+        Claim(
+            "Softmax heads + centering ψ (λ, ψ learned, MSSA values, ρ = 0): distance",
+            f"{soft['distance'][0]:.2f} → {soft['distance'][-1]:.2f} (λ = {soft['lam']:.2f}, ψ = {soft['psi']:.2f})",
+            "softmax heads also align with the centroids",
+            soft["distance"][-1] < 0.25 * soft["distance"][0],
+        )
+    )
     fig, axes = new_figure()
     axes[0, 0].semilogy(results["k3"]["steps"], results["k3"]["distance"], label=f"K = 3, d = {k3_dim} (linear)")
     axes[0, 0].semilogy(soft["steps"], soft["distance"], label="K = 2, softmax heads")
@@ -669,7 +752,9 @@ def run(
         lam_unbiased = unbiased_temperature(sigma, mc_seq_len)
         lam_ctx = in_context_quantization_optimal_temperature(dim, sigma)
         c = {
-            "sigma": sigma, "L": mc_seq_len, "unbiased_lambda": lam_unbiased,
+            "sigma": sigma,
+            "L": mc_seq_len,
+            "unbiased_lambda": lam_unbiased,
             "unbiased_lambda_limit": 1 / (1 + 2 * sigma**2),
             "oracle_risk_mc": oracle_linear_attention_risk(dim, sigma, mc_seq_len, lam_unbiased, mc_sequences, seed),
             "oracle_risk_exact": oracle_linear_attention_risk_exact(dim, sigma, mc_seq_len, lam_unbiased),
@@ -682,17 +767,24 @@ def run(
         }
         c["ctx_ratio_to_oracle_quantizer"] = c["ctx_risk_limit"] / c["oracle_quantizer_risk"]
         checks.append(c)
-        claims.append(Claim(f"Prop. 4.2: oracle T_lin risk, σ={sigma}, L={mc_seq_len}, unbiased λ={lam_unbiased:.3f} "
-                            "(MC / exact / limit)",
-                            f"{c['oracle_risk_mc']:.4f} / {c['oracle_risk_exact']:.4f} / {c['oracle_risk_limit']:.4f}",
-                            f"→ σ²(d−2) = {c['oracle_risk_limit']:.4f} as L → ∞ (MC within 3% of exact)",
-                            abs(c["oracle_risk_mc"] / c["oracle_risk_exact"] - 1) < 0.03))
-        claims.append(Claim(f"Prop. 5.2: in-context quantizer, σ={sigma}, λ*={lam_ctx:.3f} (MC / exact / limit)",
-                            f"{c['ctx_risk_mc']:.4f} / {c['ctx_risk_exact']:.4f} / {c['ctx_risk_limit']:.4f}; "
-                            f"ratio to dσ²: {c['ctx_ratio_to_oracle_quantizer']:.3f}",
-                            f"below the oracle quantizer's dσ² = {c['oracle_quantizer_risk']:.3f} (MC within 3% of "
-                            "exact)", abs(c["ctx_risk_mc"] / c["ctx_risk_exact"] - 1) < 0.03
-                            and c["ctx_ratio_to_oracle_quantizer"] < 1))
+        claims.append(
+            Claim(
+                f"Prop. 4.2: oracle T_lin risk, σ={sigma}, L={mc_seq_len}, unbiased λ={lam_unbiased:.3f} "
+                "(MC / exact / limit)",
+                f"{c['oracle_risk_mc']:.4f} / {c['oracle_risk_exact']:.4f} / {c['oracle_risk_limit']:.4f}",
+                f"→ σ²(d−2) = {c['oracle_risk_limit']:.4f} as L → ∞ (MC within 3% of exact)",
+                abs(c["oracle_risk_mc"] / c["oracle_risk_exact"] - 1) < 0.03,
+            )
+        )
+        claims.append(
+            Claim(
+                f"Prop. 5.2: in-context quantizer, σ={sigma}, λ*={lam_ctx:.3f} (MC / exact / limit)",
+                f"{c['ctx_risk_mc']:.4f} / {c['ctx_risk_exact']:.4f} / {c['ctx_risk_limit']:.4f}; "
+                f"ratio to dσ²: {c['ctx_ratio_to_oracle_quantizer']:.3f}",
+                f"below the oracle quantizer's dσ² = {c['oracle_quantizer_risk']:.3f} (MC within 3% of exact)",
+                abs(c["ctx_risk_mc"] / c["ctx_risk_exact"] - 1) < 0.03 and c["ctx_ratio_to_oracle_quantizer"] < 1,
+            )
+        )
     results["closed_form_checks"] = checks
 
     # Figures 3 and 4: PCA of the inputs and of the outputs (trained T_lin; the parameter-free T_ctx).
@@ -701,10 +793,12 @@ def run(
     tokens, labels = sample_gaussian_mixture(8, 128, centroids, sigma, make_generator(seed + 1))
     outputs = {
         "inputs X": tokens,
-        "trained T_lin(X)": linear_attention_predictor(tokens, trained_heads["heads"].double(),
-                                                       unbiased_temperature(sigma, 128)),
+        "trained T_lin(X)": linear_attention_predictor(
+            tokens, trained_heads["heads"].double(), unbiased_temperature(sigma, 128)
+        ),
         "in-context T_ctx(X) (no parameters)": in_context_quantizer(
-            tokens, in_context_quantization_optimal_temperature(dim, sigma)),
+            tokens, in_context_quantization_optimal_temperature(dim, sigma)
+        ),
     }
     fig, axes = new_figure(ncols=3, size=(4.0, 3.6))
     flat_inputs = tokens.reshape(-1, dim)

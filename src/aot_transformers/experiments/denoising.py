@@ -254,9 +254,18 @@ def run(
     Returns:
         The results dictionary also written to `results.json`.
     """
-    options = dict(noise_levels=list(noise_levels), num_subspaces=num_subspaces, subspace_dim=subspace_dim,
-                   ambient_dim=ambient_dim, num_tokens=num_tokens, num_layers=num_layers, step_size=step_size,
-                   tau=tau, scaling=scaling, seed=seed)
+    options = dict(
+        noise_levels=list(noise_levels),
+        num_subspaces=num_subspaces,
+        subspace_dim=subspace_dim,
+        ambient_dim=ambient_dim,
+        num_tokens=num_tokens,
+        num_layers=num_layers,
+        step_size=step_size,
+        tau=tau,
+        scaling=scaling,
+        seed=seed,
+    )
     if not noise_levels:
         raise ValueError("`noise_levels` must list at least one δ >= 0, got an empty list.")
     for delta in noise_levels:
@@ -300,26 +309,43 @@ def run(
                     if deviation.numel()
                     else f"no layer in regime (pattern held for {result['pattern_fraction'][0]:.0%} of tokens)"
                 )
-                claims.append(Claim(f"SNR ratio per layer, h∘softmax, δ={delta}", measured,
-                                    f"1 + ητ = {target:.4f} (±2%)", holds))
+                claims.append(
+                    Claim(
+                        f"SNR ratio per layer, h∘softmax, δ={delta}", measured, f"1 + ητ = {target:.4f} (±2%)", holds
+                    )
+                )
             else:
                 per_layer = ratios.mean(1)
-                claims.append(Claim(f"SNR ratio per layer, softmax, δ={delta}",
-                                    f"{ratios.mean():.4f} (layers: {per_layer.min():.3f}–{per_layer.max():.3f})",
-                                    "grows linearly with depth (no exact rate)", None))
+                claims.append(
+                    Claim(
+                        f"SNR ratio per layer, softmax, δ={delta}",
+                        f"{ratios.mean():.4f} (layers: {per_layer.min():.3f}–{per_layer.max():.3f})",
+                        "grows linearly with depth (no exact rate)",
+                        None,
+                    )
+                )
             runs[f"delta={delta}/phi={phi}"] = record
             label = "h∘softmax (Thm 1)" if phi == "threshold" else "softmax"
             ax.semilogy(range(num_layers + 1), mean_snr, marker="o", label=label)
-        ax.semilogy(range(num_layers + 1), runs[f"delta={delta}/phi=threshold"]["mean_snr_per_layer"][0]
-                    * target ** torch.arange(num_layers + 1), "k--", label="(1+ητ)^ℓ · SNR₀")
+        ax.semilogy(
+            range(num_layers + 1),
+            runs[f"delta={delta}/phi=threshold"]["mean_snr_per_layer"][0] * target ** torch.arange(num_layers + 1),
+            "k--",
+            label="(1+ητ)^ℓ · SNR₀",
+        )
         ax.set_title(f"δ = {delta}")
         ax.set_xlabel("layer ℓ")
         ax.set_ylabel("mean per-cluster SNR (Eq. 6)")
         ax.legend()
     figure = save_figure(fig, folder / "snr_per_layer.png")
 
-    results = {"study": "denoising", "options": {**options, "ambient_dim": ambient_dim, "scaling": scaling},
-               "target_ratio": target, "runs": runs, "claims": [c.as_dict() for c in claims]}
+    results = {
+        "study": "denoising",
+        "options": {**options, "ambient_dim": ambient_dim, "scaling": scaling},
+        "target_ratio": target,
+        "runs": runs,
+        "claims": [c.as_dict() for c in claims],
+    }
     write_json(folder / "results.json", results)
     write_summary(
         folder / "summary.md",

@@ -77,8 +77,10 @@ def load_model(model: str | Path) -> nn.Module:
         return AoTForImageClassification(config) if str(model).startswith("aot-v") else AoTForCausalLM(config)
     path = Path(model)
     if not (path / "config.json").exists():
-        raise ValueError(f"`model` must be a saved AoT folder (with config.json) or one of the presets "
-                         f"{list_presets()}, got {str(model)!r}.")
+        raise ValueError(
+            f"`model` must be a saved AoT folder (with config.json) or one of the presets "
+            f"{list_presets()}, got {str(model)!r}."
+        )
     config = AoTConfig.from_pretrained(path)
     architectures = config.architectures or []
     if any("ImageClassification" in name for name in architectures):
@@ -86,8 +88,9 @@ def load_model(model: str | Path) -> nn.Module:
     return AoTForCausalLM.from_pretrained(path)
 
 
-def _text_inputs(model: AoTForCausalLM, source: str | Path | None, num_samples: int, seq_len: int,
-                 model_path: str | Path) -> tuple[torch.Tensor, str]:
+def _text_inputs(
+    model: AoTForCausalLM, source: str | Path | None, num_samples: int, seq_len: int, model_path: str | Path
+) -> tuple[torch.Tensor, str]:
     """Token ids (num_samples, seq_len) from a text file, with the model's tokenizer when it has one."""
     path = Path(source) if source else _vision.default_data_dir() / "text" / "tinyshakespeare" / "input.txt"
     if not path.exists():
@@ -153,8 +156,13 @@ def layerwise_diagnostics(model: nn.Module, inputs: torch.Tensor, eps: float = 0
     else:
         hidden = backbone(input_ids=inputs, output_hidden_states=True, use_cache=False, return_dict=True).hidden_states
     layers = backbone.layers
-    rows: dict[str, list] = {"rate": [], "compressed_rate": [], "rate_gap": [], "head_energy": [],
-                             "random_subspace_share": []}
+    rows: dict[str, list] = {
+        "rate": [],
+        "compressed_rate": [],
+        "rate_gap": [],
+        "head_energy": [],
+        "random_subspace_share": [],
+    }
     for index, layer in enumerate(layers):
         subspaces = head_subspaces(layer.attention).to(torch.float64)
         seen = layer.attention_norm(hidden[index]).double()  # (B, T, d): what the heads see
@@ -208,30 +216,64 @@ def run(
     axes[0, 0].legend()
     energy = torch.tensor(rows["head_energy"])  # (layers, heads)
     image = axes[0, 1].imshow(energy.T.numpy(), aspect="auto", cmap="viridis")
-    axes[0, 1].set(xlabel="layer", ylabel="head", title=f"energy share per head (random: "
-                   f"{rows['random_subspace_share'][0]:.3f})")
+    axes[0, 1].set(
+        xlabel="layer", ylabel="head", title=f"energy share per head (random: {rows['random_subspace_share'][0]:.3f})"
+    )
     fig.colorbar(image, ax=axes[0, 1])
     figure = save_figure(fig, folder / "layerwise.png")
-    results = {"study": "inspect", "model": str(model), "inputs": source, "num_inputs": int(inputs.shape[0]),
-               "eps": eps, "layers": rows, "seconds": clock.seconds()}
+    results = {
+        "study": "inspect",
+        "model": str(model),
+        "inputs": source,
+        "num_inputs": int(inputs.shape[0]),
+        "eps": eps,
+        "layers": rows,
+        "seconds": clock.seconds(),
+    }
     claims = [
-        Claim("coding rate R(Z), first → last layer", f"{rows['rate'][0]:.1f} → {rows['rate'][-1]:.1f}",
-              "compression: tokens move towards low-dimensional subspaces with depth", None),
-        Claim("R − R_c, first → last layer", f"{rows['rate_gap'][0]:.1f} → {rows['rate_gap'][-1]:.1f}",
-              "grows when the tokens concentrate on the heads' subspaces", None),
-        Claim("mean head energy share, first → last layer",
-              f"{energy[0].mean():.3f} → {energy[-1].mean():.3f} (random {rows['random_subspace_share'][0]:.3f})",
-              "> random when heads capture the tokens", None),
+        Claim(
+            "coding rate R(Z), first → last layer",
+            f"{rows['rate'][0]:.1f} → {rows['rate'][-1]:.1f}",
+            "compression: tokens move towards low-dimensional subspaces with depth",
+            None,
+        ),
+        Claim(
+            "R − R_c, first → last layer",
+            f"{rows['rate_gap'][0]:.1f} → {rows['rate_gap'][-1]:.1f}",
+            "grows when the tokens concentrate on the heads' subspaces",
+            None,
+        ),
+        Claim(
+            "mean head energy share, first → last layer",
+            f"{energy[0].mean():.3f} → {energy[-1].mean():.3f} (random {rows['random_subspace_share'][0]:.3f})",
+            "> random when heads capture the tokens",
+            None,
+        ),
     ]
     results["claims"] = [c.as_dict() for c in claims]
     write_json(folder / "results.json", results)
-    write_summary(folder / "summary.md", f"Layer-wise diagnostics of {model}", claims,
-                  command=f"aot inspect {model}" + (f" --data {data}" if data else ""), figures=[figure],
-                  notes=[f"Inputs: {inputs.shape[0]} × {source}.",
-                         "Tokens measured after each layer's LayerNorm; head subspaces from the MSSA projection "
-                         "(MHSA: value projection).", f"Wall time {results['seconds']:.0f} s."])
+    write_summary(
+        folder / "summary.md",
+        f"Layer-wise diagnostics of {model}",
+        claims,
+        command=f"aot inspect {model}" + (f" --data {data}" if data else ""),
+        figures=[figure],
+        notes=[
+            f"Inputs: {inputs.shape[0]} × {source}.",
+            "Tokens measured after each layer's LayerNorm; head subspaces from the MSSA projection "
+            "(MHSA: value projection).",
+            f"Wall time {results['seconds']:.0f} s.",
+        ],
+    )
     return results
 
 
-__all__ = ["coding_rate", "head_energy", "head_subspaces", "layerwise_diagnostics", "load_model", "run",
-           "subspace_coding_rate"]
+__all__ = [
+    "coding_rate",
+    "head_energy",
+    "head_subspaces",
+    "layerwise_diagnostics",
+    "load_model",
+    "run",
+    "subspace_coding_rate",
+]

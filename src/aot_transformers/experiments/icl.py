@@ -167,8 +167,16 @@ class InContextRegressor(nn.Module):
         return self.read_out(hidden[:, ::2]).squeeze(-1)  # outputs at the x tokens
 
 
-def build_model(kind: str, dim: int, hidden_size: int, num_layers: int, num_heads: int, max_points: int,
-                seed: int = 0, tokens: str = "pairs") -> InContextRegressor:
+def build_model(
+    kind: str,
+    dim: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    max_points: int,
+    seed: int = 0,
+    tokens: str = "pairs",
+) -> InContextRegressor:
     """An `InContextRegressor` with freshly initialised weights (seeded)."""
     torch.manual_seed(seed)
     return InContextRegressor(backbone_config(kind, hidden_size, num_layers, num_heads, max_points), dim, tokens)
@@ -327,10 +335,25 @@ def run(
         The results dictionary also written to `results.json`.
     """
     num_points = 2 * dim + 1 if num_points is None else num_points
-    options = dict(dim=dim, num_points=num_points, tasks=list(tasks), models=list(models), hidden_size=hidden_size,
-                   num_heads=num_heads, aot_layers=aot_layers, transformer_layers=transformer_layers, steps=steps,
-                   batch_size=batch_size, lr=lr, sparsity=sparsity, lasso_alpha=lasso_alpha,
-                   eval_prompts=eval_prompts, time_budget=time_budget, tokens=tokens, seed=seed)
+    options = dict(
+        dim=dim,
+        num_points=num_points,
+        tasks=list(tasks),
+        models=list(models),
+        hidden_size=hidden_size,
+        num_heads=num_heads,
+        aot_layers=aot_layers,
+        transformer_layers=transformer_layers,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        sparsity=sparsity,
+        lasso_alpha=lasso_alpha,
+        eval_prompts=eval_prompts,
+        time_budget=time_budget,
+        tokens=tokens,
+        seed=seed,
+    )
     check_int("dim", dim)
     check_choice("tokens", tokens, TOKEN_LAYOUTS)
     check_int("num_points", num_points, 2 * dim + 1)
@@ -355,36 +378,58 @@ def run(
         xs, ys, _ = sample_prompts(eval_prompts, num_points, dim, task, sparsity, make_generator(seed + 10_000))
         curves = {"least squares": error_curve(least_squares_errors(xs, ys), normaliser)}
         lasso_count = min(eval_prompts, 128)  # Lasso is fitted per prompt and prefix: a subset keeps it quick
-        curves[f"Lasso (α={lasso_alpha})"] = error_curve(lasso_errors(xs[:lasso_count], ys[:lasso_count],
-                                                                      lasso_alpha), normaliser)
+        curves[f"Lasso (α={lasso_alpha})"] = error_curve(
+            lasso_errors(xs[:lasso_count], ys[:lasso_count], lasso_alpha), normaliser
+        )
         training = {}
         for kind in models:
             layers = transformer_layers if kind == "transformer" else aot_layers
             model = build_model(kind, dim, hidden_size, layers, num_heads, num_points, seed, tokens)
-            history = train_regressor(model, task, num_points, steps, batch_size, lr, sparsity=sparsity,
-                                      time_limit=share, seed=seed)
+            history = train_regressor(
+                model, task, num_points, steps, batch_size, lr, sparsity=sparsity, time_limit=share, seed=seed
+            )
             curves[kind] = error_curve(model_errors(model, xs, ys), normaliser)
-            training[kind] = {**history, "layers": layers,
-                              "parameters": sum(p.numel() for p in model.backbone.parameters())}
+            training[kind] = {
+                **history,
+                "layers": layers,
+                "parameters": sum(p.numel() for p in model.backbone.parameters()),
+            }
         results["tasks"][task] = {"curves": curves, "training": training, "normaliser": normaliser}
         ax = axes[0, column]
         for name, curve in curves.items():
             style = "--" if name in ("least squares",) or name.startswith("Lasso") else "-"
             ax.plot(range(num_points), curve, style, label=name)
         ax.axvline(dim, color="grey", lw=0.5)
-        ax.set(title=f"{task.replace('_', ' ')} regression, d = {dim}", xlabel="in-context examples",
-               ylabel="squared error / zero-estimator error", ylim=(0, 1.25))
+        ax.set(
+            title=f"{task.replace('_', ' ')} regression, d = {dim}",
+            xlabel="in-context examples",
+            ylabel="squared error / zero-estimator error",
+            ylim=(0, 1.25),
+        )
         ax.legend()
         at = 2 * dim
         for kind in models:
             value = curves[kind][at]
             holds = value <= 0.25 if (kind == "aot-mssa" and task == "linear") else None
-            claims.append(Claim(f"{task}: {kind} normalised error at 2d = {at} examples "
-                                f"({training[kind]['steps_done']} steps, {training[kind]['seconds']:.0f} s)",
-                                f"{value:.3f}", "≤ 0.25 (AoT-MSSA, CPU budget); AoT close to GPT-2 (paper, Fig. 6)"
-                                if holds is not None else "AoT close to the transformer (Fig. 6)", holds))
-        claims.append(Claim(f"{task}: least squares at 2d examples", f"{curves['least squares'][at]:.3f}",
-                            "≈ 0 once N ≥ d (noise-free)", None))
+            claims.append(
+                Claim(
+                    f"{task}: {kind} normalised error at 2d = {at} examples "
+                    f"({training[kind]['steps_done']} steps, {training[kind]['seconds']:.0f} s)",
+                    f"{value:.3f}",
+                    "≤ 0.25 (AoT-MSSA, CPU budget); AoT close to GPT-2 (paper, Fig. 6)"
+                    if holds is not None
+                    else "AoT close to the transformer (Fig. 6)",
+                    holds,
+                )
+            )
+        claims.append(
+            Claim(
+                f"{task}: least squares at 2d examples",
+                f"{curves['least squares'][at]:.3f}",
+                "≈ 0 once N ≥ d (noise-free)",
+                None,
+            )
+        )
     figures.append(save_figure(fig, folder / "icl_error_curves.png"))
     results["seconds"] = clock.seconds()
     results["claims"] = [c.as_dict() for c in claims]

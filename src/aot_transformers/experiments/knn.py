@@ -109,8 +109,9 @@ def noise_distillation_curve(
     generator = make_generator(seed)
     curves: dict[str, list[float]] = {_k_label(k): [] for k in ks}
     for ratio in noise_ratios:
-        tokens, relevant, mu = sample_noisy_tokens(num_tokens, dim, ratio, num_noise_means, mean_norm, sigma,
-                                                   num_trials, generator)
+        tokens, relevant, mu = sample_noisy_tokens(
+            num_tokens, dim, ratio, num_noise_means, mean_norm, sigma, num_trials, generator
+        )
         for k in ks:
             curves[_k_label(k)].append(attention_distance_to_mean(tokens, relevant, mu, k, dim**-0.5))
     return curves
@@ -122,17 +123,32 @@ def _k_label(k: int | float | None) -> str:
     return f"k = {k:g}·n" if isinstance(k, float) else f"k = {k}"
 
 
-def vision_config(architecture: str, knn_k: int | float | None, image_size: int = 32, patch_size: int = 4,
-                  hidden_size: int = 96, num_layers: int = 4, num_heads: int = 4, num_labels: int = 10,
-                  num_channels: int = 3) -> AoTConfig:
+def vision_config(
+    architecture: str,
+    knn_k: int | float | None,
+    image_size: int = 32,
+    patch_size: int = 4,
+    hidden_size: int = 96,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_labels: int = 10,
+    num_channels: int = 3,
+) -> AoTConfig:
     """A small image classifier: `"aot"` (MSSA, no MLP) or `"vit"` (MHSA + an MLP in every layer)."""
     if architecture not in ARCHITECTURES:
         raise ValueError(f"`architecture` must be one of {list(ARCHITECTURES)}, got {architecture!r}.")
     return AoTConfig(
-        image_size=image_size, patch_size=patch_size, num_channels=num_channels, num_labels=num_labels,
-        hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        image_size=image_size,
+        patch_size=patch_size,
+        num_channels=num_channels,
+        num_labels=num_labels,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
         attention_type="mssa" if architecture == "aot" else "mhsa",
-        mlp_layers="none" if architecture == "aot" else "all", knn_k=knn_k, pooling="cls",
+        mlp_layers="none" if architecture == "aot" else "all",
+        knn_k=knn_k,
+        pooling="cls",
     )
 
 
@@ -158,13 +174,22 @@ def training_speed(
     for architecture in architectures:
         for k in (None, knn_k):
             torch.manual_seed(seed)
-            model = AoTForImageClassification(vision_config(architecture, k, hidden_size=hidden_size,
-                                                            num_layers=num_layers))
+            model = AoTForImageClassification(
+                vision_config(architecture, k, hidden_size=hidden_size, num_layers=num_layers)
+            )
             history = _vision.train_classifier(model, data, epochs, batch_size, lr, seed=seed)
-            runs[f"{architecture}/{_k_label(k)}"] = {**history, "architecture": architecture, "knn_k": k,
-                                                     "parameters": sum(p.numel() for p in model.parameters())}
-    return {"runs": runs, "num_train": len(data["train_labels"]), "num_val": len(data["val_labels"]),
-            "tokens_per_image": (32 // 4) ** 2 + 1}
+            runs[f"{architecture}/{_k_label(k)}"] = {
+                **history,
+                "architecture": architecture,
+                "knn_k": k,
+                "parameters": sum(p.numel() for p in model.parameters()),
+            }
+    return {
+        "runs": runs,
+        "num_train": len(data["train_labels"]),
+        "num_val": len(data["val_labels"]),
+        "tokens_per_image": (32 // 4) ** 2 + 1,
+    }
 
 
 def run(
@@ -197,9 +222,19 @@ def run(
         skip_training: Only run the distillation study.
         seed: Seed.
     """
-    options = dict(noise_ratios=list(noise_ratios), num_tokens=num_tokens, dim=dim, num_trials=num_trials,
-                   data_dir=data_dir, per_class=per_class, epochs=epochs, hidden_size=hidden_size,
-                   num_layers=num_layers, skip_training=skip_training, seed=seed)
+    options = dict(
+        noise_ratios=list(noise_ratios),
+        num_tokens=num_tokens,
+        dim=dim,
+        num_trials=num_trials,
+        data_dir=data_dir,
+        per_class=per_class,
+        epochs=epochs,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        skip_training=skip_training,
+        seed=seed,
+    )
     for ratio in noise_ratios:
         check_real("noise_ratios", ratio, 0.0, 1.0, open_max=True)
     folder = output_dir(out, "knn")
@@ -211,33 +246,55 @@ def run(
     fig, axes = new_figure()
     for label, curve in curves.items():
         axes[0, 0].plot(noise_ratios, curve, marker="o", label=label)
-    axes[0, 0].set(xlabel="noise ratio r (fraction of noisy tokens)", ylabel="‖attention output − μ‖",
-                   title=f"Noise distillation, n = {num_tokens}, d = {dim}")
+    axes[0, 0].set(
+        xlabel="noise ratio r (fraction of noisy tokens)",
+        ylabel="‖attention output − μ‖",
+        title=f"Noise distillation, n = {num_tokens}, d = {dim}",
+    )
     axes[0, 0].legend()
     figures.append(save_figure(fig, folder / "noise_distillation.png"))
     dense, half = curves["dense"], curves[_k_label(0.5)]
     high = [i for i, r in enumerate(noise_ratios) if r >= 0.5]
     crossover = next((noise_ratios[i] for i in range(len(noise_ratios)) if half[i] < dense[i]), None)
-    claims.append(Claim("Noise distillation: ‖output − μ‖, top-k (k = n/2) vs dense, for r ≥ 0.5",
-                        ", ".join(f"r={noise_ratios[i]}: {half[i]:.2f} vs {dense[i]:.2f}" for i in high),
-                        "k-NN attention distils the noisy tokens: closer to the relevant mean (Lemma 2)",
-                        bool(high) and all(half[i] < dense[i] for i in high)))
-    claims.append(Claim("Noise ratio from which k = n/2 beats dense", "none" if crossover is None else f"{crossover}",
-                        "dense averages more relevant tokens at low noise (lower variance); top-k wins as noise grows",
-                        None))
-    results: dict[str, Any] = {"study": "knn", "options": options, "noise_distillation": {
-        "noise_ratios": list(noise_ratios), "curves": curves}}
+    claims.append(
+        Claim(
+            "Noise distillation: ‖output − μ‖, top-k (k = n/2) vs dense, for r ≥ 0.5",
+            ", ".join(f"r={noise_ratios[i]}: {half[i]:.2f} vs {dense[i]:.2f}" for i in high),
+            "k-NN attention distils the noisy tokens: closer to the relevant mean (Lemma 2)",
+            bool(high) and all(half[i] < dense[i] for i in high),
+        )
+    )
+    claims.append(
+        Claim(
+            "Noise ratio from which k = n/2 beats dense",
+            "none" if crossover is None else f"{crossover}",
+            "dense averages more relevant tokens at low noise (lower variance); top-k wins as noise grows",
+            None,
+        )
+    )
+    results: dict[str, Any] = {
+        "study": "knn",
+        "options": options,
+        "noise_distillation": {"noise_ratios": list(noise_ratios), "curves": curves},
+    }
 
     if not skip_training:
-        speed = training_speed(data_dir, per_class, epochs, hidden_size=hidden_size, num_layers=num_layers,
-                               seed=seed)
+        speed = training_speed(data_dir, per_class, epochs, hidden_size=hidden_size, num_layers=num_layers, seed=seed)
         results["training_speed"] = speed
         fig, axes = new_figure()
         for name, record in speed["runs"].items():
-            axes[0, 0].plot(range(1, len(record["val_accuracy"]) + 1), record["val_accuracy"], marker="o",
-                            linestyle="-" if record["knn_k"] is None else "--", label=name)
-        axes[0, 0].set(xlabel="epoch", ylabel="validation accuracy",
-                       title=f"CIFAR-10 ({speed['num_train']} train images), {speed['tokens_per_image']} tokens")
+            axes[0, 0].plot(
+                range(1, len(record["val_accuracy"]) + 1),
+                record["val_accuracy"],
+                marker="o",
+                linestyle="-" if record["knn_k"] is None else "--",
+                label=name,
+            )
+        axes[0, 0].set(
+            xlabel="epoch",
+            ylabel="validation accuracy",
+            title=f"CIFAR-10 ({speed['num_train']} train images), {speed['tokens_per_image']} tokens",
+        )
         axes[0, 0].legend()
         figures.append(save_figure(fig, folder / "training_speed.png"))
         for architecture in ARCHITECTURES:
@@ -246,16 +303,26 @@ def run(
                 continue
             first = min(len(dense["val_accuracy"]), len(knn["val_accuracy"]))
             early = sum(knn["val_accuracy"][:first]) / first - sum(dense["val_accuracy"][:first]) / first
-            claims.append(Claim(
-                f"{architecture}: accuracy per epoch, k = n/2 vs dense",
-                " / ".join(f"{a:.3f}|{b:.3f}" for a, b in zip(knn["val_accuracy"], dense["val_accuracy"],
-                                                             strict=False))
-                + f" (mean gap {early:+.3f}; time {knn['seconds']:.0f} s vs {dense['seconds']:.0f} s)",
-                "k-NN attention trains faster / higher accuracy early (KVT)", early >= 0))
+            claims.append(
+                Claim(
+                    f"{architecture}: accuracy per epoch, k = n/2 vs dense",
+                    " / ".join(
+                        f"{a:.3f}|{b:.3f}" for a, b in zip(knn["val_accuracy"], dense["val_accuracy"], strict=False)
+                    )
+                    + f" (mean gap {early:+.3f}; time {knn['seconds']:.0f} s vs {dense['seconds']:.0f} s)",
+                    "k-NN attention trains faster / higher accuracy early (KVT)",
+                    early >= 0,
+                )
+            )
     results["seconds"] = clock.seconds()
     results["claims"] = [c.as_dict() for c in claims]
     write_json(folder / "results.json", results)
-    write_summary(folder / "summary.md", "k-NN attention (KVT): noise distillation and training speed", claims,
-                  command=format_command("knn", options), figures=figures,
-                  notes=["Accuracy pairs are k-NN|dense per epoch.", f"Wall time {results['seconds']:.0f} s."])
+    write_summary(
+        folder / "summary.md",
+        "k-NN attention (KVT): noise distillation and training speed",
+        claims,
+        command=format_command("knn", options),
+        figures=figures,
+        notes=["Accuracy pairs are k-NN|dense per epoch.", f"Wall time {results['seconds']:.0f} s."],
+    )
     return results
