@@ -149,6 +149,12 @@ def test_smoke_command_writes_every_section(shared_data, tmp_path):
         assert (out / figure).stat().st_size > 0
     results = json.loads((work / "results.json").read_text())
     assert len([r for r in results["language"]["runs"] if r["row"] == "gpt2"]) == 2  # two seeds of a main row
+    # Fixed seeds: the first run trained again from scratch gives the same numbers.
+    for section, metric in (("language", "eval_loss"), ("vision", "eval_accuracy")):
+        check = results[section]["rerun"]
+        assert check["metric"] == metric
+        assert check["rerun"] == pytest.approx(check["first"], abs=1e-5)
+    assert "Rerun from scratch" in text
     # A second invocation reuses every cached run and redraws the same report.
     rerun = subprocess.run(command + ["--only", "report"], cwd=REPO_ROOT, check=True, capture_output=True, text=True)
     assert "Report:" in rerun.stdout
