@@ -687,21 +687,40 @@ def render_report(results: dict[str, Any], report_dir: Path) -> Path:
     budget = "smoke" if plan["smoke"] else f"--budget {plan['budget']:g}"
     default = "the default" if not plan["smoke"] and plan["budget"] == 1 else "not the default budget 1"
     machine = results.get("machine", {})
+    invocations = {name: meta.get("invocations", [meta]) for name, meta in sections.items()}
+    loads = [
+        float(value)
+        for runs in invocations.values()
+        for run in runs
+        for value in run["load"].split(" -> ")
+        if value.replace(".", "", 1).isdigit()
+    ]
+    threads = machine.get("threads")
+    quiet = bool(loads) and isinstance(threads, int) and max(loads) <= threads + 0.5
+    load_note = (
+        f"The load average stayed at {min(loads):.1f}–{max(loads):.1f} (the benchmark itself keeps {threads} "
+        "threads busy), so the machine was otherwise idle; still, ratios measured side by side are the "
+        "meaningful part of any timing."
+        if quiet
+        else "The machine was shared with other jobs (see the load averages), so wall-clock numbers are "
+        "pessimistic and noisy; ratios measured side by side are the meaningful part."
+    )
     head = [
         "# Small-scale replication of the papers' comparisons",
         "",
         f"**These numbers come from {budget} ({default})**, seeds {', '.join(map(str, plan['seeds']))} for the "
-        f"main rows, on {machine.get('cpu', '?')} with {machine.get('threads', '?')} torch threads (torch "
-        f"{machine.get('torch', '?')}). The machine was shared with other jobs, so wall-clock numbers are "
-        "pessimistic and noisy; ratios measured side by side are the meaningful part.",
+        f"main rows, on {machine.get('cpu', '?')} with {threads or '?'} torch threads (torch "
+        f"{machine.get('torch', '?')}). {load_note}",
         "",
         "| section | command | finished (UTC) | wall-clock | load average (start -> end) |",
         "|---|---|---|---|---|",
     ]
-    head += [
-        f"| {name} | `{meta['command']}` | {meta['date']} | {meta['minutes']:.0f} min | {meta['load']} |"
-        for name, meta in sections.items()
-    ]
+    for name, runs in invocations.items():
+        commands = " + ".join(dict.fromkeys(f"`{run['command']}`" for run in runs))
+        minutes = sum(run["minutes"] for run in runs)
+        spread = f" over {len(runs)} invocations" if len(runs) > 1 else ""
+        load = "; ".join(run["load"] for run in runs)
+        head.append(f"| {name} | {commands} | {runs[-1]['date']} | {minutes:.0f} min{spread} | {load} |")
     head += [
         "",
         "Regenerate with the commands in [README.md](README.md). Every run is cached in the work folder as soon "

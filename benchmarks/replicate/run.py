@@ -202,6 +202,13 @@ def run_compute(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
     return record
 
 
+def _invocations(meta: dict | None) -> list[dict]:
+    """The invocations recorded in a section's meta (older records hold a single one)."""
+    if meta is None:
+        return []
+    return meta.get("invocations", [meta])
+
+
 RUNNERS = {"language": run_language, "vision": run_vision, "compute": run_compute}
 
 
@@ -260,14 +267,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{section}] start (load {_load()})", flush=True)
             start, load = time.perf_counter(), _load()
             summary = RUNNERS[section](plan, args, cache)
+            # Every invocation that worked on these settings, so the report's wall-clock is the whole cost
+            # even when a run was resumed or finished by a later invocation.
+            earlier = json.loads(summary_path.read_text())["meta"] if summary_path.is_file() else None
             summary["meta"] = {
-                "command": command.strip(),
-                "minutes": (time.perf_counter() - start) / 60,
-                "load": f"{load} -> {_load()}",
-                "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="minutes"),
+                "invocations": _invocations(earlier)
+                + [
+                    {
+                        "command": command.strip(),
+                        "minutes": (time.perf_counter() - start) / 60,
+                        "load": f"{load} -> {_load()}",
+                        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="minutes"),
+                    }
+                ]
             }
             cache.put("section", summary)
-            print(f"[{section}] done in {summary['meta']['minutes']:.1f} min", flush=True)
+            print(f"[{section}] done in {summary['meta']['invocations'][-1]['minutes']:.1f} min", flush=True)
         elif summary_path.is_file():
             summary = json.loads(summary_path.read_text())
         else:
