@@ -655,7 +655,7 @@ def _compute_section(compute: dict, plan: dict, lines: list[str], verdicts: list
         status = _status(held)
         verdict = (
             f"{status.capitalize()} for FLOPs (rule: AoT's forward GFLOPs at most 1.1x those of the GPT-2 shape it "
-            "is compared with). " + "; ".join(parts) + ". Time and memory come from the scaled copies on a shared "
+            "is compared with). " + "; ".join(parts) + ". Time and memory come from the scaled copies on this "
             "CPU, whose cost is dominated by the unscaled 50,257-way LM head (compare their GFLOPs column), and a "
             "deeper stack runs more, smaller matmuls at a lower GFLOP/s, so the time ratios need not follow the "
             "full-size FLOP ratios; peak memory is dominated by the logits, which all models share."
@@ -782,8 +782,9 @@ def _noise_section(language, vision) -> list[str]:
         "Seeds fix the initial weights, the data order and the augmentation, so a rerun with the same budget on the "
         "same software reproduces the training numbers up to floating-point nondeterminism of threaded CPU "
         "kernels (the rerun above); different seeds differ by the half-ranges above, which is the noise the "
-        "verdicts use. Timings depend on the machine's load: they are best-of-rounds and interleaved, but on a "
-        "shared machine only their ratios are meaningful.",
+        "verdicts use. Timings are less reproducible than the training numbers: even best-of-rounds and "
+        "interleaved, a time ratio can move by tens of percent between invocations on the same idle machine "
+        "(more on a shared one), so read them as rough.",
         "",
     ]
     return lines
