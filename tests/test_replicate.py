@@ -49,6 +49,20 @@ def test_cpu_sdpa_is_counted():
     assert with_sdpa == linear_only + 2 * (2 * 16 * 16 * 24)  # + scores and weighted sum
 
 
+@pytest.mark.parametrize("name", ["GPT-2 Base", "AoT-MSSA-L Base"])
+def test_profiler_matmul_flops_plus_attention_equal_the_flop_counter(name):
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    layers, width, heads, batch, sequence = 2, 48, compute.SHAPES[name][4], 2, 16
+    model = compute.build(name, layers, width, vocab_size=64, positions=sequence)
+    ids = torch.zeros(batch, sequence, dtype=torch.long)
+    profiled = compute.profile_forward(model, ids)
+    head_shape = (batch, heads, sequence, width // heads)
+    attention = layers * sdpa_flop_count(head_shape, head_shape, head_shape)
+    assert profiled["profiler_matmul_flops"] + attention == compute.count_flops(model, ids)
+    assert 0 < profiled["attention_time_share"] < 1 and 0 < profiled["matmul_time_share"] < 1
+
+
 def _tiny_gpt2(knn_k):
     row = models.Row(
         "gpt2",

@@ -6,6 +6,9 @@
   the LM head's `2·B·T·d·V` (one matmul). `tests/test_replicate.py` checks this against a direct count.
   Attention is counted as torch counts it, as a full T x T product (causal masking saves nothing in the count);
   CPU SDPA has no formula in torch, so the same formula as torch's GPU kernels is registered for it.
+- The same count cross-checked with `torch.profiler` (`with_flops=True`) on the scaled copies: the profiler's
+  matmul FLOPs plus the attention formula equal FlopCounterMode's total (tested); the profiler also gives the
+  shares of the forward's CPU time spent in matmuls and in attention.
 - Time per forward of shapes scaled down by depth/`depth_divisor` and width/`width_divisor` (head count kept):
   best of `rounds` interleaved forwards, all models in one process. Peak memory of one forward of each, in a
   fresh process (peak RSS is a per-process high-water mark).
@@ -84,6 +87,28 @@ def count_flops(model: torch.nn.Module, input_ids: torch.Tensor) -> int:
     return counter.get_total_flops()
 
 
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def profile_forward(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[str, float]:
+    """One forward under `torch.profiler` (CPU, `with_flops=True`): the FLOPs it attributes to matmuls (it has
+    formulas for matmuls and elementwise ops, none for attention kernels) and the shares of the self CPU time spent
+    in matmuls and in attention."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        model(input_ids=input_ids, use_cache=False)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    matmul = [e for e in events if e.key in MATMUL_OPS]
+    attention = [e for e in events if "attention" in e.key]
+    return {
+        "profiler_matmul_flops": sum(e.flops for e in matmul),
+        "matmul_time_share": sum(e.self_cpu_time_total for e in matmul) / total,
+        "attention_time_share": sum(e.self_cpu_time_total for e in attention) / total,
+    }
+
+
 def extrapolated_flops(
     name: str, layers: int, width: int, batch: int, sequence: int, vocab_size: int = GPT2_VOCAB_SIZE
 ) -> dict[str, int]:
@@ -160,6 +185,9 @@ def time_scaled(plan) -> dict[str, dict]:
             "gflops": count_flops(model, ids[:1]) * plan.batch_size / 1e9,
         }
         forwards[name] = forward(model)
+        profiled = profile_forward(model, ids)
+        shapes[name]["profiler_matmul_gflops"] = profiled.pop("profiler_matmul_flops") / 1e9
+        shapes[name].update(profiled)
     times = interleaved_best_times(forwards, rounds=plan.rounds, warmup=1)
     return {name: {**shapes[name], "seconds_per_forward": times[name]} for name in SHAPES}
 

@@ -621,18 +621,32 @@ def _compute_section(compute: dict, plan: dict, lines: list[str], verdicts: list
         f"the {cp['batch_size']} x {cp['sequence_length']} x 50,257 logits).",
         "",
         "| model | layers x width | params (no pos.) | GFLOPs / forward | of which LM head | scaled shape | "
-        "GFLOPs (scaled) | s / forward (scaled) | peak MB (scaled) | GFLOP/s achieved |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "GFLOPs (scaled) | s / forward (scaled) | peak MB (scaled) | GFLOP/s achieved | time in matmuls / "
+        "attention (profiler) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    profiled = all("profiler_matmul_gflops" in s for s in scaled.values())
     for name, row in full.items():
         s = scaled[name]
+        shares = f"{100 * s['matmul_time_share']:.0f}% / {100 * s['attention_time_share']:.0f}%" if profiled else "n/a"
         lines.append(
             f"| {name} | {row['layers']} x {row['width']} | {_millions(row['parameters_without_positions'])} | "
             f"{row['gflops']:,.0f} | {row['lm_head_gflops']:,.0f} | {s['layers']} x {s['width']} | "
             f"{s['gflops']:,.0f} | "
             f"{s['seconds_per_forward']:.2f} | {s['peak_extra_mb']:,.0f} | "
-            f"{s['gflops'] / s['seconds_per_forward']:.1f} |"
+            f"{s['gflops'] / s['seconds_per_forward']:.1f} | {shares} |"
         )
+    if profiled:
+        gaps = [s["gflops"] - s["profiler_matmul_gflops"] for s in scaled.values()]
+        matmul_gflops = ", ".join(f"{s['profiler_matmul_gflops']:,.0f}" for s in scaled.values())
+        lines += [
+            "",
+            "Cross-check with `torch.profiler` (`with_flops=True`, one forward of each scaled copy): it attributes "
+            f"{matmul_gflops} GFLOPs to matmuls (rows in "
+            "table order); it has no formula for the attention kernel, whose share is the rest of the counter's total "
+            f"({min(gaps):,.1f}–{max(gaps):,.1f} GFLOPs, exactly the attention formula — `tests/test_replicate.py` "
+            "checks the identity). The last column is the profiler's split of the forward's self CPU time.",
+        ]
     lines += ["", "![compute](compute.png)", ""]
     pairs = [
         ("AoT-MSSA-L Base", "GPT-2 Base"),
