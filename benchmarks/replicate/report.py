@@ -670,10 +670,31 @@ def _compute_section(compute: dict, plan: dict, lines: list[str], verdicts: list
         verdict = (
             f"{status.capitalize()} for FLOPs (rule: AoT's forward GFLOPs at most 1.1x those of the GPT-2 shape it "
             "is compared with). " + "; ".join(parts) + ". Time and memory come from the scaled copies on this "
-            "CPU, whose cost is dominated by the unscaled 50,257-way LM head (compare their GFLOPs column), and a "
-            "deeper stack runs more, smaller matmuls at a lower GFLOP/s, so the time ratios need not follow the "
-            "full-size FLOP ratios; peak memory is dominated by the logits, which all models share."
+            "CPU, whose cost is dominated by the unscaled 50,257-way LM head (compare their GFLOPs column), so the "
+            "time ratios need not follow the full-size FLOP ratios; peak memory is dominated by the logits, which "
+            "all models share."
         )
+        if profiled:
+            share = {
+                family: [s["attention_time_share"] for n, s in scaled.items() if n.startswith(family)]
+                for family in ("GPT-2", "AoT")
+            }
+            rates = {
+                kind: sum(flops(s) for s in scaled.values())
+                / sum(s[f"{kind}_time_share"] * s["seconds_per_forward"] for s in scaled.values())
+                for kind, flops in (
+                    ("matmul", lambda s: s["profiler_matmul_gflops"]),
+                    ("attention", lambda s: s["gflops"] - s["profiler_matmul_gflops"]),
+                )
+            }
+            verdict += (
+                " Where AoT's time goes beyond its FLOPs: CPU attention runs at "
+                f"{rates['attention']:.0f} GFLOP/s (counted as a full T x T product) against {rates['matmul']:.0f} "
+                "for the matmuls (all scaled copies together), and the profiler puts "
+                f"{100 * min(share['AoT']):.0f}–{100 * max(share['AoT']):.0f}% of AoT's forward "
+                f"time in attention against {100 * min(share['GPT-2']):.0f}–{100 * max(share['GPT-2']):.0f}% of "
+                "GPT-2's (AoT is deeper, so it has more attention per parameter)."
+            )
         lines += [f"**Verdict.** {verdict}", ""]
         verdicts.append(("AoT's forward costs no more than GPT-2's of similar size", status, parts[0]))
 
