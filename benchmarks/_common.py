@@ -14,6 +14,9 @@ from pathlib import Path
 
 import torch
 
+# The aten operators of dense matmuls, as torch.profiler names them (`aten::linear` dispatches to `addmm`/`mm`).
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear")
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 

@@ -16,7 +16,7 @@ import argparse
 
 from torch.profiler import ProfilerActivity, profile
 
-from ._common import setup, write_results
+from ._common import MATMUL_OPS, setup, write_results
 from .bench_train import aot_lm, aot_vision, gpt2, image_step, lm_step, vit
 
 MODELS = {
@@ -26,7 +26,7 @@ MODELS = {
     "aot-v-36": lambda: image_step(aot_vision(36)),
 }
 GROUPS = {
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear"),
+    "matmul": MATMUL_OPS,
     "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
                   "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
     "layer_norm": ("aten::native_layer_norm", "aten::native_layer_norm_backward"),

@@ -19,6 +19,11 @@ pytest.importorskip("accelerate")
 
 from safetensors.torch import load_file  # noqa: E402
 
+from conftest import REPO_ROOT  # noqa: E402
+
+sys.path.insert(0, str(REPO_ROOT))
+from benchmarks.training.throughput import launcher_command  # noqa: E402
+
 # Trains with the library's own entry points, then each rank saves its parameters.
 SCRIPT = textwrap.dedent(
     """
@@ -53,13 +58,7 @@ def _launcher(name: str) -> list[str]:
     executable = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     if executable is None:
         pytest.skip(f"{name} not found")
-    if name == "torchrun":
-        return [executable, "--standalone", "--nproc_per_node", "2"]
-    # `--multi_gpu` is accelerate's torchrun-based launcher; on a machine without GPUs the training arguments'
-    # `--use_cpu` put the ranks on the CPU with gloo. (`--cpu` would start a single process: accelerate runs several
-    # CPU processes only through mpirun.)
-    return [executable, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+    return launcher_command(executable)  # the benchmark's launcher, so the test covers the measured command
 
 
 def _two_vs_one(tmp_path: Path, extra: list[str], launcher: str = "torchrun") -> None:

@@ -87,14 +87,13 @@ def count_flops(model: torch.nn.Module, input_ids: torch.Tensor) -> int:
     return counter.get_total_flops()
 
 
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-
-
 def profile_forward(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[str, float]:
     """One forward under `torch.profiler` (CPU, `with_flops=True`): the FLOPs it attributes to matmuls (it has
     formulas for matmuls and elementwise ops, none for attention kernels) and the shares of the self CPU time spent
     in matmuls and in attention."""
     from torch.profiler import ProfilerActivity, profile
+
+    from .._common import MATMUL_OPS
 
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         model(input_ids=input_ids, use_cache=False)

@@ -20,6 +20,11 @@ UNIGRAM_MARGIN = 0.1  # nats below the unigram baseline before an LM comparison 
 # Statistics over seeds
 
 
+def section_invocations(meta: dict) -> list[dict]:
+    """The invocations recorded in a section's meta (records older than the list hold a single one)."""
+    return meta.get("invocations", [meta])
+
+
 def summarise(values: list[float]) -> dict[str, float]:
     """Mean, half-range (our spread for two seeds: half the distance between them), min, max, count."""
     return {
@@ -626,6 +631,8 @@ def _compute_section(compute: dict, plan: dict, lines: list[str], verdicts: list
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     profiled = all("profiler_matmul_gflops" in s for s in scaled.values())
+    # What the profiler cannot attribute (it has no attention formula) is exactly the attention's share of the count.
+    attention_gflops = [s["gflops"] - s["profiler_matmul_gflops"] for s in scaled.values()] if profiled else []
     for name, row in full.items():
         s = scaled[name]
         shares = f"{100 * s['matmul_time_share']:.0f}% / {100 * s['attention_time_share']:.0f}%" if profiled else "n/a"
@@ -637,15 +644,15 @@ def _compute_section(compute: dict, plan: dict, lines: list[str], verdicts: list
             f"{s['gflops'] / s['seconds_per_forward']:.1f} | {shares} |"
         )
     if profiled:
-        gaps = [s["gflops"] - s["profiler_matmul_gflops"] for s in scaled.values()]
         matmul_gflops = ", ".join(f"{s['profiler_matmul_gflops']:,.0f}" for s in scaled.values())
         lines += [
             "",
             "Cross-check with `torch.profiler` (`with_flops=True`, one forward of each scaled copy): it attributes "
-            f"{matmul_gflops} GFLOPs to matmuls (rows in "
-            "table order); it has no formula for the attention kernel, whose share is the rest of the counter's total "
-            f"({min(gaps):,.1f}–{max(gaps):,.1f} GFLOPs, exactly the attention formula — `tests/test_replicate.py` "
-            "checks the identity). The last column is the profiler's split of the forward's self CPU time.",
+            f"{matmul_gflops} GFLOPs to matmuls (rows in table order); it has no formula for the attention kernel, "
+            "whose share is the rest of the counter's total "
+            f"({min(attention_gflops):,.1f}–{max(attention_gflops):,.1f} GFLOPs, exactly the attention formula — "
+            "`tests/test_replicate.py` checks the identity). The last column is the profiler's split of the "
+            "forward's self CPU time.",
         ]
     lines += ["", "![compute](compute.png)", ""]
     pairs = [
@@ -679,13 +686,13 @@ def _compute_section(compute: dict, plan: dict, lines: list[str], verdicts: list
                 family: [s["attention_time_share"] for n, s in scaled.items() if n.startswith(family)]
                 for family in ("GPT-2", "AoT")
             }
+
+            def seconds(kind: str) -> float:
+                return sum(s[f"{kind}_time_share"] * s["seconds_per_forward"] for s in scaled.values())
+
             rates = {
-                kind: sum(flops(s) for s in scaled.values())
-                / sum(s[f"{kind}_time_share"] * s["seconds_per_forward"] for s in scaled.values())
-                for kind, flops in (
-                    ("matmul", lambda s: s["profiler_matmul_gflops"]),
-                    ("attention", lambda s: s["gflops"] - s["profiler_matmul_gflops"]),
-                )
+                "matmul": sum(s["profiler_matmul_gflops"] for s in scaled.values()) / seconds("matmul"),
+                "attention": sum(attention_gflops) / seconds("attention"),
             }
             verdict += (
                 " Where AoT's time goes beyond its FLOPs: CPU attention runs at "
@@ -722,7 +729,7 @@ def render_report(results: dict[str, Any], report_dir: Path) -> Path:
     budget = "smoke" if plan["smoke"] else f"--budget {plan['budget']:g}"
     default = "the default" if not plan["smoke"] and plan["budget"] == 1 else "not the default budget 1"
     machine = results.get("machine", {})
-    invocations = {name: meta.get("invocations", [meta]) for name, meta in sections.items()}
+    invocations = {name: section_invocations(meta) for name, meta in sections.items()}
     loads = [
         float(value)
         for runs in invocations.values()

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from .plan import Plan, make_plan
+from .report import render_report, section_invocations
 
 SECTIONS = ("language", "vision", "compute")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -202,13 +203,6 @@ def run_compute(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
     return record
 
 
-def _invocations(meta: dict | None) -> list[dict]:
-    """The invocations recorded in a section's meta (older records hold a single one)."""
-    if meta is None:
-        return []
-    return meta.get("invocations", [meta])
-
-
 RUNNERS = {"language": run_language, "vision": run_vision, "compute": run_compute}
 
 
@@ -262,16 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"plan": plan.to_dict(), "machine": machine(), "sections": {}}
     for section in SECTIONS:
         cache = RunCache(args.work_dir, plan, section)
-        summary_path = cache.folder / "section.json"
+        earlier = cache.get("section")
         if section in only:
             print(f"[{section}] start (load {_load()})", flush=True)
             start, load = time.perf_counter(), _load()
             summary = RUNNERS[section](plan, args, cache)
             # Every invocation that worked on these settings, so the report's wall-clock is the whole cost
             # even when a run was resumed or finished by a later invocation.
-            earlier = json.loads(summary_path.read_text())["meta"] if summary_path.is_file() else None
             summary["meta"] = {
-                "invocations": _invocations(earlier)
+                "invocations": (section_invocations(earlier["meta"]) if earlier else [])
                 + [
                     {
                         "command": command.strip(),
@@ -283,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             }
             cache.put("section", summary)
             print(f"[{section}] done in {summary['meta']['invocations'][-1]['minutes']:.1f} min", flush=True)
-        elif summary_path.is_file():
-            summary = json.loads(summary_path.read_text())
+        elif earlier is not None:
+            summary = earlier
         else:
             continue
         results[section] = summary
@@ -293,8 +286,6 @@ def main(argv: list[str] | None = None) -> int:
     if not results["sections"]:
         print("No section has results yet for these settings: nothing to report.", file=sys.stderr)
         return 1
-    from .report import render_report
-
     path = render_report(results, args.report_dir)
     print(f"Report: {path}")
     return 0

@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     args = parser.parse_args(argv)
 
+    from transformers.trainer_utils import get_last_checkpoint
+
     from aot_transformers.training.image import main as train_image
 
     output_dir = Path(args.output_dir)
@@ -60,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     if status != 0 or int(os.environ.get("RANK", "0")) != 0:
         return status
     metrics = json.loads((output_dir / "all_results.json").read_text())
-    checkpoints = sorted(output_dir.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name[11:]))
-    history = json.loads(checkpoints[-1].read_text())["log_history"] if checkpoints else []
+    last = get_last_checkpoint(str(output_dir))
+    history = json.loads((Path(last) / "trainer_state.json").read_text())["log_history"] if last else []
     summary = {
         "config_overrides": args.config_overrides,
         "epochs": args.epochs,

@@ -23,6 +23,19 @@ from ._results import write_summary
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def launcher_command(executable: str | Path, processes: int = 2) -> list[str]:
+    """The command that starts `processes` CPU ranks with `executable`, a `torchrun` or an `accelerate` binary.
+
+    For accelerate it is `launch --multi_gpu`, its torchrun-based launcher (the training arguments' `--use_cpu` puts
+    the ranks on the CPU with gloo); `--cpu` would start a single process, as accelerate runs several CPU processes
+    only through mpirun.
+    """
+    if Path(executable).name == "torchrun":
+        return [str(executable), "--standalone", "--nproc_per_node", str(processes)]
+    return [str(executable), "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+
+
 def _run(command: list[str], threads: int, output_dir: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     completed = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
@@ -71,22 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[f"1 process x {threads} threads"] = _run(
             [*module, *arguments(folder, args.global_batch), *shared], threads, folder
         )
-    if args.launcher == "torchrun":
-        launcher = [str(bin_dir / "torchrun"), "--standalone", "--nproc_per_node", "2"]
-    else:
-        launcher = [
-            str(bin_dir / "accelerate"),
-            "launch",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--multi_gpu",  # accelerate's torchrun-based launcher; `--use_cpu` puts the ranks on the CPU (gloo).
-        ]  # (`--cpu` would start one process: accelerate runs several CPU processes only through mpirun)
+    launcher = launcher_command(bin_dir / args.launcher)
     folder = root / "2proc"
     threads = max(1, cores // 2)
     rows[f"2 processes x {threads} threads ({args.launcher})"] = _run(
