@@ -6,7 +6,8 @@
 Models (the shapes of `bench_train`): `gpt2-6` / `aot-36` (LM backbones, d 512, seq 256, batch 8, equal
 parameters) and `vit-6` / `aot-v-36` (image classifiers, 192 wide, 32 px, patch 4, batch 128, equal parameters).
 Each step (forward + backward + AdamW) runs under `torch.profiler`; the self CPU time of every aten operator is
-summed into groups: dense matmuls (the weights), attention (the SDPA kernels, forward and backward), LayerNorm,
+summed into groups: dense matmuls (the weights), attention (the SDPA kernels or MSSA's shared-projection kernel,
+forward and backward), LayerNorm,
 the optimizer, everything else. Writes `benchmarks/results/profile_step.json`.
 """
 
@@ -33,6 +34,20 @@ GROUPS = {
 }  # fmt: skip
 
 
+# The autograd function of MSSA's shared-projection attention kernel (`attention_aot._SharedProjectionAttention`),
+# forward and backward: every operator under these events is attention.
+SHARED_KERNEL_EVENTS = ("_SharedProjectionAttention", "_SharedProjectionAttentionBackward")
+
+
+def _inside(event, names: tuple[str, ...]) -> bool:
+    """Whether `event` or one of its ancestors on the CPU call stack is named in `names`."""
+    while event is not None:
+        if event.name in names:
+            return True
+        event = event.cpu_parent
+    return False
+
+
 def breakdown(step, steps: int = 2) -> dict:
     """Seconds per step by group (self CPU time, summed over threads' work as the profiler reports it)."""
     step()
@@ -41,10 +56,12 @@ def breakdown(step, steps: int = 2) -> dict:
         for _ in range(steps):
             step()
     seconds = {group: 0.0 for group in (*GROUPS, "optimizer", "other")}
-    for event in prof.key_averages():
+    for event in prof.events():
         self_s = event.self_cpu_time_total / 1e6 / steps
-        group = next((g for g, names in GROUPS.items() if event.key in names), None)
-        if group is None and event.key.startswith(("Optimizer.", "aten::_foreach", "aten::lerp", "aten::addc")):
+        group = next((g for g, names in GROUPS.items() if event.name in names), None)
+        if _inside(event, SHARED_KERNEL_EVENTS):  # MSSA's own attention kernel: its matmuls count as attention
+            group = "attention"
+        elif group is None and event.name.startswith(("Optimizer.", "aten::_foreach", "aten::lerp", "aten::addc")):
             group = "optimizer"
         seconds[group or "other"] += self_s
     seconds["total"] = sum(seconds.values())

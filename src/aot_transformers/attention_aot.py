@@ -165,6 +165,92 @@ class _KnnAttentionFunction(torch.autograd.Function):
         return grad_query, grad_key, grad_value, None, None, None, None, None, None
 
 
+# Longest sequence, by `is_causal`, for which MSSA training on CPU uses the shared-projection kernel below instead
+# of SDPA: where it was faster on a training step (forward + backward, heads of 64, 1 and 2 threads) and keeps at
+# most ~1.7x SDPA's saved bytes; `python -m benchmarks.bench_attention` measures both. Set both to 0 for SDPA only.
+SHARED_KERNEL_MAX_LENGTH: dict[bool, int] = {True: 256, False: 128}
+# Queries per block of the causal shared-projection kernel: each block scores only the keys up to its last query.
+_SHARED_KERNEL_BLOCK = 64
+
+
+class _SharedProjectionAttention(torch.autograd.Function):
+    """softmax(s · U Uᵀ) U for MSSA, where one tensor U (B, H, T, D) is query, key and value.
+
+    CPU SDPA recomputes the scores in its backward and runs small heads at a fraction of the matmul rate; for
+    short sequences it is faster to keep the probabilities P and use batched matmuls. With query = key = value the
+    three input gradients fold into two matmuls: dU = (dS + dSᵀ) U + Pᵀ dO, with dS the softmax backward of
+    P ∘ (dO Uᵀ) times s. Causal attention runs in blocks of `_SHARED_KERNEL_BLOCK` queries that score only the keys
+    up to their last query (about half of the T × T products). Saved for the backward: U and P (T² / 2 floats per
+    head when causal, T² when not) — which is why this kernel is used only up to `SHARED_KERNEL_MAX_LENGTH`.
+    """
+
+    @staticmethod
+    def forward(ctx, states, scaling, is_causal):
+        batch, heads, length, dim = states.shape
+        flat = states.reshape(batch * heads, length, dim)  # (BH, T, D)
+        block = _SHARED_KERNEL_BLOCK if is_causal else length
+        outputs, probs = [], []
+        for start in range(0, length, block):
+            stop = min(start + block, length)
+            keys = flat[:, :stop] if is_causal else flat  # (BH, Tk, D)
+            scores = torch.baddbmm(
+                flat.new_zeros(()).expand(1, 1, 1), flat[:, start:stop], keys.transpose(1, 2), beta=0, alpha=scaling
+            )  # (BH, C, Tk)
+            if is_causal:  # the keys after each query, all inside the block's own diagonal square
+                future = torch.ones(stop - start, stop - start, dtype=torch.bool, device=flat.device).triu_(1)
+                scores[:, :, start:].masked_fill_(future, float("-inf"))
+            weights = torch.softmax(scores, dim=-1)
+            outputs.append(torch.bmm(weights, keys))
+            probs.append(weights)
+        ctx.save_for_backward(flat, *probs)
+        ctx.scaling, ctx.is_causal, ctx.block = scaling, is_causal, block
+        output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        return output.view(batch, heads, length, dim)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        flat, *probs = ctx.saved_tensors
+        batch_heads, length, dim = flat.shape
+        grad = grad_output.reshape(batch_heads, length, dim)
+        if len(probs) == 1:  # one block: every query scores every key it sees
+            weights = probs[0]
+            keys = flat[:, : weights.shape[-1]]
+            grad_scores = torch._softmax_backward_data(torch.bmm(grad, keys.transpose(1, 2)), weights, -1, flat.dtype)
+            grad_states = torch.bmm((grad_scores + grad_scores.transpose(1, 2)).mul_(ctx.scaling), keys)
+            grad_states.baddbmm_(weights.transpose(1, 2), grad)
+            return grad_states.view(grad_output.shape), None, None
+        as_query = []  # each block's gradient through its queries
+        as_key_value = torch.zeros_like(flat)  # the gradient through the keys and values, summed over blocks
+        for weights, start in zip(probs, range(0, length, ctx.block), strict=True):
+            stop = start + weights.shape[1]
+            keys, block_grad = flat[:, : weights.shape[-1]], grad[:, start:stop]
+            grad_scores = torch._softmax_backward_data(
+                torch.bmm(block_grad, keys.transpose(1, 2)), weights, -1, flat.dtype
+            ).mul_(ctx.scaling)  # (BH, C, Tk)
+            as_query.append(torch.bmm(grad_scores, keys))
+            key_value = torch.bmm(grad_scores.transpose(1, 2), flat[:, start:stop])
+            as_key_value[:, : weights.shape[-1]] += key_value.baddbmm_(weights.transpose(1, 2), block_grad)
+        grad_states = as_key_value.add_(torch.cat(as_query, dim=1))
+        return grad_states.view(grad_output.shape), None, None
+
+
+def _use_shared_kernel(query, key, value, mask, dropout: float, is_causal: bool) -> bool:
+    """Whether `_SharedProjectionAttention` replaces SDPA: MSSA (one tensor as query, key and value, so no cache
+    and no query normalisation), no mask, no dropout, fp32 on CPU, a step that will be differentiated, and a
+    sequence no longer than `SHARED_KERNEL_MAX_LENGTH` (inference keeps SDPA, which saves nothing)."""
+    return (
+        query is key
+        and key is value
+        and mask is None
+        and dropout == 0.0
+        and query.device.type == "cpu"
+        and query.dtype == torch.float32
+        and torch.is_grad_enabled()
+        and query.requires_grad
+        and 1 < query.shape[2] <= SHARED_KERNEL_MAX_LENGTH[bool(is_causal)]
+    )
+
+
 def _ensure_visible_key(mask: torch.Tensor | None) -> torch.Tensor | None:
     """Let queries that may see no key (e.g. left padding) see every key, so that no row is all -inf.
 
@@ -297,8 +383,13 @@ def sdpa_attention_forward(
     """Dense attention through `torch.nn.functional.scaled_dot_product_attention`.
 
     With `is_causal=True` and no mask, the fused kernel applies the causal mask itself (and skips the masked half).
+    MSSA training steps on short CPU sequences go to `_SharedProjectionAttention` instead (same result, faster; see
+    `_use_shared_kernel`).
     """
     mask = _ensure_visible_key(attention_mask)
+    if _use_shared_kernel(query, key, value, mask, dropout, is_causal):
+        output = _SharedProjectionAttention.apply(query, scaling, is_causal)
+        return output.transpose(1, 2).contiguous(), None
     output = F.scaled_dot_product_attention(
         query,
         key,
@@ -384,6 +475,7 @@ def subspace_attention(
 
 __all__ = [
     "ATTENTION_KERNELS",
+    "SHARED_KERNEL_MAX_LENGTH",
     "eager_attention_forward",
     "knn_attention_forward",
     "knn_attention_reference",
