@@ -1,6 +1,6 @@
 """Training throughput of AoT vs transformers' GPT-2 and ViT, measured side by side in one run.
 
-    python -m benchmarks.bench_train            # all rows (about 10 minutes on 2 cores)
+    python -m benchmarks.bench_train            # all rows (about 15 minutes on 2 cores)
     python -m benchmarks.bench_train --quick    # fewer repeats
 
 Rows (fp32 unless said, 2 threads, forward + backward + AdamW step):
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="bf16 autocast rows: auto = only if the CPU has native bf16 matmuls (AVX512-BF16 or AMX)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    rounds = 2 if args.quick else 4
+    rounds = 2 if args.quick else 6
     setup()
     results: dict = {"rounds": rounds}
 

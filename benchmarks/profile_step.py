@@ -8,14 +8,21 @@ parameters) and `vit-6` / `aot-v-36` (image classifiers, 192 wide, 32 px, patch 
 Each step (forward + backward + AdamW) runs under `torch.profiler`; the self CPU time of every aten operator is
 summed into groups: dense matmuls (the weights), attention (the SDPA kernels or MSSA's shared-projection kernel,
 forward and backward), LayerNorm,
-the optimizer, everything else. Writes `benchmarks/results/profile_step.json`.
+the optimizer, everything else. The FLOPs of one step are counted too (weight matmuls, and attention at its
+minimum work), which bounds the equal-parameter ratio: at equal FLOP rates AoT / peer = the peer's FLOPs over
+AoT's. Writes `benchmarks/results/profile_step.json`.
 """
 
 from __future__ import annotations
 
 import argparse
+from unittest import mock
 
+import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from aot_transformers import attention_aot
 
 from ._common import MATMUL_OPS, setup, write_results
 from .bench_train import aot_lm, aot_vision, gpt2, image_step, lm_step, vit
@@ -68,6 +75,39 @@ def breakdown(step, steps: int = 2) -> dict:
     return seconds
 
 
+PAIRS = {"lm": ("gpt2-6", "aot-36"), "vision": ("vit-6", "aot-v-36")}
+
+
+def _causal_share(is_causal: bool) -> float:
+    return 0.5 if is_causal else 1.0
+
+
+def _sdpa_forward_flops(query, key, value, dropout_p=0.0, is_causal=False, *args, out_shape=None, **kwargs) -> int:
+    return int(sdpa_flop_count(query, key, value) * _causal_share(is_causal))
+
+
+def _sdpa_backward_flops(grad, query, key, value, out, lse, dropout_p=0.0, is_causal=False, *args, **kwargs) -> int:
+    return int(sdpa_backward_flop_count(grad, query, key, value) * _causal_share(is_causal))
+
+
+def step_flops(step) -> dict[str, int]:
+    """FLOPs of one training step (forward + backward), counted by FlopCounterMode: the weight matmuls, and the
+    attention at its minimum (the formula's 2·T²·D per head and product, halved when causal; no recomputation).
+    Attention runs through SDPA here so that every model's attention is counted by the same formula."""
+    mapping = {
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_forward_flops,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward_flops,
+    }
+    with (
+        mock.patch.dict(attention_aot.SHARED_KERNEL_MAX_LENGTH, {True: 0, False: 0}),
+        FlopCounterMode(display=False, custom_mapping=mapping) as counter,
+    ):
+        step()
+    counts = counter.get_flop_counts()["Global"]
+    attention = sum(n for op, n in counts.items() if "attention" in str(op))
+    return {"matmul": counter.get_total_flops() - attention, "attention": attention}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
@@ -77,10 +117,24 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict = {"threads": args.threads, "seconds_per_step": {}}
     header = f"{'model':<10}" + "".join(f"{g:>12}" for g in (*GROUPS, "optimizer", "other", "total"))
     print(header)
+    results["gflops_per_step"] = {}
     for name in args.models:
-        seconds = breakdown(MODELS[name]())
+        step = MODELS[name]()
+        seconds = breakdown(step)
         results["seconds_per_step"][name] = seconds
-        print(f"{name:<10}" + "".join(f"{seconds[g]:>12.3f}" for g in seconds), flush=True)
+        flops = results["gflops_per_step"][name] = {k: v / 1e9 for k, v in step_flops(step).items()}
+        print(
+            f"{name:<10}" + "".join(f"{seconds[g]:>12.3f}" for g in seconds)
+            + f"   GFLOP: matmul {flops['matmul']:.1f}, attention {flops['attention']:.1f}",
+            flush=True,
+        )  # fmt: skip
+    # The tokens/s ratio AoT / peer if both ran at the same FLOP rate: the peer's FLOPs over AoT's.
+    results["equal_rate_ratio"] = {
+        pair: sum(results["gflops_per_step"][peer].values()) / sum(results["gflops_per_step"][aot].values())
+        for pair, (peer, aot) in PAIRS.items()
+        if peer in args.models and aot in args.models
+    }
+    print("tokens/s ratio at equal FLOP rates:", results["equal_rate_ratio"])
     write_results("profile_step", results)
     return results
 
