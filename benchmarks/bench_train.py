@@ -11,6 +11,9 @@ Rows (fp32 unless said, 2 threads, forward + backward + AdamW step):
   records by how much), so the bf16 rows would only measure the emulation.
 - Vision, 32 px, patch 4, batch 128: AoTForImageClassification vs ViTForImageClassification at ViT-tiny's width
   and depth (192 x 6 layers, 3 heads), and at equal parameters (AoT 36 layers).
+
+The three sections (LM eager, vision, LM compiled) each run in a fresh process (`--section` runs one here); within
+a section the models' steps alternate round by round and each keeps its best time.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 
 import torch
 from transformers import GPT2Config, GPT2Model, ViTConfig, ViTForImageClassification
 
 from aot_transformers import AoTConfig, AoTForImageClassification, AoTModel
 
-from ._common import best_time, interleaved_best_times, setup, write_results
+from ._common import best_time, interleaved_best_times, run_isolated, setup, write_results
 
 WIDTH, HEADS, SEQ, BATCH, VOCAB = 512, 8, 256, 8, 1024
 
@@ -146,29 +150,19 @@ def bf16_matmul_probe(size: tuple[int, int, int] = (2048, 512, 512)) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    parser.add_argument(
-        "--bf16", choices=["auto", "yes", "no"], default="auto",
-        help="bf16 autocast rows: auto = only if the CPU has native bf16 matmuls (AVX512-BF16 or AMX)",
-    )  # fmt: skip
-    args = parser.parse_args(argv)
-    rounds = 2 if args.quick else 6
-    setup()
-    results: dict = {"rounds": rounds}
-
+def lm_section(rounds: int, bf16_rows: str) -> dict:
+    """LM backbones in eager mode: same width and depth, equal parameters, and bf16 where the CPU has it."""
+    results: dict = {}
     models = {"gpt2-6": gpt2(6), "aot-6": aot_lm(6), "aot-36": aot_lm(36)}
     results["lm_params"] = {name: count(m) for name, m in models.items()}
     steps = {name: lm_step(m) for name, m in models.items()}
     results["bf16_matmul_probe"] = probe = bf16_matmul_probe()
-    bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and probe["native_bf16"])
+    bf16 = bf16_rows == "yes" or (bf16_rows == "auto" and probe["native_bf16"])
     if bf16:
         steps["aot-6-bf16"] = lm_step(models["aot-6"], autocast=True)
         steps["aot-36-bf16"] = lm_step(models["aot-36"], autocast=True)
     times = interleaved_best_times(steps, rounds=rounds)
-    tokens = BATCH * SEQ
-    lm = {name: tokens / t for name, t in times.items()}
+    lm = {name: BATCH * SEQ / t for name, t in times.items()}
     results["lm_tokens_per_s"] = lm
     results["lm_ratios"] = {
         "same_width_depth (aot-6 / gpt2-6)": lm["aot-6"] / lm["gpt2-6"],
@@ -180,9 +174,29 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         print(f"bf16 rows skipped: no native bf16 matmul on this CPU ({probe})", flush=True)
     print(results["lm_ratios"], flush=True)
+    return results
 
+
+def compiled_section(rounds: int) -> dict:
+    """The equal-parameter LM pair under torch.compile (and the compiled AoT against eager GPT-2)."""
+    models = {"gpt2-6": gpt2(6), "aot-36": aot_lm(36)}
+    steps = {f"{name}-compiled": lm_step(torch.compile(m)) for name, m in models.items()}
+    steps["gpt2-6"] = lm_step(gpt2(6))
+    times = interleaved_best_times(steps, rounds=rounds, warmup=2)
+    tokens = {name: BATCH * SEQ / t for name, t in times.items()}
+    results = {"lm_compiled_tokens_per_s": tokens}
+    results["lm_compiled_ratios"] = {
+        "equal_params compiled (aot-36c / gpt2-6c)": tokens["aot-36-compiled"] / tokens["gpt2-6-compiled"],
+        "equal_params compiled vs eager GPT-2 (aot-36c / gpt2-6)": tokens["aot-36-compiled"] / tokens["gpt2-6"],
+    }
+    print(results["lm_compiled_ratios"], flush=True)
+    return results
+
+
+def vision_section(rounds: int) -> dict:
+    """Image classifiers: same width and depth, and equal parameters."""
     vision = {"vit-6": vit(6), "aot-v-6": aot_vision(6), "aot-v-36": aot_vision(36)}
-    results["vision_params"] = {name: count(m) for name, m in vision.items()}
+    results: dict = {"vision_params": {name: count(m) for name, m in vision.items()}}
     times = interleaved_best_times({name: image_step(m) for name, m in vision.items()}, rounds=rounds)
     images = {name: 128 / t for name, t in times.items()}
     results["vision_images_per_s"] = images
@@ -191,19 +205,37 @@ def main(argv: list[str] | None = None) -> dict:
         "equal_params (aot-v-36 / vit-6)": images["aot-v-36"] / images["vit-6"],
     }
     print(results["vision_ratios"], flush=True)
-    # The compiled rows run last: once Inductor's OpenMP kernels have run in a process, its worker threads compete
-    # with ATen's for the two cores, and eager steps measured afterwards lose up to ~10% (the batched matmuls
-    # of MSSA's attention most).
-    compiled = {name: lm_step(torch.compile(m)) for name, m in models.items() if name != "aot-6"}
-    times = interleaved_best_times(compiled, rounds=rounds, warmup=2)
-    lm_compiled = {name: tokens / t for name, t in times.items()}
-    results["lm_compiled_tokens_per_s"] = lm_compiled
-    results["lm_compiled_ratios"] = {
-        "equal_params compiled (aot-36c / gpt2-6c)": lm_compiled["aot-36"] / lm_compiled["gpt2-6"],
-        "equal_params compiled vs eager GPT-2 (aot-36c / gpt2-6)": lm_compiled["aot-36"] / lm["gpt2-6"],
-    }
-    print(results["lm_compiled_ratios"], flush=True)
+    return results
 
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument(
+        "--bf16", choices=["auto", "yes", "no"], default="auto",
+        help="bf16 autocast rows: auto = only if the CPU has native bf16 matmuls (AVX512-BF16 or AMX)",
+    )  # fmt: skip
+    parser.add_argument("--section", choices=["lm", "vision", "compiled"], help="run one section here and print it")
+    args = parser.parse_args(argv)
+    rounds = 2 if args.quick else 6
+    if args.section:
+        setup()
+        section = {
+            "lm": lambda: lm_section(rounds, args.bf16),
+            "vision": lambda: vision_section(rounds),
+            "compiled": lambda: compiled_section(rounds),
+        }[args.section]()
+        print(json.dumps(section))
+        return section
+    # Each section runs in a fresh process: one section's state must not slow the next. Once Inductor's OpenMP
+    # kernels have run, their worker threads compete with ATen's for the two cores (eager steps measured afterwards
+    # in the same process lost up to ~10%), and even eager LM steps left the vision rows measurably slower.
+    results: dict = {"rounds": rounds}
+    for section in ("lm", "vision", "compiled"):
+        extra = ["--quick"] if args.quick else []
+        section_results = run_isolated("bench_train", "--section", section, "--bf16", args.bf16, *extra)
+        print(section, json.dumps({k: v for k, v in section_results.items() if "ratios" in k}), flush=True)
+        results.update(section_results)
     path = write_results("train", results)
     print(f"wrote {path}")
     return results
