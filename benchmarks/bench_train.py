@@ -1,6 +1,6 @@
 """Training throughput of AoT vs transformers' GPT-2 and ViT, measured side by side in one run.
 
-    python -m benchmarks.bench_train            # all rows (about 15 minutes on 2 cores)
+    python -m benchmarks.bench_train            # all rows (about 20 minutes on 2 cores)
     python -m benchmarks.bench_train --quick    # fewer repeats
 
 Rows (fp32 unless said, 2 threads, forward + backward + AdamW step):
@@ -13,7 +13,7 @@ Rows (fp32 unless said, 2 threads, forward + backward + AdamW step):
   and depth (192 x 6 layers, 3 heads), and at equal parameters (AoT 36 layers).
 
 The three sections (LM eager, vision, LM compiled) each run in a fresh process (`--section` runs one here); within
-a section the models' steps alternate round by round and each keeps its best time.
+a section the models' steps alternate round by round (20 rounds) and each keeps its best time.
 """
 
 from __future__ import annotations
@@ -216,8 +216,13 @@ def main(argv: list[str] | None = None) -> dict:
         help="bf16 autocast rows: auto = only if the CPU has native bf16 matmuls (AVX512-BF16 or AMX)",
     )  # fmt: skip
     parser.add_argument("--section", choices=["lm", "vision", "compiled"], help="run one section here and print it")
+    parser.add_argument(
+        "--rounds", type=int, default=None,
+        help="interleaved rounds per section (default 20, --quick 2): on a host whose speed drifts within seconds, "
+             "many short rounds give each model's best time the same chance to land in a quiet moment",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    rounds = 2 if args.quick else 6
+    rounds = args.rounds or (2 if args.quick else 20)
     if args.section:
         setup()
         section = {
@@ -232,8 +237,9 @@ def main(argv: list[str] | None = None) -> dict:
     # in the same process lost up to ~10%), and even eager LM steps left the vision rows measurably slower.
     results: dict = {"rounds": rounds}
     for section in ("lm", "vision", "compiled"):
-        extra = ["--quick"] if args.quick else []
-        section_results = run_isolated("bench_train", "--section", section, "--bf16", args.bf16, *extra)
+        section_results = run_isolated(
+            "bench_train", "--section", section, "--bf16", args.bf16, "--rounds", str(rounds)
+        )
         print(section, json.dumps({k: v for k, v in section_results.items() if "ratios" in k}), flush=True)
         results.update(section_results)
     path = write_results("train", results)
