@@ -7,10 +7,9 @@ Models (the shapes of `bench_train`): `gpt2-6` / `aot-36` (LM backbones, d 512, 
 parameters) and `vit-6` / `aot-v-36` (image classifiers, 192 wide, 32 px, patch 4, batch 128, equal parameters).
 Each step (forward + backward + AdamW) runs under `torch.profiler`; the self CPU time of every aten operator is
 summed into groups: dense matmuls (the weights), attention (the SDPA kernels or MSSA's shared-projection kernel,
-forward and backward), LayerNorm,
-the optimizer, everything else. The FLOPs of one step are counted too (weight matmuls, and attention at its
-minimum work), which bounds the equal-parameter ratio: at equal FLOP rates AoT / peer = the peer's FLOPs over
-AoT's. Writes `benchmarks/results/profile_step.json`.
+forward and backward), LayerNorm, the optimizer, everything else. The FLOPs of one step are counted too (weight
+matmuls, and attention at its minimum work), which bounds the equal-parameter ratio: at equal FLOP rates
+AoT / peer = the peer's FLOPs over AoT's. Writes `benchmarks/results/profile_step.json`.
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ class _SharedProjectionAttention(torch.autograd.Function):
             outputs.append(torch.bmm(weights, keys))
             probs.append(weights)
         ctx.save_for_backward(flat, *probs)
-        ctx.scaling, ctx.is_causal, ctx.block = scaling, is_causal, block
+        ctx.scaling, ctx.block = scaling, block
         output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         return output.view(batch, heads, length, dim)
 
@@ -212,24 +212,24 @@ class _SharedProjectionAttention(torch.autograd.Function):
         flat, *probs = ctx.saved_tensors
         batch_heads, length, dim = flat.shape
         grad = grad_output.reshape(batch_heads, length, dim)
-        if len(probs) == 1:  # one block: every query scores every key it sees
+        if len(probs) == 1:  # one block, square scores: the query and key gradients fold into one matmul
             weights = probs[0]
-            keys = flat[:, : weights.shape[-1]]
-            grad_scores = torch._softmax_backward_data(torch.bmm(grad, keys.transpose(1, 2)), weights, -1, flat.dtype)
-            grad_states = torch.bmm((grad_scores + grad_scores.transpose(1, 2)).mul_(ctx.scaling), keys)
+            grad_scores = torch._softmax_backward_data(torch.bmm(grad, flat.transpose(1, 2)), weights, -1, flat.dtype)
+            grad_states = torch.bmm((grad_scores + grad_scores.transpose(1, 2)).mul_(ctx.scaling), flat)
             grad_states.baddbmm_(weights.transpose(1, 2), grad)
             return grad_states.view(grad_output.shape), None, None
+        # Causal blocks: block i's queries are rows start:stop, its keys and values rows :stop.
         as_query = []  # each block's gradient through its queries
         as_key_value = torch.zeros_like(flat)  # the gradient through the keys and values, summed over blocks
         for weights, start in zip(probs, range(0, length, ctx.block), strict=True):
             stop = start + weights.shape[1]
-            keys, block_grad = flat[:, : weights.shape[-1]], grad[:, start:stop]
+            keys, block_grad = flat[:, :stop], grad[:, start:stop]
             grad_scores = torch._softmax_backward_data(
                 torch.bmm(block_grad, keys.transpose(1, 2)), weights, -1, flat.dtype
             ).mul_(ctx.scaling)  # (BH, C, Tk)
             as_query.append(torch.bmm(grad_scores, keys))
             key_value = torch.bmm(grad_scores.transpose(1, 2), flat[:, start:stop])
-            as_key_value[:, : weights.shape[-1]] += key_value.baddbmm_(weights.transpose(1, 2), block_grad)
+            as_key_value[:, :stop] += key_value.baddbmm_(weights.transpose(1, 2), block_grad)
         grad_states = as_key_value.add_(torch.cat(as_query, dim=1))
         return grad_states.view(grad_output.shape), None, None
 
@@ -389,16 +389,16 @@ def sdpa_attention_forward(
     mask = _ensure_visible_key(attention_mask)
     if _use_shared_kernel(query, key, value, mask, dropout, is_causal):
         output = _SharedProjectionAttention.apply(query, scaling, is_causal)
-        return output.transpose(1, 2).contiguous(), None
-    output = F.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=mask,
-        dropout_p=dropout,
-        scale=scaling,
-        is_causal=is_causal and mask is None and query.shape[2] > 1,
-    )
+    else:
+        output = F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=mask,
+            dropout_p=dropout,
+            scale=scaling,
+            is_causal=is_causal and mask is None and query.shape[2] > 1,
+        )
     return output.transpose(1, 2).contiguous(), None
 
 
