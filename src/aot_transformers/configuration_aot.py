@@ -154,10 +154,20 @@ class AoTConfig(PretrainedConfig):
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
-        self._check_fields()
+        self._check_aot_fields()  # before transformers' own checks, which read `head_dim`
         super().__init__(**kwargs)
 
-    def _check_fields(self) -> None:
+    def validate(self) -> None:
+        """Check every field; raise `ValueError` (or `TypeError`) naming the field, the value and what is allowed.
+
+        Runs when the config is built, when a model is built from it and when it is saved, so a field changed after
+        construction (`config.knn_k = 0`) is caught before it reaches a kernel. transformers' own checks of the
+        common fields run after the AoT ones (they read `head_dim`, which needs valid sizes).
+        """
+        self._check_aot_fields()
+        super().validate()
+
+    def _check_aot_fields(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
             _check_int(name, getattr(self, name))
         for name in ("max_position_embeddings", "knn_chunk_size", "image_size", "patch_size", "num_channels"):

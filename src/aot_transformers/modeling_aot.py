@@ -246,6 +246,10 @@ class AoTPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = False
     _can_compile_fullgraph = False
 
+    def __init__(self, config: AoTConfig, *inputs, **kwargs):
+        config.validate()  # fields may have been changed since the config was built
+        super().__init__(config, *inputs, **kwargs)
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save weights (safetensors), config and the three code files, with an `auto_map` for every Auto class.
 

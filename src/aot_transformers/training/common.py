@@ -86,7 +86,7 @@ def build_config(
                 raise TrainingSetupError(f"{model_name_or_path} is a {config.model_type!r} model, not an AoT model.")
             for name, value in overrides.items():
                 setattr(config, name, value)
-            config._check_fields()
+            config.validate()
             return config
         if config_file:
             path = Path(config_file)
