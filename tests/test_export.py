@@ -18,7 +18,18 @@ from aot_transformers import AoTForCausalLM, AoTForImageClassification, export_m
 from conftest import tiny_config
 
 CODE_FILES = {"configuration_aot.py", "attention_aot.py", "modeling_aot.py"}
-AUTO_MAP_KEYS = {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForImageClassification"}
+TEXT_AUTO_MAP = {
+    "AutoConfig": "configuration_aot.AoTConfig",
+    "AutoModel": "modeling_aot.AoTModel",
+    "AutoModelForCausalLM": "modeling_aot.AoTForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_aot.AoTForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_aot.AoTForTokenClassification",
+}
+VISION_AUTO_MAP = {
+    "AutoConfig": "configuration_aot.AoTConfig",
+    "AutoModel": "modeling_aot.AoTVisionModel",
+    "AutoModelForImageClassification": "modeling_aot.AoTForImageClassification",
+}
 
 # Runs in a fresh interpreter where `import aot_transformers` fails: only transformers' remote-code path can work.
 LOADER = textwrap.dedent(
@@ -72,15 +83,18 @@ def _run_fresh(tmp_path: Path, source: str, inputs: dict, kind: str, env_extra: 
     return load_file(str(tmp_path / "out.st"))
 
 
-def test_saved_folder_layout(tmp_path):
-    model = AoTForCausalLM(tiny_config())
+@pytest.mark.parametrize("model_class", [AoTForCausalLM, AoTForImageClassification])
+def test_saved_folder_layout(tmp_path, model_class):
+    model = model_class(tiny_config())
     model.save_pretrained(tmp_path)
     files = {p.name for p in tmp_path.iterdir()}
     assert CODE_FILES | {"config.json", "model.safetensors"} <= files
     assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in files)
     config = json.loads((tmp_path / "config.json").read_text())
-    assert set(config["auto_map"]) == AUTO_MAP_KEYS
+    # Each folder maps the Auto classes its weights can build, AutoModel to its own backbone.
+    assert config["auto_map"] == (VISION_AUTO_MAP if model_class is AoTForImageClassification else TEXT_AUTO_MAP)
     assert config["model_type"] == "aot"
+    assert config["required_transformers"] == ">=5.5,<6"
 
 
 def test_round_trip_keeps_weights_and_config(tmp_path):

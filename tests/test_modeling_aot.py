@@ -265,6 +265,7 @@ def test_image_classifier_forward_and_training(overrides):
 
 def test_vision_model_is_bidirectional_and_pools():
     model = AoTVisionModel(tiny_config()).eval()
+    model.set_attn_implementation("eager")  # the backend that returns attention weights
     pixels = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         out = model(pixels, output_attentions=True, output_hidden_states=True)

@@ -6,8 +6,17 @@ import pytest
 import torch
 
 from aot_transformers import AoTForCausalLM
-from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward, sdpa_attention_forward
+from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward
+from transformers.integrations.sdpa_attention import sdpa_attention_forward as _sdpa
 from conftest import tiny_config
+
+
+def sdpa_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """transformers' SDPA backend, called in the argument order of the package's kernels (bidirectional unless told,
+    as they are for a bare call)."""
+    kwargs.setdefault("is_causal", False)
+    return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
 
 KERNELS = {
     "sdpa": (sdpa_attention_forward, {}),

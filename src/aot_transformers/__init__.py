@@ -11,6 +11,8 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
 )
 
 from .attention_aot import knn_attention_forward, subspace_attention
@@ -19,6 +21,8 @@ from .hub import export_model
 from .modeling_aot import (
     AoTForCausalLM,
     AoTForImageClassification,
+    AoTForSequenceClassification,
+    AoTForTokenClassification,
     AoTModel,
     AoTPreTrainedModel,
     AoTVisionModel,
@@ -28,20 +32,28 @@ from .presets import list_presets
 __version__ = "0.1.0"
 
 AutoConfig.register("aot", AoTConfig, exist_ok=True)
-AutoModel.register(AoTConfig, AoTModel, exist_ok=True)
+# AutoModel picks the backbone by the checkpoint's `architectures` (a vision checkpoint lists AoTVisionModel).
+AutoModel.register(AoTConfig, (AoTModel, AoTVisionModel), exist_ok=True)
 AutoModelForCausalLM.register(AoTConfig, AoTForCausalLM, exist_ok=True)
+AutoModelForSequenceClassification.register(AoTConfig, AoTForSequenceClassification, exist_ok=True)
+AutoModelForTokenClassification.register(AoTConfig, AoTForTokenClassification, exist_ok=True)
 AutoModelForImageClassification.register(AoTConfig, AoTForImageClassification, exist_ok=True)
 
-# `save_pretrained` copies the code files and writes `auto_map` for these classes.
+# `save_pretrained` copies the code files with the config; each model writes the `auto_map` of its checkpoint kind.
 AoTConfig.register_for_auto_class()
 AoTModel.register_for_auto_class("AutoModel")
+AoTVisionModel.register_for_auto_class("AutoModel")
 AoTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+AoTForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+AoTForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
 AoTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
 
 __all__ = [
     "AoTConfig",
     "AoTForCausalLM",
     "AoTForImageClassification",
+    "AoTForSequenceClassification",
+    "AoTForTokenClassification",
     "AoTModel",
     "AoTPreTrainedModel",
     "AoTVisionModel",

@@ -1,19 +1,28 @@
-"""Attention kernels of aot-transformers: dense, k-NN (top-k) and the functional subspace-attention operator.
+"""Attention backends of aot-transformers, and the functional subspace-attention operator.
 
-Every kernel has one signature, as in transformers' `ALL_ATTENTION_FUNCTIONS`:
+Every backend has transformers' kernel signature (`ALL_ATTENTION_FUNCTIONS`):
 
-    kernel(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs) -> (output, weights)
+    backend(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs) -> (output, weights)
 
-with `query` (B, H, Tq, D), `key`/`value` (B, H, Tk, D), `attention_mask` a boolean tensor broadcastable to
-(B, H, Tq, Tk) where True means "may attend" (or None: every key), `output` (B, Tq, H, D) and `weights`
-(B, H, Tq, Tk) or None.
+with `query` (B, H, Tq, D), `key`/`value` (B, H, Tk, D), `attention_mask` broadcastable to (B, H, Tq, Tk) — boolean,
+True where a query may attend, or an additive float mask — or None (every key; causal when `module.is_causal`),
+`output` (B, Tq, H, D) and `weights` (B, H, Tq, Tk) or None. The models pick one backend by name,
+`ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention_forward)`:
+
+- `"eager"` (`eager_attention_forward`): dense, returns the weights;
+- `"sdpa"`: transformers' own `scaled_dot_product_attention` integration;
+- `"shared_projection"` (`shared_projection_attention_forward`): MSSA's kernel for CPU training steps, SDPA
+  otherwise; the default of MSSA models;
+- `"knn"` (`knn_attention_forward`): k-NN attention; the default whenever `config.knn_k` is set.
+
+The last two are registered below in `AttentionInterface`, with their mask function in `AttentionMaskInterface`.
 
 k-NN attention keeps, for each query, the k keys with the highest scores among the keys it may see, masks the
 others to -inf and takes the softmax (KVT, Wang et al., https://arxiv.org/abs/2106.00515). k is clamped per query
 to the number of keys it may see. Ties at the k-th score are broken by `torch.topk`'s order, so exactly
 min(k, visible keys) keys are kept.
 
-This file is part of the remote-code unit: it imports only torch.
+This file is part of the remote-code unit: it imports only torch and transformers.
 
 Shape legend: B batch, H heads, Tq/Tk query/key length, D head width, C query-chunk length, K kept keys.
 """
@@ -25,6 +34,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 # Below this many candidate keys per kept key, the two-stage threshold search does not pay for itself.
 _TWO_STAGE_GROUP = 4
@@ -234,21 +245,23 @@ class _SharedProjectionAttention(torch.autograd.Function):
         return grad_states.view(grad_output.shape), None, None
 
 
-def _use_shared_kernel(query, key, value, mask, dropout: float, is_causal: bool) -> bool:
-    """Whether `_SharedProjectionAttention` replaces SDPA: MSSA (one tensor as query, key and value, so no cache
-    and no query normalisation), no mask, no dropout, fp32 on CPU, a step that will be differentiated, and a
-    sequence no longer than `SHARED_KERNEL_MAX_LENGTH` (inference keeps SDPA, which saves nothing)."""
-    return (
-        query is key
-        and key is value
-        and mask is None
-        and dropout == 0.0
-        and query.device.type == "cpu"
-        and query.dtype == torch.float32
-        and torch.is_grad_enabled()
-        and query.requires_grad
-        and 1 < query.shape[2] <= SHARED_KERNEL_MAX_LENGTH[bool(is_causal)]
-    )
+def _module_is_causal(module: torch.nn.Module | None, is_causal: bool | None) -> bool:
+    """The causality a kernel applies when it gets no mask: the `is_causal` argument, else the module's flag (as in
+    transformers' SDPA integration: causal when the module does not say), and bidirectional for a bare call with no
+    module."""
+    if is_causal is not None:
+        return bool(is_causal)
+    if module is None:
+        return False
+    return bool(getattr(module, "is_causal", True))
+
+
+def _boolean_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A mask as booleans, True where a query may attend: boolean masks pass through; additive float masks (eager
+    masks, continuous batching) keep the entries that add more than half the dtype's lowest value."""
+    if attention_mask is None or attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
 
 
 def _ensure_visible_key(mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -268,11 +281,30 @@ def _explicit_mask(
 
     The last query sits at the last key, so with a cache (Tq < Tk) query i sees keys up to Tk - Tq + i.
     """
+    attention_mask = _boolean_mask(attention_mask)
     if attention_mask is None and is_causal and query_length > 1:
         offset = key_length - query_length
         rows = torch.arange(query_length, device=device)[:, None] + offset
         attention_mask = (torch.arange(key_length, device=device)[None, :] <= rows)[None, None]
     return _ensure_visible_key(attention_mask)
+
+
+def shared_projection_applies(query, key, value, attention_mask, dropout: float, is_causal: bool) -> bool:
+    """Whether `_SharedProjectionAttention` can and should run a call: one tensor as query, key and value (MSSA
+    without cache and without query normalisation), no mask, no dropout, fp32 on CPU, a step that will be
+    differentiated, and a sequence no longer than `SHARED_KERNEL_MAX_LENGTH` (inference keeps SDPA, which saves
+    nothing for a backward)."""
+    return (
+        query is key
+        and key is value
+        and attention_mask is None
+        and dropout == 0.0
+        and query.device.type == "cpu"
+        and query.dtype == torch.float32
+        and torch.is_grad_enabled()
+        and query.requires_grad
+        and 1 < query.shape[2] <= SHARED_KERNEL_MAX_LENGTH[bool(is_causal)]
+    )
 
 
 def knn_attention_forward(
@@ -283,9 +315,9 @@ def knn_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    is_causal: bool = False,
+    is_causal: bool | None = None,
     knn_k: int | float | None = None,
-    knn_chunk_size: int = 256,
+    knn_chunk_size: int | None = None,
     output_attentions: bool = False,
     generator: torch.Generator | None = None,
     **kwargs,
@@ -297,6 +329,9 @@ def knn_attention_forward(
     """
     if knn_k is None:
         knn_k = module.config.knn_k
+    if knn_chunk_size is None:
+        knn_chunk_size = getattr(getattr(module, "config", None), "knn_chunk_size", 256)
+    is_causal = _module_is_causal(module, is_causal)
     mask = _explicit_mask(attention_mask, is_causal, query.shape[2], key.shape[2], query.device)
     if mask is not None:
         mask = mask.expand(query.shape[0], -1, query.shape[2], key.shape[2])
@@ -317,13 +352,14 @@ def knn_attention_reference(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    is_causal: bool = False,
+    is_causal: bool | None = None,
     knn_k: int | float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Slow reference k-NN attention (full score matrix, `torch.topk`, gather). For tests only."""
     if knn_k is None:
         knn_k = module.config.knn_k
+    is_causal = _module_is_causal(module, is_causal)
     mask = _explicit_mask(attention_mask, is_causal, query.shape[2], key.shape[2], query.device)
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
     if mask is not None:
@@ -354,10 +390,15 @@ def eager_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    is_causal: bool = False,
+    is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense attention with explicit weights (used when attentions are requested)."""
+    """Dense attention with explicit weights, the `"eager"` backend.
+
+    Takes boolean masks (True = may attend) and transformers' additive eager masks alike; with no mask it applies the
+    causal mask when the module is causal.
+    """
+    is_causal = _module_is_causal(module, is_causal)
     mask = _explicit_mask(attention_mask, is_causal, query.shape[2], key.shape[2], query.device)
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
     if mask is not None:
@@ -369,7 +410,7 @@ def eager_attention_forward(
     return output.transpose(1, 2).contiguous(), weights
 
 
-def sdpa_attention_forward(
+def shared_projection_attention_forward(
     module: torch.nn.Module | None,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -377,36 +418,34 @@ def sdpa_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    is_causal: bool = False,
+    is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """Dense attention through `torch.nn.functional.scaled_dot_product_attention`.
+    """The `"shared_projection"` backend: MSSA's kernel where it pays, transformers' SDPA everywhere else.
 
-    With `is_causal=True` and no mask, the fused kernel applies the causal mask itself (and skips the masked half).
-    MSSA training steps on short CPU sequences go to `_SharedProjectionAttention` instead (same result, faster; see
-    `_use_shared_kernel`).
+    `_SharedProjectionAttention` runs when `shared_projection_applies` (one tensor as query, key and value, a CPU
+    training step of at most `SHARED_KERNEL_MAX_LENGTH` tokens, no mask, no dropout); every other call (a cache, a
+    mask, inference, MHSA, longer sequences) is exactly the `"sdpa"` backend. It is the default backend of MSSA
+    models; `model.set_attn_implementation("sdpa")` turns the kernel off.
     """
-    mask = _ensure_visible_key(attention_mask)
-    if _use_shared_kernel(query, key, value, mask, dropout, is_causal):
-        output = _SharedProjectionAttention.apply(query, scaling, is_causal)
-    else:
-        output = F.scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            attn_mask=mask,
-            dropout_p=dropout,
-            scale=scaling,
-            is_causal=is_causal and mask is None and query.shape[2] > 1,
-        )
-    return output.transpose(1, 2).contiguous(), None
+    is_causal = _module_is_causal(module, is_causal)
+    if shared_projection_applies(query, key, value, attention_mask, dropout, is_causal):
+        output = _SharedProjectionAttention.apply(query, scaling, is_causal)  # (B, H, T, D)
+        return output.transpose(1, 2).contiguous(), None
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal)
 
 
-ATTENTION_KERNELS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
-    "eager": eager_attention_forward,
-    "sdpa": sdpa_attention_forward,
+# The package's backends, by the names `attn_implementation=` takes. Each is registered with transformers'
+# `AttentionInterface` and with the mask function it reads in `AttentionMaskInterface` (boolean masks, as SDPA's:
+# without one, transformers would build no mask at all and padding would be silently ignored).
+ATTENTION_BACKENDS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
     "knn": knn_attention_forward,
+    "shared_projection": shared_projection_attention_forward,
 }
+for _name, _backend in ATTENTION_BACKENDS.items():
+    AttentionInterface.register(_name, _backend)
+    AttentionMaskInterface.register(_name, sdpa_mask)
 
 
 def _apply_phi(
@@ -464,9 +503,9 @@ def subspace_attention(
             if mask is not None
             else torch.full((*scores.shape[:-1], 1), scores.shape[-1], dtype=torch.long)
         )
-        values, _ = torch.topk(masked, max_k, dim=-1)
-        kth = values.gather(-1, resolve_knn_k(knn_k, num_visible) - 1)
-        topk_mask = masked >= kth
+        _, indices = torch.topk(masked, max_k, dim=-1)  # sorted: rank r holds the (r+1)-th best key
+        kept = torch.arange(max_k, device=scores.device) < resolve_knn_k(knn_k, num_visible)
+        topk_mask = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, indices, kept.expand_as(indices))
         mask = topk_mask if mask is None else mask & topk_mask
     weights = _apply_phi(scores, phi, mask)
     mixed = torch.matmul(weights.to(projected.dtype), projected)  # (B, K, N, p)
@@ -474,12 +513,12 @@ def subspace_attention(
 
 
 __all__ = [
-    "ATTENTION_KERNELS",
+    "ATTENTION_BACKENDS",
     "SHARED_KERNEL_MAX_LENGTH",
     "eager_attention_forward",
     "knn_attention_forward",
     "knn_attention_reference",
     "resolve_knn_k",
-    "sdpa_attention_forward",
+    "shared_projection_attention_forward",
     "subspace_attention",
 ]

@@ -14,10 +14,23 @@ import math
 from numbers import Integral, Real
 from typing import Any
 
+import transformers
+from packaging.version import Version
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
+# The transformers versions this code runs on (attention and mask interfaces, `transformers.initialization`). Saved
+# in every config.json and model card; checked here, in the first file transformers imports from a saved folder.
+REQUIRED_TRANSFORMERS = ">=5.5,<6"
+if not Version("5.5") <= Version(transformers.__version__) < Version("6"):
+    raise ImportError(
+        f"AoT models need transformers{REQUIRED_TRANSFORMERS}, but transformers {transformers.__version__} is "
+        f"installed: pip install 'transformers{REQUIRED_TRANSFORMERS}'"
+    )
+
 ATTENTION_TYPES = ("mssa", "mhsa")
+# Model classes built on the vision backbone; a checkpoint of one also names the backbone (see `to_dict`).
+VISION_ARCHITECTURES = ("AoTVisionModel", "AoTForImageClassification")
 MLP_LAYERS = ("none", "first_half", "all")
 POOLING_TYPES = ("cls", "mean")
 
@@ -67,7 +80,8 @@ class AoTConfig(PretrainedConfig):
             2·d² weights per layer) or `"mhsa"` (separate query, key, value and output projections, 4·d²).
         knn_k: k-NN attention. `None` attends to every key; an `int` keeps the k highest-scoring keys per query;
             a `float` in (0, 1] keeps `ceil(knn_k * n)` of the `n` keys the query may see. k is clamped to the keys
-            a query may see (causal prefix, padding). Keys tied with the k-th score are all kept.
+            a query may see (causal prefix, padding): exactly min(k, visible keys) are kept, ties at the k-th score
+            broken by `torch.topk`'s order. Setting it makes `"knn"` the model's attention backend.
         knn_chunk_size: Number of queries processed at once by the k-NN kernel; peak memory is
             O(knn_chunk_size · n) instead of O(n²).
         normalize_query: Project the query side of each head onto the unit sphere (the causal MSSA of the AoT
@@ -211,6 +225,16 @@ class AoTConfig(PretrainedConfig):
             _check_int(name, value, minimum=0)
             if value >= self.vocab_size:
                 raise ValueError(f"`{name}` ({value}) must be < `vocab_size` ({self.vocab_size}).")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as a dict; a vision checkpoint lists `AoTVisionModel` among its `architectures` too, so that
+        `AutoModel` (which matches `architectures` by class name) builds the vision backbone from it, not the text
+        one."""
+        output = super().to_dict()
+        architectures = output.get("architectures") or []
+        if any(name in VISION_ARCHITECTURES for name in architectures) and "AoTVisionModel" not in architectures:
+            output["architectures"] = [*architectures, "AoTVisionModel"]
+        return output
 
     # Derived values live here, in one place.
     @property

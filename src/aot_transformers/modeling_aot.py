@@ -25,23 +25,37 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     BaseModelOutputWithPooling,
     CausalLMOutputWithPast,
     ImageClassifierOutput,
+    SequenceClassifierOutputWithPast,
+    TokenClassifierOutput,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .attention_aot import ATTENTION_KERNELS
-from .configuration_aot import AoTConfig
+from .attention_aot import eager_attention_forward
+from .configuration_aot import REQUIRED_TRANSFORMERS, AoTConfig
 
-AUTO_MAP = {
+# What `auto_map` in a saved config.json points each Auto class to, by the kind of checkpoint: a folder maps only
+# the classes its weights can build, and `AutoModel` to its own backbone.
+TEXT_AUTO_MAP = {
     "AutoConfig": "configuration_aot.AoTConfig",
     "AutoModel": "modeling_aot.AoTModel",
     "AutoModelForCausalLM": "modeling_aot.AoTForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_aot.AoTForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_aot.AoTForTokenClassification",
+}
+VISION_AUTO_MAP = {
+    "AutoConfig": "configuration_aot.AoTConfig",
+    "AutoModel": "modeling_aot.AoTVisionModel",
     "AutoModelForImageClassification": "modeling_aot.AoTForImageClassification",
 }
+# Backends that cannot be combined with `knn_k` (they attend to every key).
+DENSE_BACKENDS = ("eager", "sdpa", "shared_projection")
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
@@ -73,27 +87,6 @@ def _check_code_files(config: AoTConfig, source: str) -> None:
 
 def _is_compiling() -> bool:
     return torch.compiler.is_compiling()
-
-
-def _text_attention_mask(
-    attention_mask: torch.Tensor | None, query_length: int, past_length: int, device: torch.device
-) -> torch.Tensor | None:
-    """Boolean (B, 1, Tq, Tk) mask, True where a query may attend: causal, and never to padding.
-
-    Returns None when plain causal attention is enough (no padding), so the fused SDPA kernel can skip the masked
-    half of the scores.
-    """
-    key_length = past_length + query_length
-    if attention_mask is None or (not _is_compiling() and bool(attention_mask.all())):
-        if past_length == 0 or query_length == 1:
-            return None
-        key_valid = None
-    else:
-        key_valid = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, Tk)
-    query_positions = torch.arange(past_length, key_length, device=device)[:, None]
-    causal = torch.arange(key_length, device=device)[None, :] <= query_positions  # (Tq, Tk)
-    causal = causal[None, None]
-    return causal if key_valid is None else causal & key_valid
 
 
 def _check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
@@ -148,55 +141,46 @@ class AoTAttention(nn.Module):
         # With unit queries the key norm sets the temperature, so the 1/sqrt(D) factor is dropped.
         self.scaling = 1.0 if config.normalize_query else self.head_dim**-0.5
 
-    def _heads(self, states: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = states.shape
-        return states.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-
     def forward(
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
-        output_attentions: bool = False,
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch, length, hidden = hidden_states.shape
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)  # (B, T, H, D)
         if self.config.attention_type == "mssa":
-            subspace = self._heads(self.subspace_proj(hidden_states))  # (B, H, T, D)
+            subspace = self.subspace_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, T, D)
             query = key = value = subspace
             if past_key_values is not None:
                 # Store the single key = value tensor once: the value slot holds an empty (B, H, T, 0) view.
                 key, _ = past_key_values.update(subspace, subspace[..., :0], self.layer_idx)
                 value = key
         else:
-            query = self._heads(self.q_proj(hidden_states))
-            key = self._heads(self.k_proj(hidden_states))
-            value = self._heads(self.v_proj(hidden_states))
+            query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
             if past_key_values is not None:
                 key, value = past_key_values.update(key, value, self.layer_idx)
         if self.config.normalize_query:
             query = F.normalize(query, dim=-1)
 
-        if self.config.knn_k is not None:
-            kernel = ATTENTION_KERNELS["knn"]
-        elif output_attentions or self.config._attn_implementation == "eager":
-            kernel = ATTENTION_KERNELS["eager"]
-        else:
-            kernel = ATTENTION_KERNELS["sdpa"]
-        attn_output, attn_weights = kernel(
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
             self,
             query,
             key,
             value,
             attention_mask,
-            self.scaling,
             dropout=self.config.attention_dropout if self.training else 0.0,
-            is_causal=self.is_causal,
-            knn_k=self.config.knn_k,
-            knn_chunk_size=self.config.knn_chunk_size,
-            output_attentions=output_attentions,
+            scaling=self.scaling,
+            **kwargs,
         )
-        attn_output = self.o_proj(attn_output.reshape(batch, length, hidden))  # (B, T, d)
-        return attn_output, attn_weights
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()  # (B, T, d)
+        return self.o_proj(attn_output), attn_weights
 
 
 class AoTLayer(GradientCheckpointingLayer):
@@ -220,10 +204,10 @@ class AoTLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
-        output_attentions: bool = False,
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         attn_output, attn_weights = self.attention(
-            self.attention_norm(hidden_states), attention_mask, past_key_values, output_attentions
+            self.attention_norm(hidden_states), attention_mask, past_key_values, **kwargs
         )
         hidden_states = torch.add(hidden_states, self.dropout(attn_output), alpha=self.step_size)
         if self.mlp is not None:
@@ -232,7 +216,7 @@ class AoTLayer(GradientCheckpointingLayer):
 
 
 class AoTPreTrainedModel(PreTrainedModel):
-    """Weight initialisation and capability flags shared by every AoT model."""
+    """Weight initialisation, capability flags, attention-backend choice and safe saving/loading for AoT models."""
 
     config_class = AoTConfig
     config: AoTConfig
@@ -242,25 +226,49 @@ class AoTPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["AoTLayer"]
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
-    _can_compile_fullgraph = False
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
+    _is_vision = False  # which `auto_map` a saved folder gets (`TEXT_AUTO_MAP` or `VISION_AUTO_MAP`)
 
     def __init__(self, config: AoTConfig, *inputs, **kwargs):
         config.validate()  # fields may have been changed since the config was built
         super().__init__(config, *inputs, **kwargs)
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save weights (safetensors), config and the three code files, with an `auto_map` for every Auto class.
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """The attention backend to use: by default `"knn"` when `config.knn_k` is set, `"shared_projection"` for
+        MSSA and `"sdpa"` for MHSA; any backend registered in `transformers.AttentionInterface` when asked for.
 
-        Whichever AoT class saves the folder, it loads with `AutoConfig`, `AutoModel`, `AutoModelForCausalLM` and
-        `AutoModelForImageClassification` through `trust_remote_code=True`. The config records the SHA-256 of each
-        code file (`code_sha256`) so that `aot verify DIR` and loading can tell whether they were edited.
+        `knn_k` and a dense backend contradict each other (the model would silently attend to every key), so that
+        combination raises; set `knn_k=None` for dense attention.
+        """
+        if requested_attention is None:
+            if self.config.knn_k is not None:
+                return "knn"
+            if self.config.attention_type == "mssa":
+                return "shared_projection"
+        if self.config.knn_k is not None and requested_attention in DENSE_BACKENDS:
+            raise ValueError(
+                f"`attn_implementation={requested_attention!r}` attends to every key, but the config sets "
+                f"`knn_k={self.config.knn_k!r}` (k-NN attention, backend 'knn'). Use attn_implementation='knn', or "
+                "set `config.knn_k = None` for dense attention."
+            )
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save weights (safetensors), config and the three code files, with an `auto_map` for the checkpoint's kind.
+
+        A text folder maps `AutoModel` to `AoTModel` and the causal-LM, sequence- and token-classification heads; an
+        image folder maps `AutoModel` to `AoTVisionModel` and the image classifier. The config records the SHA-256 of
+        each code file (`code_sha256`), so that `aot verify DIR` and loading can tell whether they were edited, and
+        the transformers versions the code needs (`required_transformers`).
         """
         if kwargs.get("safe_serialization") is False:
             raise ValueError("AoT models are saved as safetensors only; drop `safe_serialization=False`.")
-        self.config.auto_map = dict(AUTO_MAP)
+        self.config.auto_map = dict(VISION_AUTO_MAP if self._is_vision else TEXT_AUTO_MAP)
         self.config.code_sha256 = code_file_hashes(Path(__file__).parent)
+        self.config.required_transformers = REQUIRED_TRANSFORMERS
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     @classmethod
@@ -285,7 +293,7 @@ class AoTPreTrainedModel(PreTrainedModel):
                         "when loaded. Pass `allow_pickle=True` if you trust the files, or convert them to safetensors."
                     )
         try:
-            model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         except Exception as error:
             if type(error).__name__ == "SafetensorError":
                 raise OSError(
@@ -293,8 +301,9 @@ class AoTPreTrainedModel(PreTrainedModel):
                     "them again."
                 ) from error
             raise
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # `output_loading_info=True` adds a report
         _check_code_files(model.config, source)
-        return model
+        return loaded
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -344,7 +353,7 @@ class AoTModel(AoTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
-    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, past_length) -> tuple[int, int]:
+    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, past_length) -> None:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         if input_ids is not None:
@@ -357,27 +366,30 @@ class AoTModel(AoTPreTrainedModel):
                     f"{tuple(inputs_embeds.shape)}."
                 )
             batch, length = inputs_embeds.shape[:2]
+        if _is_compiling():
+            return  # the checks below read tensor values, which would break the graph
         limit = self.config.max_position_embeddings
-        if past_length + length > limit:
+        if position_ids is None and past_length + length > limit:
             raise ValueError(
                 f"Sequence length {past_length + length} (cached {past_length} + new {length}) exceeds "
                 f"`max_position_embeddings` ({limit}); truncate the input or use a model with more positions."
             )
-        if attention_mask is not None and tuple(attention_mask.shape) != (batch, past_length + length):
-            raise ValueError(
-                f"`attention_mask` must have shape (batch, cached + new tokens) = ({batch}, {past_length + length}), "
-                f"got {tuple(attention_mask.shape)}."
-            )
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
+            if tuple(attention_mask.shape) != (batch, past_length + length):
+                raise ValueError(
+                    f"A 2-D `attention_mask` must have shape (batch, cached + new tokens) = ({batch}, "
+                    f"{past_length + length}), got {tuple(attention_mask.shape)}."
+                )
         if position_ids is not None:
             if position_ids.shape[-1] != length:
                 raise ValueError(
                     f"`position_ids` must have {length} positions per sequence, got shape {tuple(position_ids.shape)}."
                 )
-            if not _is_compiling() and position_ids.numel() > 0 and int(position_ids.max()) >= limit:
+            if position_ids.numel() > 0 and not 0 <= int(position_ids.min()) <= int(position_ids.max()) < limit:
                 raise ValueError(
-                    f"`position_ids` must be < `max_position_embeddings` ({limit}), got {int(position_ids.max())}."
+                    f"`position_ids` must lie in [0, {limit - 1}] (max_position_embeddings={limit}), got values in "
+                    f"[{int(position_ids.min())}, {int(position_ids.max())}]."
                 )
-        return batch, length
 
     def forward(
         self,
@@ -396,14 +408,19 @@ class AoTModel(AoTPreTrainedModel):
 
         Args:
             input_ids: Token ids (B, T).
-            attention_mask: 1 for real tokens, 0 for padding, over cached + new tokens (B, Tk).
-            position_ids: Positions (B, T); by default counted from the first real token, so left padding works.
-            past_key_values: A `Cache` from an earlier call (generation).
+            attention_mask: 2-D padding mask (B, cached + new tokens), 1 for real tokens; or a prepared 4-D mask
+                (B, 1, T, Tk), boolean (True = may attend) or additive, used as given.
+            position_ids: Positions (B, T). By default counted from each sequence's first real token (so left
+                padding works); positions that restart at 0 inside a row mark packed sequences, which then attend
+                only within themselves.
+            past_key_values: A `Cache` (dynamic or static) from an earlier call.
             inputs_embeds: Token embeddings (B, T, d) instead of `input_ids`.
-            use_cache: Return a cache (`DynamicCache`) for further decoding.
-            output_attentions: Return the attention weights of every layer.
+            use_cache: Return a cache (`DynamicCache` unless one is given) for further decoding.
+            output_attentions: Return the attention weights of every layer (backends that compute them: `"eager"`,
+                `"knn"`).
             output_hidden_states: Return the residual stream after the embeddings and after every layer.
             return_dict: Return a `BaseModelOutputWithPast` instead of a tuple.
+            kwargs: Passed on to the attention backend (e.g. the paged cache of continuous batching).
         """
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
@@ -417,28 +434,38 @@ class AoTModel(AoTPreTrainedModel):
             use_cache = False
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
+        if not use_cache:
+            past_key_values = None
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        batch, length = self._check_inputs(input_ids, inputs_embeds, attention_mask, position_ids, past_length)
+        self._check_inputs(input_ids, inputs_embeds, attention_mask, position_ids, past_length)
 
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d)
         if position_ids is None:
-            if attention_mask is not None:
+            if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
                 # Count positions from each sequence's first real token, so left padding does not shift them.
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past_length:]
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -inputs_embeds.shape[1] :]
             else:
-                position_ids = torch.arange(past_length, past_length + length, device=inputs_embeds.device)[None]
+                position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
+                position_ids = position_ids.unsqueeze(0)  # (1, T)
         hidden_states = self.dropout(inputs_embeds + self.embed_positions(position_ids))
 
-        mask = _text_attention_mask(attention_mask, length, past_length, hidden_states.device)
+        mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            position_ids=position_ids,
+        )
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         for layer in self.layers:
             hidden_states, attn_weights = layer(
                 hidden_states,
                 attention_mask=mask,
-                past_key_values=past_key_values if use_cache else None,
+                past_key_values=past_key_values,
                 output_attentions=output_attentions,
+                **kwargs,
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
@@ -449,12 +476,12 @@ class AoTModel(AoTPreTrainedModel):
             # As in GPT-2, the last entry is the normalised output.
             all_hidden_states = all_hidden_states[:-1] + (hidden_states,)
 
-        cache = past_key_values if use_cache else None
         if not return_dict:
-            return tuple(v for v in (hidden_states, cache, all_hidden_states, all_attentions) if v is not None)
+            outputs = (hidden_states, past_key_values, all_hidden_states, all_attentions)
+            return tuple(v for v in outputs if v is not None)
         return BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
-            past_key_values=cache,
+            past_key_values=past_key_values,
             hidden_states=all_hidden_states,
             attentions=all_attentions,
         )
@@ -515,6 +542,7 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
@@ -545,6 +573,154 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         )
 
 
+class AoTForSequenceClassification(AoTPreTrainedModel):
+    """`AoTModel` with a linear head on the last real token of each sequence (as GPT-2's): the causal model has
+    seen the whole sequence only there.
+
+    The last real token is the rightmost token that is not `config.pad_token_id` (so left and right padding both
+    work); without a `pad_token_id` only batches of one sequence, or unpadded `inputs_embeds`, can be classified.
+    """
+
+    def __init__(self, config: AoTConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = AoTModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def _last_token(self, input_ids: torch.Tensor | None, batch: int, device: torch.device) -> torch.Tensor | int:
+        pad_token_id = self.config.pad_token_id
+        if pad_token_id is None or input_ids is None:
+            if batch != 1 and pad_token_id is None:
+                raise ValueError(
+                    "AoTForSequenceClassification needs `config.pad_token_id` to find the last real token of each "
+                    f"sequence in a batch of {batch}; set it (e.g. to the tokenizer's pad or eos token id)."
+                )
+            return -1
+        not_pad = (input_ids != pad_token_id).to(device, torch.int32)
+        positions = torch.arange(input_ids.shape[-1], device=device, dtype=torch.int32)
+        return (positions * not_pad).argmax(-1)  # (B,) rightmost non-pad token
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast | tuple:
+        """Sequence logits (B, L), and the loss when `labels` (B,) are given (regression, single- or multi-label by
+        `config.problem_type`, as in transformers)."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.score(outputs.last_hidden_state)  # (B, T, L)
+        batch = logits.shape[0]
+        last = self._last_token(input_ids, batch, logits.device)
+        pooled_logits = logits[torch.arange(batch, device=logits.device), last]  # (B, L)
+        loss = None
+        if labels is not None:
+            if labels.shape[0] != batch:
+                raise ValueError(
+                    f"`labels` must have {batch} entries (one per sequence), got shape {tuple(labels.shape)}."
+                )
+            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
+        if not return_dict:
+            output = (pooled_logits,) + tuple(
+                v for v in (outputs.past_key_values, outputs.hidden_states, outputs.attentions) if v is not None
+            )
+            return ((loss,) + output) if loss is not None else output
+        return SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=pooled_logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class AoTForTokenClassification(AoTPreTrainedModel):
+    """`AoTModel` with dropout and a linear head on every token (as GPT-2's): each token is labelled from its
+    prefix."""
+
+    def __init__(self, config: AoTConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = AoTModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        """Token logits (B, T, L), and the loss when `labels` (B, T) are given (-100 is ignored)."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.score(self.dropout(outputs.last_hidden_state))  # (B, T, L)
+        loss = None
+        if labels is not None:
+            if labels.shape != logits.shape[:2]:
+                raise ValueError(
+                    f"`labels` must have the shape of the input (batch, sequence) = {tuple(logits.shape[:2])}, got "
+                    f"{tuple(labels.shape)}."
+                )
+            loss = self.loss_function(logits, labels, self.config, **kwargs)
+        if not return_dict:
+            output = (logits,) + tuple(v for v in (outputs.hidden_states, outputs.attentions) if v is not None)
+            return ((loss,) + output) if loss is not None else output
+        return TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
 class AoTPatchEmbeddings(nn.Module):
     """Patchify, then LayerNorm → Linear → LayerNorm (as in simple ViT / CRATE)."""
 
@@ -569,21 +745,38 @@ class AoTVisionEmbeddings(nn.Module):
 
     def __init__(self, config: AoTConfig):
         super().__init__()
+        self.patch_size = config.patch_size
         self.patch_embeddings = AoTPatchEmbeddings(config)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
         self.position_embeddings = nn.Parameter(torch.zeros(1, config.num_patches + 1, config.hidden_size))
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def interpolate_pos_encoding(self, height: int, width: int) -> torch.Tensor:
+        """The position table resized (bicubic, as ViT and DINO) to a `height` × `width` image: the CLS position is
+        kept and the square grid of patch positions is interpolated to the new grid."""
+        patch_positions = self.position_embeddings[:, 1:]  # (1, N, d)
+        side = int(math.isqrt(patch_positions.shape[1]))
+        grid = patch_positions.reshape(1, side, side, -1).permute(0, 3, 1, 2)  # (1, d, n, n)
+        grid = F.interpolate(
+            grid, size=(height // self.patch_size, width // self.patch_size), mode="bicubic", align_corners=False
+        )
+        patch_positions = grid.permute(0, 2, 3, 1).flatten(1, 2)  # (1, N', d)
+        return torch.cat([self.position_embeddings[:, :1], patch_positions], dim=1)
+
+    def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
         patches = self.patch_embeddings(pixel_values)  # (B, N, d)
         cls = self.cls_token.expand(patches.shape[0], -1, -1)
-        return self.dropout(torch.cat([cls, patches], dim=1) + self.position_embeddings)  # (B, N+1, d)
+        positions = self.position_embeddings
+        if interpolate_pos_encoding:
+            positions = self.interpolate_pos_encoding(pixel_values.shape[-2], pixel_values.shape[-1])
+        return self.dropout(torch.cat([cls, patches], dim=1) + positions)  # (B, N+1, d)
 
 
 class AoTVisionModel(AoTPreTrainedModel):
     """The bidirectional vision backbone; `pooler_output` is the CLS token or the mean patch token."""
 
     main_input_name = "pixel_values"
+    _is_vision = True
 
     def __init__(self, config: AoTConfig):
         super().__init__(config)
@@ -597,18 +790,29 @@ class AoTVisionModel(AoTPreTrainedModel):
     def get_input_embeddings(self) -> AoTPatchEmbeddings:
         return self.embeddings.patch_embeddings
 
-    def _check_pixels(self, pixel_values: torch.Tensor | None) -> None:
+    def _check_pixels(self, pixel_values: torch.Tensor | None, interpolate_pos_encoding: bool) -> None:
         config = self.config
-        expected = (config.num_channels, config.image_size, config.image_size)
         if pixel_values is None:
             raise ValueError("`pixel_values` is required.")
         if not torch.is_floating_point(pixel_values):
             raise TypeError(f"`pixel_values` must be a floating-point tensor, got dtype {pixel_values.dtype}.")
-        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != expected:
+        if pixel_values.dim() != 4 or pixel_values.shape[1] != config.num_channels:
             raise ValueError(
-                f"`pixel_values` must have shape (batch, {expected[0]}, {expected[1]}, {expected[2]}) "
-                f"(num_channels, image_size, image_size), got {tuple(pixel_values.shape)}; resize the images or "
-                "use the model's image processor."
+                f"`pixel_values` must have shape (batch, {config.num_channels}, height, width) (num_channels = "
+                f"{config.num_channels}), got {tuple(pixel_values.shape)}."
+            )
+        height, width = pixel_values.shape[-2:]
+        if interpolate_pos_encoding:
+            if height % config.patch_size or width % config.patch_size or min(height, width) < config.patch_size:
+                raise ValueError(
+                    f"With `interpolate_pos_encoding=True` the image sides must be positive multiples of `patch_size` "
+                    f"({config.patch_size}), got {height} x {width}."
+                )
+        elif (height, width) != (config.image_size, config.image_size):
+            raise ValueError(
+                f"`pixel_values` must be {config.image_size} x {config.image_size} (`image_size`), got {height} x "
+                f"{width}; resize the images, use the model's image processor, or pass `interpolate_pos_encoding=True` "
+                "to resize the position embeddings."
             )
 
     def forward(
@@ -616,21 +820,28 @@ class AoTVisionModel(AoTPreTrainedModel):
         pixel_values: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        interpolate_pos_encoding: bool = False,
         return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPooling | tuple:
-        """Encode images (B, C, image_size, image_size) into tokens (B, N+1, d) and a pooled vector (B, d)."""
+        """Encode images (B, C, H, W) into tokens (B, N+1, d) and a pooled vector (B, d).
+
+        Images are `image_size` square unless `interpolate_pos_encoding=True`, which resizes the learned position
+        table to any size that the patches tile (fine-tuning or inference at another resolution).
+        """
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        self._check_pixels(pixel_values)
-        hidden_states = self.embeddings(pixel_values.to(self.embeddings.cls_token.dtype))
+        if not _is_compiling():
+            self._check_pixels(pixel_values, interpolate_pos_encoding)
+        pixel_values = pixel_values.to(self.embeddings.cls_token.dtype)
+        hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        for layer in self.layers:
-            hidden_states, attn_weights = layer(hidden_states, output_attentions=output_attentions)
+        for layer in self.layers:  # every token sees every token: no mask
+            hidden_states, attn_weights = layer(hidden_states, output_attentions=output_attentions, **kwargs)
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
@@ -653,6 +864,7 @@ class AoTForImageClassification(AoTPreTrainedModel):
     """AoT image classifier: `AoTVisionModel` with a LayerNorm + Linear head on the pooled token."""
 
     main_input_name = "pixel_values"
+    _is_vision = True
 
     def __init__(self, config: AoTConfig):
         super().__init__(config)
@@ -662,9 +874,11 @@ class AoTForImageClassification(AoTPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def forward_features(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
         """The pooled representation (B, d) that the head classifies."""
-        return self.model(pixel_values, return_dict=True).pooler_output
+        return self.model(
+            pixel_values, interpolate_pos_encoding=interpolate_pos_encoding, return_dict=True
+        ).pooler_output
 
     def forward_head(self, pooled: torch.Tensor) -> torch.Tensor:
         """Logits (B, L) from the pooled representation."""
@@ -676,6 +890,7 @@ class AoTForImageClassification(AoTPreTrainedModel):
         labels: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        interpolate_pos_encoding: bool = False,
         return_dict: bool | None = None,
         **kwargs,
     ) -> ImageClassifierOutput | tuple:
@@ -685,6 +900,7 @@ class AoTForImageClassification(AoTPreTrainedModel):
             pixel_values,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            interpolate_pos_encoding=interpolate_pos_encoding,
             return_dict=True,
         )
         logits = self.forward_head(outputs.pooler_output)
@@ -712,6 +928,8 @@ class AoTForImageClassification(AoTPreTrainedModel):
 __all__ = [
     "AoTForCausalLM",
     "AoTForImageClassification",
+    "AoTForSequenceClassification",
+    "AoTForTokenClassification",
     "AoTModel",
     "AoTPreTrainedModel",
     "AoTVisionModel",
