@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward as _sdpa
 
 from aot_transformers import attention_aot
 from aot_transformers.attention_aot import (
@@ -16,7 +17,6 @@ from aot_transformers.attention_aot import (
     shared_projection_attention_forward,
     subspace_attention,
 )
-from transformers.integrations.sdpa_attention import sdpa_attention_forward as _sdpa
 
 
 def sdpa_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward as _sdpa
 
 from aot_transformers import AoTForCausalLM
 from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward
-from transformers.integrations.sdpa_attention import sdpa_attention_forward as _sdpa
 from conftest import tiny_config
 
 

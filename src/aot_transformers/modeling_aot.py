@@ -811,8 +811,8 @@ class AoTVisionModel(AoTPreTrainedModel):
         elif (height, width) != (config.image_size, config.image_size):
             raise ValueError(
                 f"`pixel_values` must be {config.image_size} x {config.image_size} (`image_size`), got {height} x "
-                f"{width}; resize the images, use the model's image processor, or pass `interpolate_pos_encoding=True` "
-                "to resize the position embeddings."
+                f"{width}; resize the images, use the model's image processor, or pass "
+                "`interpolate_pos_encoding=True` to resize the position embeddings."
             )
 
     def forward(
