@@ -62,6 +62,7 @@ def aot_lm(layers: int) -> AoTModel:
             num_hidden_layers=layers,
             num_attention_heads=HEADS,
             max_position_embeddings=1024,
+            attn_implementation="shared_projection",  # MSSA's CPU training kernel, as `aot train` uses
         )
     )
 
@@ -126,6 +127,7 @@ def aot_vision(layers: int, width: int = 192, heads: int = 3) -> AoTForImageClas
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_labels=10,
+            attn_implementation="shared_projection",  # MSSA's CPU training kernel, as `aot train` uses
         )
     )
 

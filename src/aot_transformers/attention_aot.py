@@ -12,7 +12,7 @@ True where a query may attend, or an additive float mask — or None (every key;
 - `"eager"` (`eager_attention_forward`): dense, returns the weights;
 - `"sdpa"`: transformers' own `scaled_dot_product_attention` integration;
 - `"shared_projection"` (`shared_projection_attention_forward`): MSSA's kernel for CPU training steps, SDPA
-  otherwise; the default of MSSA models;
+  otherwise (`aot train` selects it for MSSA on CPU);
 - `"knn"` (`knn_attention_forward`): k-NN attention; the default whenever `config.knn_k` is set.
 
 The last two are registered below in `AttentionInterface`, with their mask function in `AttentionMaskInterface`.
@@ -425,8 +425,9 @@ def shared_projection_attention_forward(
 
     `_SharedProjectionAttention` runs when `shared_projection_applies` (one tensor as query, key and value, a CPU
     training step of at most `SHARED_KERNEL_MAX_LENGTH` tokens, no mask, no dropout); every other call (a cache, a
-    mask, inference, MHSA, longer sequences) is exactly the `"sdpa"` backend. It is the default backend of MSSA
-    models; `model.set_attn_implementation("sdpa")` turns the kernel off.
+    mask, inference, MHSA, longer sequences) is exactly the `"sdpa"` backend. Select it with
+    `attn_implementation="shared_projection"` (`aot train` does for MSSA on CPU). Continuous batching accepts only
+    the `"sdpa"`, `"paged|eager"` and flash backends.
     """
     is_causal = _module_is_causal(module, is_causal)
     if shared_projection_applies(query, key, value, attention_mask, dropout, is_causal):

@@ -237,17 +237,15 @@ class AoTPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """The attention backend to use: by default `"knn"` when `config.knn_k` is set, `"shared_projection"` for
-        MSSA and `"sdpa"` for MHSA; any backend registered in `transformers.AttentionInterface` when asked for.
+        """The attention backend to use: by default `"knn"` when `config.knn_k` is set, else `"sdpa"`; any backend
+        registered in `transformers.AttentionInterface` when asked for (`"shared_projection"` speeds up MSSA
+        training on CPU; `aot train` picks it there).
 
         `knn_k` and a dense backend contradict each other (the model would silently attend to every key), so that
         combination raises; set `knn_k=None` for dense attention.
         """
-        if requested_attention is None:
-            if self.config.knn_k is not None:
-                return "knn"
-            if self.config.attention_type == "mssa":
-                return "shared_projection"
+        if requested_attention is None and self.config.knn_k is not None:
+            return "knn"
         if self.config.knn_k is not None and requested_attention in DENSE_BACKENDS:
             raise ValueError(
                 f"`attn_implementation={requested_attention!r}` attends to every key, but the config sets "
