@@ -1,8 +1,12 @@
-"""Greedy generation: AoT vs GPT-2 decoding speed, cache vs no cache, and MSSA vs MHSA cache memory.
+"""Greedy generation: AoT vs GPT-2 decoding speed, cache vs no cache, static cache + torch.compile vs the dynamic
+cache, and MSSA vs MHSA cache memory.
 
-    python -m benchmarks.bench_generate        # about 5 minutes on 2 cores
+    python -m benchmarks.bench_generate        # about 15 minutes on 2 cores (compilation included)
 
-Batch 1, greedy, fp32, d=512, 8 heads, 6 layers, vocab 1024 (same width and depth for AoT and GPT-2).
+Greedy, fp32, d=512, 8 heads, 6 layers, vocab 1024 (same width and depth for AoT and GPT-2); batch 1 unless a row
+says otherwise. The static-cache rows use `generate(cache_implementation="static", compile_config=...)`, the path a
+user takes: transformers compiles the decoding step (`fullgraph=True`) once per batch size; the first call, which
+compiles, is a warm-up and is not timed.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel
 
 from aot_transformers import AoTConfig, AoTForCausalLM
 
@@ -48,15 +52,28 @@ def aot(attention_type: str = "mssa") -> AoTForCausalLM:
     return AoTForCausalLM(config).eval()
 
 
-def generator(model, new_tokens: int, use_cache: bool = True):
-    prompt = torch.randint(1, VOCAB, (1, 16))
+def compile_config() -> CompileConfig:
+    """Compile the decoding step on any device (transformers compiles automatically only on accelerators)."""
+    config = CompileConfig(fullgraph=True, dynamic=False, mode="default")
+    config._compile_all_devices = True
+    return config
+
+
+def generator(model, new_tokens: int, use_cache: bool = True, batch: int = 1, static: bool = False):
+    prompt = torch.randint(1, VOCAB, (batch, 16))
+    extra = dict(cache_implementation="static", compile_config=compile_config()) if static else {}
 
     def run():
         with torch.no_grad():
             out = model.generate(
-                prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=use_cache
+                prompt,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                use_cache=use_cache,
+                **extra,
             )
-        assert out.shape[1] == 16 + new_tokens
+        assert out.shape == (batch, 16 + new_tokens)
 
     return run
 
@@ -99,8 +116,31 @@ def main(argv: list[str] | None = None) -> dict:
     results["cache_bytes_512_tokens"] = sizes
     results["cache_ratio_mssa_vs_mhsa"] = sizes["aot-mssa"] / sizes["aot-mhsa"]
     print(results, flush=True)
+    results["static_compiled"] = static_cache_rows(models, new_tokens, args.rounds)
+    print(results["static_compiled"], flush=True)
     write_results("generate", results)
     return results
+
+
+def static_cache_rows(models: dict, new_tokens: int, rounds: int) -> dict:
+    """Tokens/s of greedy decoding with the dynamic cache (eager) and with the static cache + torch.compile, for
+    AoT-MSSA and GPT-2, at batch 1 and 8, all interleaved in one run; and the two ratios the issue asks for."""
+    rows = {}
+    for batch in (1, 8):
+        fns = {
+            f"{name}-{cache}": generator(models[name], new_tokens, batch=batch, static=cache == "static")
+            for name in ("aot-mssa", "gpt2")
+            for cache in ("dynamic", "static")
+        }
+        times = interleaved_best_times(fns, rounds=rounds, warmup=1)
+        speed = {name: batch * new_tokens / t for name, t in times.items()}
+        rows[f"batch_{batch}"] = {
+            "tokens_per_s": speed,
+            "aot_static_compiled_vs_dynamic": speed["aot-mssa-static"] / speed["aot-mssa-dynamic"],
+            "aot_vs_gpt2_static_compiled": speed["aot-mssa-static"] / speed["gpt2-static"],
+            "gpt2_static_compiled_vs_dynamic": speed["gpt2-static"] / speed["gpt2-dynamic"],
+        }
+    return rows
 
 
 if __name__ == "__main__":
