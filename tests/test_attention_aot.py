@@ -275,3 +275,47 @@ def test_models_train_the_same_with_and_without_the_shared_kernel(monkeypatch, m
     torch.testing.assert_close(loss, sdpa_loss, atol=1e-6, rtol=1e-6)
     for got, expected in zip(grads, sdpa_grads, strict=True):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tied_mssa_layer_is_the_papers_operator(causal):
+    """AoT paper Eq. (4): with W^O = [U_1 … U_K] (`tie_output_projection`) the MSSA layer is `subspace_attention`."""
+    from aot_transformers.modeling_aot import AoTAttention
+    from conftest import tiny_config
+
+    config = tiny_config(tie_output_projection=True)
+    config._attn_implementation = "eager"
+    layer = AoTAttention(config, layer_idx=0, is_causal=causal).double()
+    assert layer.o_proj is None
+    tokens = torch.randn(2, 9, 32, dtype=torch.float64)
+    heads, width = config.num_attention_heads, config.head_dim
+    subspaces = layer.subspace_proj.weight.view(heads, width, -1).transpose(1, 2)  # (K, d, p): U_k = rows of W
+    mask = torch.ones(9, 9, dtype=torch.bool).tril()[None, None] if causal else None
+    expected = subspace_attention(tokens, subspaces, "softmax", scaling=width**-0.5, attention_mask=mask)
+    got, _ = layer(tokens, attention_mask=mask)
+    torch.testing.assert_close(got, expected)
+
+
+def test_causal_mssa_normalises_its_queries():
+    """AoT paper Sec. 3 (causal AoT-MSSA): the query side is projected onto the unit sphere, no 1/sqrt(D)."""
+    from aot_transformers import AoTForCausalLM
+    from conftest import tiny_config
+
+    model = AoTForCausalLM(tiny_config(normalize_query=True)).eval()
+    model.set_attn_implementation("eager")
+    captured = {}
+    layer = model.model.layers[0]
+    layer.attention.subspace_proj.register_forward_hook(lambda mod, args, out: captured.setdefault("u", out))
+    with torch.no_grad():
+        weights = model(torch.randint(0, 97, (1, 7)), output_attentions=True).attentions[0]
+    u = captured["u"].view(1, 7, 4, 8).transpose(1, 2)  # (B, H, T, D)
+    scores = torch.nn.functional.normalize(u, dim=-1) @ u.transpose(-1, -2)
+    scores = scores.masked_fill(~torch.ones(7, 7, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(weights, torch.softmax(scores, dim=-1))
+
+
+def test_tied_output_projection_needs_mssa():
+    from conftest import tiny_config
+
+    with pytest.raises(ValueError, match="tie_output_projection"):
+        tiny_config(tie_output_projection=True, attention_type="mhsa")

@@ -84,6 +84,10 @@ class AoTConfig(PretrainedConfig):
             broken by `torch.topk`'s order. Setting it makes `"knn"` the model's attention backend.
         knn_chunk_size: Number of queries processed at once by the k-NN kernel; peak memory is
             O(knn_chunk_size · n) instead of O(n²).
+        tie_output_projection: MSSA only: use `[U_1 … U_K]`, the transpose of the subspace projection, as the
+            output projection instead of a separate learned one — the operator of the AoT paper's Eq. (4) exactly
+            (`W^O = [U_1, …, U_K]`, Sec. 2.2), the white-box form in which every head writes back into its own
+            subspace; d² fewer weights per layer.
         normalize_query: Project the query side of each head onto the unit sphere (the causal MSSA of the AoT
             paper). The attention logits are then `<q/|q|, k>` without the 1/sqrt(head_dim) factor.
         step_size: η, the residual step size of `x + η·attention(...)`.
@@ -119,6 +123,7 @@ class AoTConfig(PretrainedConfig):
         knn_k: int | float | None = None,
         knn_chunk_size: int = 256,
         normalize_query: bool = False,
+        tie_output_projection: bool = False,
         step_size: float = 1.0,
         layer_norm: bool = True,
         mlp_layers: str = "none",
@@ -149,6 +154,7 @@ class AoTConfig(PretrainedConfig):
         self.knn_k = knn_k
         self.knn_chunk_size = knn_chunk_size
         self.normalize_query = normalize_query
+        self.tie_output_projection = tie_output_projection
         self.step_size = step_size
         self.layer_norm = layer_norm
         self.mlp_layers = mlp_layers
@@ -212,8 +218,20 @@ class AoTConfig(PretrainedConfig):
         _check_real("hidden_dropout", self.hidden_dropout, 0.0, 1.0, low_open=False, high_open=True)
         _check_real("layer_norm_eps", self.layer_norm_eps, 0.0, math.inf, low_open=True, high_open=True)
         _check_real("initializer_range", self.initializer_range, 0.0, math.inf, low_open=False, high_open=True)
-        for name in ("normalize_query", "layer_norm", "attention_bias", "tie_word_embeddings", "use_cache"):
+        for name in (
+            "normalize_query",
+            "tie_output_projection",
+            "layer_norm",
+            "attention_bias",
+            "tie_word_embeddings",
+            "use_cache",
+        ):
             _check_bool(name, getattr(self, name))
+        if self.tie_output_projection and self.attention_type != "mssa":
+            raise ValueError(
+                "`tie_output_projection=True` ties the output projection to MSSA's subspace projection; it needs "
+                f"`attention_type='mssa'`, got {self.attention_type!r}."
+            )
         if self.image_size % self.patch_size != 0:
             raise ValueError(
                 f"`image_size` ({self.image_size}) must be divisible by `patch_size` ({self.patch_size})."

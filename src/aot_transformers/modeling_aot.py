@@ -137,7 +137,9 @@ class AoTAttention(nn.Module):
             self.q_proj = nn.Linear(hidden, hidden, bias=bias)
             self.k_proj = nn.Linear(hidden, hidden, bias=bias)
             self.v_proj = nn.Linear(hidden, hidden, bias=bias)
-        self.o_proj = nn.Linear(hidden, hidden, bias=bias)
+        # The white-box MSSA of the AoT paper, Eq. (4), has no output projection of its own: W^O = [U_1 … U_K]
+        # (Sec. 2.2, below Eq. (5)), the transpose of the subspace projection's weight.
+        self.o_proj = None if config.tie_output_projection else nn.Linear(hidden, hidden, bias=bias)
         # With unit queries the key norm sets the temperature, so the 1/sqrt(D) factor is dropped.
         self.scaling = 1.0 if config.normalize_query else self.head_dim**-0.5
 
@@ -180,6 +182,8 @@ class AoTAttention(nn.Module):
             **kwargs,
         )
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()  # (B, T, d)
+        if self.o_proj is None:  # Σ_k U_k (head k's output): the tied W^O = [U_1 … U_K]
+            return F.linear(attn_output, self.subspace_proj.weight.t()), attn_weights
         return self.o_proj(attn_output), attn_weights
 
 
@@ -324,7 +328,8 @@ class AoTPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
         if isinstance(module, (AoTAttention, AoTMLP)):
             projection = module.o_proj if isinstance(module, AoTAttention) else module.fc_out
-            init.normal_(projection.weight, mean=0.0, std=std / math.sqrt(num_branches))
+            if projection is not None:  # a tied MSSA output is the subspace projection itself
+                init.normal_(projection.weight, mean=0.0, std=std / math.sqrt(num_branches))
         elif isinstance(module, AoTVisionEmbeddings):
             init.trunc_normal_(module.cls_token, mean=0.0, std=std)
             init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
