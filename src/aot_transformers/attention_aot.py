@@ -13,7 +13,8 @@ True where a query may attend, or an additive float mask — or None (every key;
 - `"sdpa"`: transformers' own `scaled_dot_product_attention` integration;
 - `"shared_projection"` (`shared_projection_attention_forward`): MSSA's kernel for CPU training steps, SDPA
   otherwise (`aot train` selects it for MSSA on CPU);
-- `"knn"` (`knn_attention_forward`): k-NN attention; the default whenever `config.knn_k` is set.
+- `"knn"` (`knn_attention_backend` around `knn_attention_forward`): k-NN attention, for AoT (the default whenever
+  `config.knn_k` is set) and for any transformers model (`aot_transformers.knn`).
 
 The last two are registered below in `AttentionInterface`, with their mask function in `AttentionMaskInterface`.
 
@@ -30,6 +31,7 @@ Shape legend: B batch, H heads, Tq/Tk query/key length, D head width, C query-ch
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 
 import torch
@@ -437,11 +439,53 @@ def shared_projection_attention_forward(
     return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal)
 
 
+def check_knn_k(knn_k) -> int | float:
+    """Return `knn_k` as a Python int or float if it is a valid k (an int >= 1 or a float in (0, 1]); raise a
+    clear error naming the value otherwise (numpy scalars are accepted)."""
+    allowed = "an int >= 1 (keys kept per query) or a float in (0, 1] (the fraction of the keys a query may see)"
+    if knn_k is None:
+        raise ValueError(
+            f"attn_implementation='knn' needs `knn_k` in the model's config: {allowed}, e.g. "
+            "`from_pretrained(..., attn_implementation='knn', knn_k=0.5)`."
+        )
+    if isinstance(knn_k, bool) or not isinstance(knn_k, numbers.Real):
+        raise TypeError(f"`knn_k` must be {allowed}, got {knn_k!r} ({type(knn_k).__name__}).")
+    if isinstance(knn_k, numbers.Integral):
+        if knn_k < 1:
+            raise ValueError(f"`knn_k` must be {allowed}, got {knn_k}.")
+        return int(knn_k)
+    if not 0.0 < float(knn_k) <= 1.0:
+        raise ValueError(f"`knn_k` must be {allowed}, got {knn_k}.")
+    return float(knn_k)
+
+
+def knn_attention_backend(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The `"knn"` backend for any transformers model: k and the chunk size from `module.config` (`knn_k`,
+    `knn_chunk_size`), key/value heads repeated for grouped-query attention, then `knn_attention_forward`."""
+    config = getattr(module, "config", None)
+    knn_k = check_knn_k(kwargs.pop("knn_k", None) or getattr(config, "knn_k", None))
+    chunk_size = kwargs.pop("knn_chunk_size", None) or getattr(config, "knn_chunk_size", None) or 256
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # GQA: (B, H_kv, Tk, D) -> (B, H, Tk, D), each key/value head serving `groups` query heads
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    return knn_attention_forward(
+        module, query, key, value, attention_mask, knn_k=knn_k, knn_chunk_size=chunk_size, **kwargs
+    )
+
+
 # The package's backends, by the names `attn_implementation=` takes. Each is registered with transformers'
 # `AttentionInterface` and with the mask function it reads in `AttentionMaskInterface` (boolean masks, as SDPA's:
 # without one, transformers would build no mask at all and padding would be silently ignored).
 ATTENTION_BACKENDS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
-    "knn": knn_attention_forward,
+    "knn": knn_attention_backend,
     "shared_projection": shared_projection_attention_forward,
 }
 for _name, _backend in ATTENTION_BACKENDS.items():
@@ -518,7 +562,9 @@ def subspace_attention(
 __all__ = [
     "ATTENTION_BACKENDS",
     "SHARED_KERNEL_MAX_LENGTH",
+    "check_knn_k",
     "eager_attention_forward",
+    "knn_attention_backend",
     "knn_attention_forward",
     "knn_attention_reference",
     "resolve_knn_k",

@@ -1,0 +1,37 @@
+"""k-NN attention for any transformers model (KVT, Wang et al., https://arxiv.org/abs/2106.00515).
+
+KVT's claim is that keeping each query's k best keys is a drop-in for the attention of *any* transformer. Importing
+this module (or `aot_transformers`) registers the package's exact, chunked k-NN kernel in transformers'
+`AttentionInterface` under the name `"knn"`, with its mask function (boolean masks, as SDPA's) in
+`AttentionMaskInterface` — without the latter, transformers would build no mask and silently ignore padding. Every
+model whose attention goes through `ALL_ATTENTION_FUNCTIONS` then runs k-NN attention with one argument:
+
+    import aot_transformers.knn
+    model = AutoModelForCausalLM.from_pretrained(name_or_folder, attn_implementation="knn", knn_k=0.5)
+
+`knn_k` is read from the model's config: an int keeps that many keys per query, a float in (0, 1] keeps
+`ceil(knn_k * n)` of the `n` keys a query may see (the paper's rule of thumb is n/2). Exactly min(k, visible keys)
+keys are kept, ties at the k-th score broken by `torch.topk`'s order. Causal and bidirectional models, padding,
+grouped-query attention (fewer key/value heads) and KV caches all work; `knn_chunk_size` (default 256) sets how
+many queries are scored at once.
+"""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from .attention_aot import ATTENTION_BACKENDS, check_knn_k, knn_attention_backend
+
+KNN_ATTENTION = "knn"  # registered in `AttentionInterface` when `attention_aot` is imported
+if ATTENTION_BACKENDS[KNN_ATTENTION] is not knn_attention_backend:  # pragma: no cover - a packaging error
+    raise ImportError("aot_transformers.attention_aot no longer registers the k-NN backend as 'knn'.")
+
+# `from_pretrained(..., knn_k=0.5)` hands a keyword to the config only if the config already has that attribute
+# (otherwise it goes to the model's `__init__`, which rejects it). A class-level default makes every config accept
+# `knn_k` (and `knn_chunk_size`); a value given is stored on the instance and saved with the config.
+for _name in ("knn_k", "knn_chunk_size"):
+    if not hasattr(PretrainedConfig, _name):
+        setattr(PretrainedConfig, _name, None)
+
+
+__all__ = ["KNN_ATTENTION", "check_knn_k", "knn_attention_backend"]
