@@ -292,3 +292,52 @@ def test_labels_out_of_range_raise():
     model = AoTForImageClassification(tiny_config())
     with pytest.raises(ValueError, match="num_labels=5"):
         model(torch.randn(2, 3, 16, 16), labels=torch.tensor([0, 5]))
+
+
+def test_lm_labels_out_of_vocabulary_raise_but_ignore_index_passes():
+    model = _lm()
+    ids = _ids()
+    labels = ids.clone()
+    labels[0, 3] = -100
+    assert torch.isfinite(model(ids, labels=labels).loss)
+    labels[1, 5] = 97
+    with pytest.raises(ValueError, match=r"vocab_size=97.*-100"):
+        model(ids, labels=labels)
+
+
+@pytest.mark.parametrize("value", [2, -1, 0.5])
+def test_attention_mask_values_other_than_zero_and_one_raise(value):
+    ids = _ids()
+    mask = torch.ones(ids.shape, dtype=torch.float32)
+    mask[0, 0] = value
+    with pytest.raises(ValueError, match="1 for real tokens and 0 for padding"):
+        _lm()(ids, attention_mask=mask)
+
+
+def test_negative_position_ids_raise():
+    ids = _ids()
+    with pytest.raises(ValueError, match="position_ids"):
+        _lm()(ids, position_ids=torch.arange(-1, 11).expand(2, -1))
+
+
+def test_token_classification_labels_out_of_range_raise():
+    from aot_transformers import AoTForTokenClassification
+
+    model = AoTForTokenClassification(tiny_config(num_labels=3))
+    labels = torch.zeros(2, 12, dtype=torch.long)
+    labels[0, 0] = 3
+    with pytest.raises(ValueError, match="num_labels=3"):
+        model(_ids(), labels=labels)
+
+
+def test_config_numbers_are_stored_as_python_numbers_and_rechecked(tmp_path):
+    from fractions import Fraction
+
+    import numpy as np
+
+    config = tiny_config(knn_k=np.float32(0.5), hidden_size=np.int64(32), step_size=Fraction(1, 2))
+    assert type(config.knn_k) is float and type(config.hidden_size) is int and type(config.step_size) is float
+    AoTForCausalLM(config).save_pretrained(tmp_path)  # serialises
+    config.knn_k = 0  # changed after construction
+    with pytest.raises(ValueError, match="knn_k"):
+        AoTForCausalLM(config)

@@ -35,14 +35,17 @@ MLP_LAYERS = ("none", "first_half", "all")
 POOLING_TYPES = ("cls", "mean")
 
 
-def _check_int(name: str, value: Any, minimum: int = 1) -> None:
+def _check_int(name: str, value: Any, minimum: int = 1) -> int:
+    """`value` as a Python int (numpy integers included), or a clear error."""
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"`{name}` must be an int >= {minimum}, got {value!r} ({type(value).__name__}).")
     if value < minimum:
         raise ValueError(f"`{name}` must be an int >= {minimum}, got {value}.")
+    return int(value)
 
 
-def _check_real(name: str, value: Any, low: float, high: float, low_open: bool, high_open: bool) -> None:
+def _check_real(name: str, value: Any, low: float, high: float, low_open: bool, high_open: bool) -> float:
+    """`value` as a Python float (numpy floats, `Fraction`s and ints included), or a clear error."""
     allowed = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"`{name}` must be a number in {allowed}, got {value!r} ({type(value).__name__}).")
@@ -51,6 +54,7 @@ def _check_real(name: str, value: Any, low: float, high: float, low_open: bool, 
     too_high = value >= high if high_open else value > high
     if math.isnan(value) or too_low or too_high:
         raise ValueError(f"`{name}` must be a number in {allowed}, got {value}.")
+    return value
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -188,10 +192,11 @@ class AoTConfig(PretrainedConfig):
         super().validate()
 
     def _check_aot_fields(self) -> None:
+        # Numbers are stored as Python ints and floats (numpy scalars and Fractions would not serialise).
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
-            _check_int(name, getattr(self, name))
+            setattr(self, name, _check_int(name, getattr(self, name)))
         for name in ("max_position_embeddings", "knn_chunk_size", "image_size", "patch_size", "num_channels"):
-            _check_int(name, getattr(self, name))
+            setattr(self, name, _check_int(name, getattr(self, name)))
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
@@ -209,15 +214,15 @@ class AoTConfig(PretrainedConfig):
                     f"({type(self.knn_k).__name__})."
                 )
             if isinstance(self.knn_k, Integral):
-                _check_int("knn_k", self.knn_k)
+                self.knn_k = _check_int("knn_k", self.knn_k)
             else:
-                _check_real("knn_k", self.knn_k, 0.0, 1.0, low_open=True, high_open=False)
-        _check_real("step_size", self.step_size, 0.0, math.inf, low_open=True, high_open=True)
-        _check_real("mlp_ratio", self.mlp_ratio, 0.0, math.inf, low_open=True, high_open=True)
-        _check_real("attention_dropout", self.attention_dropout, 0.0, 1.0, low_open=False, high_open=True)
-        _check_real("hidden_dropout", self.hidden_dropout, 0.0, 1.0, low_open=False, high_open=True)
-        _check_real("layer_norm_eps", self.layer_norm_eps, 0.0, math.inf, low_open=True, high_open=True)
-        _check_real("initializer_range", self.initializer_range, 0.0, math.inf, low_open=False, high_open=True)
+                self.knn_k = _check_real("knn_k", self.knn_k, 0.0, 1.0, low_open=True, high_open=False)
+        self.step_size = _check_real("step_size", self.step_size, 0.0, math.inf, low_open=True, high_open=True)
+        self.mlp_ratio = _check_real("mlp_ratio", self.mlp_ratio, 0.0, math.inf, low_open=True, high_open=True)
+        for name in ("attention_dropout", "hidden_dropout"):
+            setattr(self, name, _check_real(name, getattr(self, name), 0.0, 1.0, low_open=False, high_open=True))
+        self.layer_norm_eps = _check_real("layer_norm_eps", self.layer_norm_eps, 0.0, math.inf, True, True)
+        self.initializer_range = _check_real("initializer_range", self.initializer_range, 0.0, math.inf, False, True)
         for name in (
             "normalize_query",
             "tie_output_projection",
@@ -240,7 +245,8 @@ class AoTConfig(PretrainedConfig):
             value = getattr(self, name)
             if value is None or isinstance(value, list):
                 continue
-            _check_int(name, value, minimum=0)
+            value = _check_int(name, value, minimum=0)
+            setattr(self, name, value)
             if value >= self.vocab_size:
                 raise ValueError(f"`{name}` ({value}) must be < `vocab_size` ({self.vocab_size}).")
 

@@ -103,6 +103,18 @@ def _check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
             )
 
 
+def _check_labels(labels: torch.Tensor, num_classes: int, field: str) -> None:
+    """Class labels must lie in [0, num_classes) or be -100 (ignored); say so instead of an IndexError in torch."""
+    if _is_compiling() or labels.numel() == 0 or torch.is_floating_point(labels):
+        return
+    scored = labels[labels != -100]
+    if scored.numel() and (int(scored.min()) < 0 or int(scored.max()) >= num_classes):
+        raise ValueError(
+            f"`labels` must lie in [0, {num_classes - 1}] ({field}={num_classes}) or be -100 (ignored), got values "
+            f"in [{int(scored.min())}, {int(scored.max())}]."
+        )
+
+
 class AoTMLP(nn.Module):
     """The MLP block of the hybrid and full ablations (absent from AoT proper)."""
 
@@ -383,6 +395,11 @@ class AoTModel(AoTPreTrainedModel):
                     f"A 2-D `attention_mask` must have shape (batch, cached + new tokens) = ({batch}, "
                     f"{past_length + length}), got {tuple(attention_mask.shape)}."
                 )
+            if attention_mask.dtype != torch.bool and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+                values = sorted(set(attention_mask.unique().tolist()) - {0, 1})[:5]
+                raise ValueError(
+                    f"A 2-D `attention_mask` holds 1 for real tokens and 0 for padding, got other values {values}."
+                )
         if position_ids is not None:
             if position_ids.shape[-1] != length:
                 raise ValueError(
@@ -560,6 +577,7 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
                 )
             if logits.shape[1] != labels.shape[1]:
                 raise ValueError("`labels` need the logits of every position: use `logits_to_keep=0`.")
+            _check_labels(labels, self.config.vocab_size, "vocab_size")
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
 
         if not return_dict:
@@ -715,6 +733,7 @@ class AoTForTokenClassification(AoTPreTrainedModel):
                     f"`labels` must have the shape of the input (batch, sequence) = {tuple(logits.shape[:2])}, got "
                     f"{tuple(labels.shape)}."
                 )
+            _check_labels(labels, self.num_labels, "num_labels")
             loss = self.loss_function(logits, labels, self.config, **kwargs)
         if not return_dict:
             output = (logits,) + tuple(v for v in (outputs.hidden_states, outputs.attentions) if v is not None)
@@ -911,14 +930,8 @@ class AoTForImageClassification(AoTPreTrainedModel):
         if labels is not None:
             if labels.shape[0] != logits.shape[0]:
                 raise ValueError(f"`labels` must have {logits.shape[0]} entries (one per image), got {labels.shape}.")
-            is_class_index = not torch.is_floating_point(labels) and self.num_labels > 1
-            if is_class_index and not _is_compiling() and labels.numel() > 0:
-                low, high = int(labels.min()), int(labels.max())
-                if low < 0 or high >= self.num_labels:
-                    raise ValueError(
-                        f"`labels` must lie in [0, {self.num_labels - 1}] (num_labels={self.num_labels}), "
-                        f"got values in [{low}, {high}]."
-                    )
+            if self.num_labels > 1:  # class indices (one label = regression)
+                _check_labels(labels, self.num_labels, "num_labels")
             loss = self.loss_function(labels, logits, self.config, **kwargs)
         if not return_dict:
             output = (logits,) + tuple(v for v in (outputs.hidden_states, outputs.attentions) if v is not None)
