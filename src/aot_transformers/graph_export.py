@@ -152,7 +152,10 @@ def export_program(
     Raises:
         GraphExportError: For a model that is not exportable, including k-NN models until the k-NN kernel exports.
     """
-    spec = export_spec(model, batch_size, sequence_length)
+    return _export(export_spec(model, batch_size, sequence_length), model)
+
+
+def _export(spec: ExportSpec, model: AoTPreTrainedModel) -> torch.export.ExportedProgram:
     model.eval()
     try:
         with torch.no_grad():
@@ -284,27 +287,20 @@ def export_onnx(
     if path.is_dir():
         raise GraphExportError(f"The output {path} is a folder; give the .onnx file to write.")
     spec = export_spec(model)
-    model.eval()
+    # torch.export first, so that a model that specialises on the shapes fails here with a clear error: given the
+    # module itself, the ONNX exporter would fall back to other tracers and fix the axes to the example's sizes.
+    exported = _export(spec, model)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as staging:
         staged = Path(staging) / path.name
-        try:
-            with torch.no_grad():
-                program = torch.onnx.export(
-                    spec.module,
-                    (),
-                    kwargs=spec.example_inputs,
-                    dynamic_shapes=spec.dynamic_shapes,
-                    input_names=list(spec.example_inputs),
-                    output_names=[spec.output_name],
-                    opset_version=opset_version,
-                    dynamo=True,
-                    verbose=False,
-                )
-        except Exception as error:
-            if model.config.knn_k is not None:
-                raise _knn_failure(model, _first_line(error)) from error
-            raise
+        program = torch.onnx.export(
+            exported,
+            input_names=list(spec.example_inputs),
+            output_names=[spec.output_name],
+            opset_version=opset_version,
+            dynamo=True,
+            verbose=False,
+        )
         program.save(staged)
         _check_dynamic_axes(staged, spec, model)
         max_abs_diff = _compare_with_onnxruntime(staged, spec, model, onnxruntime) if check else None
@@ -359,9 +355,13 @@ def load_exportable(folder: str | os.PathLike) -> AoTPreTrainedModel:
 
 
 def _export_onnx_command(args: argparse.Namespace) -> int:
-    from transformers.utils import logging
+    import logging
 
-    logging.disable_progress_bar()  # the command prints its own report
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # the command prints its own report
+    # The exporter logs a warning per torchvision operator it cannot register when torchvision is absent.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     try:
         _import_onnx()  # before loading the model: a missing extra is the most likely error
         model = load_exportable(args.folder)
