@@ -140,6 +140,12 @@ def test_cli_rejects_an_output_that_is_not_an_onnx_file(tmp_path, capsys):
     assert status == 2 and "must end in .onnx" in err
 
 
+def test_export_onnx_asks_for_a_float32_model(tmp_path):
+    with pytest.raises(GraphExportError, match=r"float32 model \(its parameters are torch.bfloat16\)"):
+        export_onnx(AoTForCausalLM(tiny_config()).to(torch.bfloat16), tmp_path / "lm.onnx")
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_failed_export_leaves_the_existing_file_untouched(tmp_path, monkeypatch):
     out = tmp_path / "lm.onnx"
     out.write_bytes(b"the previous export")

@@ -245,9 +245,10 @@ def _compare_with_onnxruntime(path: Path, spec: ExportSpec, model: AoTPreTrained
     options.intra_op_num_threads = torch.get_num_threads()
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     worst = 0.0
+    device = next(model.parameters()).device
     for inputs in _check_inputs(spec, model):
         with torch.no_grad():
-            expected = spec.module(**inputs).float()
+            expected = spec.module(**{name: tensor.to(device) for name, tensor in inputs.items()}).float().cpu()
         (actual,) = session.run(None, {name: tensor.numpy() for name, tensor in inputs.items()})
         difference = (torch.from_numpy(actual) - expected).abs()
         if "attention_mask" in inputs:
@@ -286,6 +287,9 @@ def export_onnx(
         raise GraphExportError(f"The output file must end in .onnx, got {path}.")
     if path.is_dir():
         raise GraphExportError(f"The output {path} is a folder; give the .onnx file to write.")
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.float32:
+        raise GraphExportError(f"Export a float32 model (its parameters are {dtype}): call `model.float()` first.")
     spec = export_spec(model)
     # torch.export first, so that a model that specialises on the shapes fails here with a clear error: given the
     # module itself, the ONNX exporter would fall back to other tracers and fix the axes to the example's sizes.
