@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify = subcommands.add_parser("verify", help="check a saved model folder's code files against their hashes")
     verify.add_argument("folder", help="a folder written by save_pretrained / aot export, or downloaded")
     verify.set_defaults(func=_verify)
+    from .graph_export import register as register_graph_export  # `aot export onnx`
+
+    register_graph_export(subcommands)
     for register in _subcommand_registrars():
         register(subcommands)
     return parser
