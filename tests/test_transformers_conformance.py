@@ -290,3 +290,20 @@ class AoTVisionMHSATest(AoTVisionMSSATest):
 
 class AoTVisionKNNTest(_KNNTests, AoTVisionMSSATest):
     pass
+
+
+def test_output_attentions_on_a_knn_config_selects_the_knn_backend():
+    """The fix `test_attention_outputs` exposed: transformers' `output_attentions` setter switched a k-NN config to
+    'eager' (which a k-NN model refuses) and refused 'knn', whose kernel returns the maps."""
+    config = AoTTextModelTester(None, "knn").get_config()
+    config.output_attentions = True  # before the model is built: must not switch to a dense backend
+    model = AoTModel(config).eval()
+    assert model.config._attn_implementation == "knn"
+    input_ids = ids_tensor([2, 5], config.vocab_size)
+    attentions = model(input_ids).attentions
+    assert len(attentions) == config.num_hidden_layers
+    assert (attentions[0] > 0).sum(-1).max() <= config.knn_k  # k-NN maps: at most k keys per query
+    model.config.output_attentions = False
+    model.config.output_attentions = True  # on a built k-NN model too
+    with pytest.raises(ValueError, match="needs an attention backend that returns attention maps"):
+        AoTModel(AoTTextModelTester(None, "mssa").get_config()).config.output_attentions = True
