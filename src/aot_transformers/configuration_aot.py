@@ -33,6 +33,8 @@ ATTENTION_TYPES = ("mssa", "mhsa")
 VISION_ARCHITECTURES = ("AoTVisionModel", "AoTForImageClassification")
 MLP_LAYERS = ("none", "first_half", "all")
 POOLING_TYPES = ("cls", "mean")
+# Attention backends whose kernels return the attention maps (`output_attentions=True`).
+ATTENTION_MAP_BACKENDS = ("eager", "knn")
 
 
 def _check_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -189,7 +191,15 @@ class AoTConfig(PretrainedConfig):
         common fields run after the AoT ones (they read `head_dim`, which needs valid sizes).
         """
         self._check_aot_fields()
-        super().validate()
+        if self.output_attentions and self._attn_implementation == "knn":
+            # transformers' `validate_output_attentions` accepts only "eager"; the "knn" kernel returns the maps too.
+            self._output_attentions = False
+            try:
+                super().validate()
+            finally:
+                self._output_attentions = True
+        else:
+            super().validate()
 
     def _check_aot_fields(self) -> None:
         # Numbers are stored as Python ints and floats (numpy scalars and Fractions would not serialise).
@@ -259,6 +269,25 @@ class AoTConfig(PretrainedConfig):
         if any(name in VISION_ARCHITECTURES for name in architectures) and "AoTVisionModel" not in architectures:
             output["architectures"] = [*architectures, "AoTVisionModel"]
         return output
+
+    # transformers allows `output_attentions` only with "eager", which a k-NN config refuses: the "knn" kernel returns
+    # the attention maps itself.
+    @property
+    def output_attentions(self) -> bool:
+        """Whether the model returns every layer's attention maps (backends "eager" and "knn")."""
+        return self._output_attentions
+
+    @output_attentions.setter
+    def output_attentions(self, value: bool) -> None:
+        if value and self._attn_implementation is None:
+            self._attn_implementation = "knn" if getattr(self, "knn_k", None) is not None else "eager"
+        if value and self._attn_implementation not in ATTENTION_MAP_BACKENDS:
+            raise ValueError(
+                f"`output_attentions=True` needs an attention backend that returns attention maps "
+                f"({', '.join(ATTENTION_MAP_BACKENDS)}), but the config uses {self._attn_implementation!r}; set "
+                f"`attn_implementation='{'knn' if getattr(self, 'knn_k', None) is not None else 'eager'}'`."
+            )
+        self._output_attentions = value
 
     # Derived values live here, in one place.
     @property
