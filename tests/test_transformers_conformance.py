@@ -218,10 +218,9 @@ class _AoTCommonTests(ModelTesterMixin):
 
     def test_sdpa_can_dispatch_non_composite_models(self):
         default = self.model_tester.get_config()
-        if default.knn_k is not None or default.attention_type == "mssa":
+        if default.knn_k is not None:
             self.skipTest(
-                "the test assumes the default backend is 'sdpa'; by design AoT defaults to 'knn' when `knn_k` is set "
-                "and to 'shared_projection' (one tensor as query = key = value) for MSSA"
+                "the test assumes the default backend is 'sdpa'; by design AoT defaults to 'knn' when `knn_k` is set"
             )
         super().test_sdpa_can_dispatch_non_composite_models()
 
