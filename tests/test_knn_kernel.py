@@ -49,6 +49,23 @@ def test_chunked_knn_equals_reference_values_and_gradients(knn_k, length, maskin
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("knn_k", [1, 3])
+@pytest.mark.parametrize("masking", ["none", "causal", "padding", "cache"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_small_k_two_stage_selection_equals_reference(knn_k, masking, ties):
+    # n >= 16 (k + 1) and a multiple of 4: the kernel selects through group maxima (`_topk_scores`).
+    q, k, v = _qkv(q_len=5 if masking == "cache" else 64, k_len=64)
+    if ties:  # scores from a few integer values (and a power-of-two scaling, so exact): many keys tie
+        q, k = (torch.randint(-1, 2, t.shape).double().requires_grad_() for t in (q, k))
+    mask, is_causal = _mask(masking, 2, q.shape[2], 64)
+    out, _ = knn_attention_forward(None, q, k, v, mask, 0.5, is_causal=is_causal, knn_k=knn_k, knn_chunk_size=16)
+    ref, _ = knn_attention_reference(None, q, k, v, mask, 0.5, is_causal=is_causal, knn_k=knn_k)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    upstream = torch.randn_like(out)
+    for got, want in zip(_grads(out, (q, k, v), upstream), _grads(ref, (q, k, v), upstream), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("knn_k", [2, 5, 0.5])
 def test_ties_keep_exactly_min_k_visible_keys_lowest_index_first(knn_k):
     # Integer queries and keys drawn from three values: the float64 scores are exact and tie everywhere.

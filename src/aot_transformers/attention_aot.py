@@ -76,20 +76,22 @@ def _topk_scores(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(scores.gather(-1, candidate_idx), k, dim=-1, sorted=False)[0]  # (..., k) of k·S candidates
 
 
-def _flip_order_bits(bits: torch.Tensor) -> torch.Tensor:
-    """In place, map the bits of floats to integers of the same order, and back (the map is its own inverse).
+def _order_bits(values: torch.Tensor) -> torch.Tensor:
+    """Integers with the order of the floats `values` (and, applied to those integers, the floats' bits back).
 
-    Negative floats order their magnitude bits backwards, so those bits are flipped; `topk` on the integers is
-    about 1.5x faster on CPU than on the floats. -0.0 lands just below +0.0; as floats they compare equal, and the
-    k-th largest integer maps back to the k-th largest float either way.
+    Negative floats order their magnitude bits backwards, so those bits are flipped; `topk` of a large k on the
+    integers is about 1.5x faster on CPU than on the floats. -0.0 lands just below +0.0; as floats they compare
+    equal, and the k-th largest integer maps back to the k-th largest float either way.
     """
-    shift = bits.element_size() * 8 - 1
-    return bits.bitwise_xor_((bits >> shift) & ((1 << shift) - 1))
+    if values.is_floating_point():
+        values = values.view({8: torch.int64, 4: torch.int32}[values.element_size()])
+    shift = values.element_size() * 8 - 1
+    return (values >> shift).bitwise_and_((1 << shift) - 1).bitwise_xor_(values)
 
 
 def _knn_keep(
     scores: torch.Tensor, mask: torch.Tensor | None, knn_k: int | float, max_k: int | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The keys each query keeps, by the module docstring's rule, and the O(1)-per-query statistics that redo it.
 
     Args:
@@ -100,9 +102,10 @@ def _knn_keep(
             full sort and no data-dependent branch (for `torch.export`, where it is a symbolic expression).
 
     Returns:
-        `kept` (B, H, C, Tk) boolean, `threshold` (B, H, C, 1), the k-th largest visible score, and `cutoff`
-        (B, H, C, 1) or None: `kept = (scores > threshold) | ((scores == threshold) & (key index <= cutoff))`,
-        which is how the backward rebuilds `kept` from recomputed scores.
+        `kept` (B, H, C, Tk) boolean, `threshold` (B, H, C, 1), the k-th largest visible score, `cutoff`
+        (B, H, C, 1) or None, and `row_max` (B, H, C, 1), the largest score.
+        `kept = (scores > threshold) | ((scores == threshold) & (key index <= cutoff))`, which is how the backward
+        rebuilds `kept` from recomputed scores.
     """
     num_keys = scores.shape[-1]
     if mask is not None:
@@ -110,31 +113,42 @@ def _knn_keep(
     else:
         num_visible = torch.full_like(scores[..., :1], num_keys, dtype=torch.long)
     keep = resolve_knn_k(knn_k, num_visible)
-    bits_dtype = {8: torch.int64, 4: torch.int32}[scores.element_size()]
-    order = _flip_order_bits(scores.clone().view(bits_dtype))  # (B, H, C, Tk)
+    row_max = None
     if max_k is None:
-        ordered, _ = torch.sort(order, dim=-1, descending=True)
-        threshold = _flip_order_bits(ordered.gather(-1, keep - 1)).view(scores.dtype)  # (B, H, C, 1)
-        del ordered, order
+        ordered, _ = torch.sort(_order_bits(scores), dim=-1, descending=True)
+        threshold = _order_bits(ordered.gather(-1, keep - 1)).view(scores.dtype)  # (B, H, C, 1)
+        del ordered
         may_tie = True
+    elif max_k >= num_keys:  # every visible key is kept
+        threshold = scores.masked_fill(scores == float("-inf"), float("inf")).amin(dim=-1, keepdim=True)
+        may_tie = False
     else:
+        # Small k: two-stage top-k on the floats; large k: one top-k on the order-preserving integers.
+        two_stage = num_keys % _TWO_STAGE_GROUP == 0 and num_keys >= 4 * _TWO_STAGE_GROUP * (max_k + 1)
+        order = scores if two_stage else _order_bits(scores)  # (B, H, C, Tk)
         extra = max_k - keep  # the top-max_k's smallest is the keep-th largest once `extra` fake maxima are added
         if mask is not None and bool((extra > 0).any()):
             # `extra` never exceeds the masked keys of a row (min and ceil are 1-Lipschitz): promote the first ones.
             hidden = ~mask
-            order.masked_fill_(hidden & (hidden.cumsum(dim=-1) <= extra), torch.iinfo(bits_dtype).max)
+            top_value = float("inf") if two_stage else torch.iinfo(order.dtype).max
+            order = order.masked_fill(hidden & (hidden.cumsum(dim=-1) <= extra), top_value)
             del hidden
-        if max_k < num_keys:
-            # The (k+1)-th largest tells whether more keys than k tie at the k-th: no full-row count is needed.
-            top = _topk_scores(order, max_k + 1)
-            del order
-            last_two = _flip_order_bits(top.topk(2, dim=-1, largest=False, sorted=True)[0]).view(scores.dtype)
-            threshold, following = last_two[..., 1:], last_two[..., :1]  # (B, H, C, 1) each
-            may_tie = bool((following == threshold).any())
         else:
-            threshold = _flip_order_bits(order.amin(dim=-1, keepdim=True)).view(scores.dtype)
-            del order
-            may_tie = False
+            extra = None
+        # The (k+1)-th largest tells whether more keys than k tie at the k-th: no full-row count is needed.
+        top = _topk_scores(order, max_k + 1)  # (B, H, C, k + 1)
+        del order
+        last_two = top.topk(2, dim=-1, largest=False, sorted=True)[0]
+        if extra is None:
+            row_max = top.amax(dim=-1, keepdim=True)
+        if not two_stage:
+            last_two = _order_bits(last_two).view(scores.dtype)
+            row_max = None if row_max is None else _order_bits(row_max).view(scores.dtype)
+        del top
+        threshold, following = last_two[..., 1:], last_two[..., :1]  # (B, H, C, 1) each
+        may_tie = bool((following == threshold).any())
+    if row_max is None:
+        row_max = scores.amax(dim=-1, keepdim=True)
     kept = scores >= threshold
     cutoff = None
     if may_tie:
@@ -145,7 +159,7 @@ def _knn_keep(
         wanted = tied.sum(dim=-1, keepdim=True) - excess
         cutoff = (tied.cumsum(dim=-1) < wanted).sum(dim=-1, keepdim=True)
         kept = _kept_from_threshold(scores, threshold, cutoff)
-    return kept, threshold, cutoff
+    return kept, threshold, cutoff, row_max
 
 
 def _kept_from_threshold(scores: torch.Tensor, threshold: torch.Tensor, cutoff: torch.Tensor | None) -> torch.Tensor:
@@ -212,13 +226,12 @@ class _KnnAttentionFunction(torch.autograd.Function):
             stop = min(start + chunk_size, q_len)
             end, chunk_mask = _chunk_keys(mask, causal_offset, start, stop, num_keys, query.device)
             scores = _chunk_scores(query[:, :, start:stop], key[:, :, :end], chunk_mask, scaling)  # (B, H, C, Tk')
-            kept, threshold, cutoff = _knn_keep(scores, chunk_mask, knn_k, _max_knn_k(knn_k, end))
+            kept, threshold, cutoff, row_max = _knn_keep(scores, chunk_mask, knn_k, _max_knn_k(knn_k, end))
             thresholds[:, :, start:stop] = threshold
             if cutoff is not None:
                 if cutoffs is None:  # the key count: rows without excess ties keep every tied key
                     cutoffs = torch.full_like(thresholds, num_keys, dtype=torch.long)
                 cutoffs[:, :, start:stop] = cutoff
-            row_max = scores.amax(dim=-1, keepdim=True)  # the top score, always kept
             probs = scores.sub_(row_max).exp_().mul_(kept)  # in place, unnormalised: (B, H, C, Tk)
             del kept
             normaliser = probs.sum(dim=-1, keepdim=True)
@@ -298,7 +311,7 @@ def _knn_attention_dense(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     with torch.no_grad():
-        kept, _, _ = _knn_keep(scores.detach(), mask, knn_k, max_k)
+        kept = _knn_keep(scores.detach(), mask, knn_k, max_k)[0]
     weights = torch.softmax(scores.masked_fill(~kept, float("-inf")), dim=-1).to(query.dtype)
     dropped = weights
     if dropout > 0.0:
