@@ -117,10 +117,9 @@ def _knn_keep(
         ordered, _ = torch.sort(_order_bits(scores), dim=-1, descending=True)
         threshold = _order_bits(ordered.gather(-1, keep - 1)).view(scores.dtype)  # (B, H, C, 1)
         del ordered
-        may_tie = True
     elif max_k >= num_keys:  # every visible key is kept
         threshold = scores.masked_fill(scores == float("-inf"), float("inf")).amin(dim=-1, keepdim=True)
-        may_tie = False
+        return scores < threshold, threshold, None
     else:
         # Small k: two-stage top-k on the floats; large k: one top-k on the order-preserving integers.
         two_stage = num_keys % _TWO_STAGE_GROUP == 0 and num_keys >= 4 * _TWO_STAGE_GROUP * (max_k + 1)
@@ -140,16 +139,29 @@ def _knn_keep(
             last_two = _order_bits(last_two).view(scores.dtype)
         del top
         threshold, following = last_two[..., 1:], last_two[..., :1]  # (B, H, C, 1) each
-        may_tie = bool((following == threshold).any())
-    if not may_tie:
-        return scores < threshold, threshold, None
+        tie_rows = (following == threshold).flatten()
+        if not bool(tie_rows.any()):
+            return scores < threshold, threshold, None
+        # Ties beyond k are rare (float32 collisions near the k-th score: a few rows in 10^5): resolve only them.
+        tie_rows = tie_rows.nonzero().squeeze(1)
+    keep = keep.expand(threshold.shape)
+    if max_k is None:  # every row, with no data-dependent shape
+        cutoff = _tie_cutoff(scores, threshold, keep)
+    else:
+        flat = lambda tensor: tensor.reshape(-1, tensor.shape[-1])  # (B·H·C, ·)
+        cutoff = torch.full_like(threshold, num_keys, dtype=torch.long)  # rows without excess ties keep them all
+        flat(cutoff)[tie_rows] = _tie_cutoff(flat(scores)[tie_rows], flat(threshold)[tie_rows], flat(keep)[tie_rows])
+    return _rejected_by_threshold(scores, threshold, cutoff), threshold, cutoff
+
+
+def _tie_cutoff(scores: torch.Tensor, threshold: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Index of the last key kept among those tied at `threshold`, for rows of `scores` (..., Tk) keeping `keep`."""
     excess = (scores >= threshold).sum(dim=-1, keepdim=True) - keep  # > 0 where more keys than kept tie
     tied = scores == threshold
     # The last tied key kept is the (tied - excess)-th one by key index: its position is the number of key
     # positions whose running count of tied keys is still below that.
     wanted = tied.sum(dim=-1, keepdim=True) - excess
-    cutoff = (tied.cumsum(dim=-1) < wanted).sum(dim=-1, keepdim=True)
-    return _rejected_by_threshold(scores, threshold, cutoff), threshold, cutoff
+    return (tied.cumsum(dim=-1) < wanted).sum(dim=-1, keepdim=True)
 
 
 def _rejected_by_threshold(scores: torch.Tensor, threshold: torch.Tensor, cutoff: torch.Tensor | None) -> torch.Tensor:
