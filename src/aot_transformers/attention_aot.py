@@ -19,9 +19,14 @@ True where a query may attend, or an additive float mask — or None (every key;
 The last two are registered below in `AttentionInterface`, with their mask function in `AttentionMaskInterface`.
 
 k-NN attention keeps, for each query, the k keys with the highest scores among the keys it may see, masks the
-others to -inf and takes the softmax (KVT, Wang et al., https://arxiv.org/abs/2106.00515). k is clamped per query
-to the number of keys it may see. Ties at the k-th score are broken by `torch.topk`'s order, so exactly
-min(k, visible keys) keys are kept.
+others to -inf and takes the softmax (KVT, Wang et al., https://arxiv.org/abs/2106.00515). The tie rule, used by
+every k-NN path of this file (chunked kernel, its backward, the one-piece path for weights and export, the
+reference): a query keeps exactly min(k, visible keys) keys — with a fractional k, min(ceil(k · visible), visible)
+and at least 1 — and where several keys tie at the k-th largest score, the ones with the lowest key index are kept.
+Memory: the kernel runs in chunks of `knn_chunk_size` queries and its backward recomputes each chunk's scores from
+two numbers saved per query (the k-th score and, where keys tie at it, a cutoff), so forward + backward use
+O(knn_chunk_size · Tk + T · D) memory per head for every k, integer or fractional; only `output_attentions`
+materialises the (Tq, Tk) weights.
 
 This file is part of the remote-code unit: it imports only torch and transformers.
 
@@ -66,8 +71,8 @@ def _max_knn_k(knn_k: int | float, num_keys: int) -> int:
     return min(num_keys, knn_k)
 
 
-def _topk_scores(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted top-k values and indices along the last dim, faster than `torch.topk` on CPU for small k.
+def _topk_scores(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Unsorted top-k values along the last dim, faster than a plain `torch.topk` on CPU for small k.
 
     The top-k elements of a row all lie in the k groups (of `_TWO_STAGE_GROUP` neighbours) with the largest
     maxima: an element outside them is beaten by k group maxima. So a top-k over the group maxima, a gather of
@@ -77,105 +82,261 @@ def _topk_scores(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     n = scores.shape[-1]
     group = _TWO_STAGE_GROUP
     if n % group != 0 or n < 4 * group * k:
-        return torch.topk(scores, k, dim=-1, sorted=True)
+        return torch.topk(scores, k, dim=-1, sorted=False)[0]
     grouped = scores.unflatten(-1, (n // group, group))  # (..., G, S)
     _, top_groups = torch.topk(grouped.amax(dim=-1), k, dim=-1, sorted=False)  # (..., k)
     candidate_idx = (top_groups.unsqueeze(-1) * group + torch.arange(group, device=scores.device)).flatten(-2)
-    candidates = scores.gather(-1, candidate_idx)  # (..., k·S)
-    values, pos = torch.topk(candidates, k, dim=-1, sorted=True)
-    return values, candidate_idx.gather(-1, pos)
+    return torch.topk(scores.gather(-1, candidate_idx), k, dim=-1, sorted=False)[0]  # (..., k) of k·S candidates
 
 
-def _knn_select(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    mask: torch.Tensor | None,
-    scaling: float,
-    knn_k: int | float,
-    max_k: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kept key indices and their probabilities for one chunk of queries.
+def _order_bits(values: torch.Tensor) -> torch.Tensor:
+    """Integers with the order of the floats `values` (and, applied to those integers, the floats' bits back).
 
-    Returns `indices` (B, H, C, K) and `probs` (B, H, C, K) in at least float32; dropped slots have probability 0.
+    Negative floats order their magnitude bits backwards, so those bits are flipped; `topk` of a large k on the
+    integers is about 1.5x faster on CPU than on the floats. -0.0 lands just below +0.0; as floats they compare
+    equal, and the k-th largest integer maps back to the k-th largest float either way.
     """
-    scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # (B, H, C, Tk)
+    if values.is_floating_point():
+        values = values.view({8: torch.int64, 4: torch.int32}[values.element_size()])
+    shift = values.element_size() * 8 - 1
+    return (values >> shift).bitwise_and_((1 << shift) - 1).bitwise_xor_(values)
+
+
+def _knn_keep(
+    scores: torch.Tensor, mask: torch.Tensor | None, knn_k: int | float, max_k: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The keys each query keeps, by the module docstring's rule, and the O(1)-per-query statistics that redo it.
+
+    Args:
+        scores: (B, H, C, Tk) scores of a chunk of queries, masked keys at -inf. Left unchanged.
+        mask: Boolean (B, H, C, Tk), True where a query may attend, or None.
+        knn_k: As in `resolve_knn_k`.
+        max_k: The largest number of keys a query of this chunk keeps (`_max_knn_k`), or None to select with a
+            full sort and no data-dependent branch (for `torch.export`, where it is a symbolic expression).
+
+    Returns:
+        `rejected` (B, H, C, Tk) boolean, True for the keys not kept (masked ones included), `threshold`
+        (B, H, C, 1), the k-th largest visible score, and `cutoff` (B, H, C, 1) or None: the kept keys are
+        `(scores > threshold) | ((scores == threshold) & (key index <= cutoff))`, which is how the backward
+        rebuilds them from recomputed scores (`_rejected_by_threshold`).
+    """
+    num_keys = scores.shape[-1]
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    values, indices = _topk_scores(scores, max_k)  # (B, H, C, K), sorted descending
-    values = values.to(torch.promote_types(values.dtype, torch.float32))
-    if mask is not None or isinstance(knn_k, float):
-        if mask is not None:
-            num_visible = mask.sum(dim=-1, keepdim=True)
-        else:
-            num_visible = torch.full((1, 1, 1, 1), key.shape[-2], device=key.device)
-        keep = resolve_knn_k(knn_k, num_visible.to(torch.long))  # (B, 1|H, C, 1)
-        rank = torch.arange(max_k, device=query.device)
-        values = values.masked_fill(rank >= keep, float("-inf"))
-    return indices, torch.softmax(values, dim=-1)
+        num_visible = mask.sum(dim=-1, keepdim=True)  # (B, H, C, 1)
+    else:
+        num_visible = torch.full_like(scores[..., :1], num_keys, dtype=torch.long)
+    keep = resolve_knn_k(knn_k, num_visible)
+    if max_k is None:
+        ordered, _ = torch.sort(_order_bits(scores), dim=-1, descending=True)
+        threshold = _order_bits(ordered.gather(-1, keep - 1)).view(scores.dtype)  # (B, H, C, 1)
+        del ordered
+    elif max_k >= num_keys:  # every visible key is kept
+        threshold = scores.masked_fill(scores == float("-inf"), float("inf")).amin(dim=-1, keepdim=True)
+        return scores < threshold, threshold, None
+    else:
+        # Small k: two-stage top-k on the floats; large k: one top-k on the order-preserving integers.
+        two_stage = num_keys % _TWO_STAGE_GROUP == 0 and num_keys >= 4 * _TWO_STAGE_GROUP * (max_k + 1)
+        order = scores if two_stage else _order_bits(scores)  # (B, H, C, Tk)
+        extra = max_k - keep  # the top-max_k's smallest is the keep-th largest once `extra` fake maxima are added
+        if mask is not None and bool((extra > 0).any()):
+            # `extra` never exceeds the masked keys of a row (min and ceil are 1-Lipschitz): promote the first ones.
+            hidden = ~mask
+            top_value = float("inf") if two_stage else torch.iinfo(order.dtype).max
+            order = order.masked_fill(hidden & (hidden.cumsum(dim=-1) <= extra), top_value)
+            del hidden
+        # The (k+1)-th largest tells whether more keys than k tie at the k-th: no full-row count is needed.
+        top = _topk_scores(order, max_k + 1)  # (B, H, C, k + 1)
+        del order
+        last_two = top.topk(2, dim=-1, largest=False, sorted=True)[0]
+        if not two_stage:
+            last_two = _order_bits(last_two).view(scores.dtype)
+        del top
+        threshold, following = last_two[..., 1:], last_two[..., :1]  # (B, H, C, 1) each
+        tie_rows = (following == threshold).flatten()
+        if not bool(tie_rows.any()):
+            return scores < threshold, threshold, None
+        # Ties beyond k are rare (float32 collisions near the k-th score: a few rows in 10^5): resolve only them.
+        tie_rows = tie_rows.nonzero().squeeze(1)
+    keep = keep.expand(threshold.shape)
+    if max_k is None:  # every row, with no data-dependent shape
+        cutoff = _tie_cutoff(scores, threshold, keep)
+    else:
+        flat = lambda tensor: tensor.reshape(-1, tensor.shape[-1])  # (B·H·C, ·)
+        cutoff = torch.full_like(threshold, num_keys, dtype=torch.long)  # rows without excess ties keep them all
+        flat(cutoff)[tie_rows] = _tie_cutoff(flat(scores)[tie_rows], flat(threshold)[tie_rows], flat(keep)[tie_rows])
+    return _rejected_by_threshold(scores, threshold, cutoff), threshold, cutoff
 
 
-def _densify(indices: torch.Tensor, sparse: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """Scatter (B, H, C, K) values at key positions `indices` into a zero (B, H, C, Tk) chunk.
+def _tie_cutoff(scores: torch.Tensor, threshold: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Index of the last key kept among those tied at `threshold`, for rows of `scores` (..., Tk) keeping `keep`."""
+    excess = (scores >= threshold).sum(dim=-1, keepdim=True) - keep  # > 0 where more keys than kept tie
+    tied = scores == threshold
+    # The last tied key kept is the (tied - excess)-th one by key index: its position is the number of key
+    # positions whose running count of tied keys is still below that.
+    wanted = tied.sum(dim=-1, keepdim=True) - excess
+    return (tied.cumsum(dim=-1) < wanted).sum(dim=-1, keepdim=True)
 
-    On CPU a zero-filled chunk and one matmul beat gathering K rows of D values per query.
+
+def _rejected_by_threshold(scores: torch.Tensor, threshold: torch.Tensor, cutoff: torch.Tensor | None) -> torch.Tensor:
+    """The keys `_knn_keep` did not keep, rebuilt from its statistics."""
+    if cutoff is None:
+        return scores < threshold
+    positions = torch.arange(scores.shape[-1], device=scores.device)
+    return (scores < threshold) | ((scores == threshold) & (positions > cutoff))
+
+
+def _chunk_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """Scores of a chunk of queries in at least float32, masked keys at -inf; the backward recomputes them with
+    this same function, so they match the forward's bit for bit."""
+    scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # (B, H, C, Tk)
+    if scores.dtype not in (torch.float32, torch.float64):
+        scores = scores.float()
+    if mask is not None and mask.numel() < scores.numel():
+        # A mask shared by the batch and heads (the implied causal one): adding a -inf bias is much faster on CPU
+        # than `masked_fill_` with a broadcast boolean.
+        scores.add_(torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(~mask, -math.inf))
+    elif mask is not None:
+        scores.masked_fill_(~mask, float("-inf"))
+    return scores
+
+
+def _reject(scores: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """In place, push the rejected scores so low that their softmax weight is exactly 0.
+
+    Adding -1e30 (exp underflows to 0 for any score above -1e29) is about 5x faster on CPU than `masked_fill_`.
     """
-    dense = sparse.new_zeros(*sparse.shape[:-1], num_keys)
-    return dense.scatter_(-1, indices, sparse)
+    return scores.add_(rejected, alpha=-1e30)
+
+
+def _dropout_generator(seed: int, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def _chunk_keys(
+    mask: torch.Tensor | None, causal_offset: int | None, start: int, stop: int, num_keys: int, device: torch.device
+) -> tuple[int, torch.Tensor | None]:
+    """The number of leading keys that queries start:stop may see, and their mask (None: all of them).
+
+    With an implied causal mask (`causal_offset`: query i sees keys up to i + offset) the chunk scores only the
+    keys up to its last query's, about half the work, and builds its (C, Tk) mask rather than reading a (Tq, Tk) one.
+    """
+    if causal_offset is None:
+        return num_keys, None if mask is None else mask[:, :, start:stop]
+    end = min(num_keys, stop + causal_offset)
+    rows = torch.arange(start, stop, device=device)[:, None] + causal_offset
+    return end, (torch.arange(end, device=device) <= rows)[None, None]  # (1, 1, C, Tk')
 
 
 class _KnnAttentionFunction(torch.autograd.Function):
-    """Chunked exact k-NN attention whose backward keeps only the kept indices and probabilities.
+    """Chunked exact k-NN attention whose backward recomputes each chunk's scores (as flash attention does).
 
-    Peak extra memory is O(C · Tk) for one chunk of scores, and O(Tq · K) for what is saved for the backward,
-    which rebuilds each chunk's sparse probability matrix from the saved indices instead of keeping Tq × Tk scores.
+    The forward keeps, per query, the k-th largest visible score (`threshold`) and, where more keys tie at it than
+    are kept, a tie cutoff: at most two numbers per query. The backward recomputes the chunk's scores with the same
+    function, rebuilds the kept set from the threshold (no top-k) and the probabilities with the same softmax. Peak
+    memory is a few (B, H, C, Tk) chunk buffers plus the (B, H, T, D) inputs, output and gradients:
+    O(C · Tk + T · D) for every k, integer or fractional.
     """
 
     @staticmethod
-    def forward(ctx, query, key, value, mask, scaling, knn_k, chunk_size, dropout, generator):
+    def forward(ctx, query, key, value, mask, causal_offset, scaling, knn_k, chunk_size, dropout, seed):
         batch, heads, q_len, _ = query.shape
         num_keys = key.shape[-2]
-        max_k = _max_knn_k(knn_k, num_keys)
-        prob_dtype = torch.promote_types(query.dtype, torch.float32)
+        stat_dtype = torch.promote_types(query.dtype, torch.float32)
         output = query.new_empty(batch, heads, q_len, value.shape[-1])
-        all_indices = torch.empty(batch, heads, q_len, max_k, dtype=torch.long, device=query.device)
-        all_probs = torch.empty(batch, heads, q_len, max_k, dtype=prob_dtype, device=query.device)
+        thresholds = torch.empty(batch, heads, q_len, 1, dtype=stat_dtype, device=query.device)
+        cutoffs = None
+        generator = _dropout_generator(seed, query.device) if dropout > 0.0 else None
         for start in range(0, q_len, chunk_size):
             stop = min(start + chunk_size, q_len)
-            chunk_mask = None if mask is None else mask[:, :, start:stop]
-            indices, probs = _knn_select(query[:, :, start:stop], key, chunk_mask, scaling, knn_k, max_k)
-            if dropout > 0.0:
-                keep = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
-                probs = probs * keep / (1.0 - dropout)
-            output[:, :, start:stop] = torch.matmul(_densify(indices, probs.to(value.dtype), num_keys), value)
-            all_indices[:, :, start:stop] = indices
-            all_probs[:, :, start:stop] = probs
-        ctx.save_for_backward(query, key, value, all_indices, all_probs)
-        ctx.scaling = scaling
-        ctx.chunk_size = chunk_size
-        return output, all_indices, all_probs
+            end, chunk_mask = _chunk_keys(mask, causal_offset, start, stop, num_keys, query.device)
+            scores = _chunk_scores(query[:, :, start:stop], key[:, :, :end], chunk_mask, scaling)  # (B, H, C, Tk')
+            rejected, threshold, cutoff = _knn_keep(scores, chunk_mask, knn_k, _max_knn_k(knn_k, end))
+            thresholds[:, :, start:stop] = threshold
+            if cutoff is not None:
+                if cutoffs is None:  # the key count: rows without excess ties keep every tied key
+                    cutoffs = torch.full_like(thresholds, num_keys, dtype=torch.long)
+                cutoffs[:, :, start:stop] = cutoff
+            probs = torch.softmax(_reject(scores, rejected), dim=-1)  # (B, H, C, Tk')
+            del rejected, scores
+            if generator is not None:
+                probs.mul_(torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout)
+                probs.div_(1.0 - dropout)
+            output[:, :, start:stop] = torch.matmul(probs.to(value.dtype), value[:, :, :end])
+            del probs
+        ctx.save_for_backward(query, key, value, mask, thresholds, cutoffs)
+        ctx.causal_offset, ctx.scaling, ctx.chunk_size = causal_offset, scaling, chunk_size
+        ctx.dropout, ctx.seed = dropout, seed
+        return output
 
     @staticmethod
-    def backward(ctx, grad_output, _grad_indices, _grad_probs):
-        query, key, value, all_indices, all_probs = ctx.saved_tensors
-        num_keys = key.shape[-2]
+    def backward(ctx, grad_output):
+        query, key, value, mask, thresholds, cutoffs = ctx.saved_tensors
+        dropout = ctx.dropout
+        generator = _dropout_generator(ctx.seed, query.device) if dropout > 0.0 else None
         grad_query = torch.empty_like(query)
         grad_key = torch.zeros_like(key)
         grad_value = torch.zeros_like(value)
         for start in range(0, query.shape[2], ctx.chunk_size):
             stop = min(start + ctx.chunk_size, query.shape[2])
-            indices = all_indices[:, :, start:stop]  # (B, H, C, K)
-            probs = all_probs[:, :, start:stop].to(query.dtype)  # dropout already folded in
+            chunk_query = query[:, :, start:stop]
+            end, chunk_mask = _chunk_keys(mask, ctx.causal_offset, start, stop, key.shape[-2], query.device)
+            chunk_key, chunk_value = key[:, :, :end], value[:, :, :end]
+            scores = _chunk_scores(chunk_query, chunk_key, chunk_mask, ctx.scaling)  # (B, H, C, Tk'), as forward
+            cutoff = None if cutoffs is None else cutoffs[:, :, start:stop]
+            rejected = _rejected_by_threshold(scores, thresholds[:, :, start:stop], cutoff)
+            probs = torch.softmax(_reject(scores, rejected), dim=-1)  # the forward's P
+            del rejected, scores
             grad_out = grad_output[:, :, start:stop]  # (B, H, C, D)
-            dense_probs = _densify(indices, probs, num_keys)  # (B, H, C, Tk)
-            grad_value += torch.matmul(dense_probs.transpose(-1, -2), grad_out)
-            grad_probs = torch.matmul(grad_out, value.transpose(-1, -2)).gather(-1, indices)  # (B, H, C, K)
-            # Softmax backward on the kept slots. With dropout, p is the dropped-and-rescaled probability and
-            # dS = p * (dP - sum(p * dP)) still holds because the dropout mask is a constant factor.
-            grad_scores = probs * (grad_probs - (probs * grad_probs).sum(-1, keepdim=True)) * ctx.scaling
-            dense_grad_scores = _densify(indices, grad_scores, num_keys)  # (B, H, C, Tk)
-            grad_query[:, :, start:stop] = torch.matmul(dense_grad_scores, key)
-            grad_key += torch.matmul(dense_grad_scores.transpose(-1, -2), query[:, :, start:stop])
-        return grad_query, grad_key, grad_value, None, None, None, None, None, None
+            grad_probs = torch.matmul(grad_out, chunk_value.transpose(-1, -2)).to(probs.dtype)  # (B, H, C, Tk')
+            if generator is not None:
+                # The forward's dropout mask, drawn again from the same seed: the output used P ∘ M / (1 - p).
+                dropped = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
+                dropped = dropped.to(probs.dtype).div_(1.0 - dropout)
+                grad_value[:, :, :end] += torch.matmul((probs * dropped).to(value.dtype).transpose(-1, -2), grad_out)
+                grad_probs.mul_(dropped)
+                del dropped
+            else:
+                grad_value[:, :, :end] += torch.matmul(probs.to(value.dtype).transpose(-1, -2), grad_out)
+            # Softmax backward dS = P ∘ (dP - rowsum(P ∘ dP)); the scores' scaling goes on the (C, D) products.
+            grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype).to(query.dtype)
+            del probs, grad_probs
+            grad_query[:, :, start:stop] = torch.matmul(grad_scores, chunk_key).mul_(ctx.scaling)
+            grad_key[:, :, :end] += torch.matmul(grad_scores.transpose(-1, -2), chunk_query * ctx.scaling)
+            del grad_scores
+        return grad_query, grad_key, grad_value, None, None, None, None, None, None, None
+
+
+def _knn_attention_dense(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    knn_k: int | float,
+    dropout: float,
+    generator: torch.Generator | None,
+    max_k: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """k-NN attention in one piece through autograd, returning (B, H, Tq, D) output and (B, H, Tq, Tk) weights.
+
+    Used when the weights are requested (they then carry gradients to the query and key, as dense attention's do)
+    and under `torch.export` (one chunk, `max_k=None`: a sort instead of a top-k of symbolic size, no branch on
+    data). The kept set is the same as the chunked kernel's.
+    """
+    scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # (B, H, Tq, Tk)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    with torch.no_grad():
+        rejected = _knn_keep(scores.detach(), mask, knn_k, max_k)[0]
+    weights = torch.softmax(scores.masked_fill(rejected, float("-inf")), dim=-1).to(query.dtype)
+    dropped = weights
+    if dropout > 0.0:
+        dropped = weights * (torch.rand(weights.shape, device=weights.device, generator=generator) >= dropout)
+        dropped = dropped / (1.0 - dropout)
+    return torch.matmul(dropped, value), weights
 
 
 # Longest sequence, by `is_causal`, for which MSSA training on CPU uses the shared-projection kernel below instead
@@ -326,24 +487,39 @@ def knn_attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Exact k-NN attention computed in chunks of `knn_chunk_size` queries (see the module docstring).
 
-    `knn_k` defaults to `module.config.knn_k`. Returns attention weights (B, H, Tq, Tk) only when
-    `output_attentions` is set.
+    Forward + backward memory is O(`knn_chunk_size` · Tk + T · D) for every k: the backward recomputes each
+    chunk's scores from three saved numbers per query instead of saving the kept keys. `knn_k` defaults to
+    `module.config.knn_k`. With `output_attentions`, the kernel computes the (B, H, Tq, Tk) weights in one piece
+    and returns them differentiable (a loss on them trains the query and key, as with dense attention); the weights
+    are before dropout, as in `eager_attention_forward`. Under `torch.export` it runs as one chunk, with no Python
+    branch on the sequence length or on data. `generator` seeds the dropout mask.
     """
     if knn_k is None:
         knn_k = module.config.knn_k
     if knn_chunk_size is None:
-        knn_chunk_size = getattr(getattr(module, "config", None), "knn_chunk_size", 256)
+        knn_chunk_size = getattr(getattr(module, "config", None), "knn_chunk_size", None) or 256
     is_causal = _module_is_causal(module, is_causal)
-    mask = _explicit_mask(attention_mask, is_causal, query.shape[2], key.shape[2], query.device)
+    exporting = torch.compiler.is_exporting()
+    if output_attentions or exporting:
+        mask = _explicit_mask(attention_mask, is_causal, query.shape[2], key.shape[2], query.device)
+        if mask is not None:
+            mask = mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+        max_k = None if exporting else _max_knn_k(knn_k, key.shape[2])
+        output, weights = _knn_attention_dense(query, key, value, mask, scaling, knn_k, dropout, generator, max_k)
+        return output.transpose(1, 2).contiguous(), weights if output_attentions else None
+    causal_offset = None
+    if attention_mask is None and is_causal and query.shape[2] > 1:  # built chunk by chunk, never (Tq, Tk)
+        causal_offset = key.shape[2] - query.shape[2]
+    mask = _ensure_visible_key(_boolean_mask(attention_mask))
     if mask is not None:
-        mask = mask.expand(query.shape[0], -1, query.shape[2], key.shape[2])
-    output, indices, probs = _KnnAttentionFunction.apply(
-        query, key, value, mask, scaling, knn_k, knn_chunk_size, dropout, generator
+        mask = mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    seed = 0
+    if dropout > 0.0:  # the backward redraws the forward's dropout mask from this seed
+        seed = int(torch.randint(0, 2**62, (), generator=generator, device=generator.device if generator else "cpu"))
+    output = _KnnAttentionFunction.apply(
+        query, key, value, mask, causal_offset, scaling, knn_k, knn_chunk_size, dropout, seed
     )
-    weights = None
-    if output_attentions:
-        weights = query.new_zeros(*query.shape[:3], key.shape[2]).scatter_(-1, indices, probs.to(query.dtype))
-    return output.transpose(1, 2).contiguous(), weights
+    return output.transpose(1, 2).contiguous(), None
 
 
 def knn_attention_reference(
@@ -358,7 +534,8 @@ def knn_attention_reference(
     knn_k: int | float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slow reference k-NN attention (full score matrix, `torch.topk`, gather). For tests only."""
+    """Slow reference k-NN attention (full score matrix, stable sort, gather), written from the module docstring's
+    rule alone. For tests only; ignores dropout."""
     if knn_k is None:
         knn_k = module.config.knn_k
     is_causal = _module_is_causal(module, is_causal)
@@ -369,10 +546,10 @@ def knn_attention_reference(
         num_visible = mask.expand_as(scores).sum(-1, keepdim=True)
     else:
         num_visible = torch.full((*scores.shape[:-1], 1), scores.shape[-1], dtype=torch.long)
-    max_k = _max_knn_k(knn_k, scores.shape[-1])
-    values, indices = torch.topk(scores, max_k, dim=-1)
+    # A stable descending sort lists tied scores by key index: the first `keep` entries are the kept keys.
+    values, indices = torch.sort(scores, dim=-1, descending=True, stable=True)
     keep = resolve_knn_k(knn_k, num_visible)
-    values = values.masked_fill(torch.arange(max_k) >= keep, float("-inf"))
+    values = values.masked_fill(torch.arange(scores.shape[-1]) >= keep, float("-inf"))
     probs = torch.softmax(values.to(torch.promote_types(values.dtype, torch.float32)), dim=-1).to(query.dtype)
     output = (
         probs.unsqueeze(-1)
@@ -542,18 +719,12 @@ def subspace_attention(
     projected = torch.einsum("bnd,kdp->bknp", hidden_states, subspaces)  # (B, K, N, p)
     scores = scaling * torch.matmul(projected, projected.transpose(-1, -2))  # (B, K, N, N)
     mask = attention_mask
-    if knn_k is not None:
-        masked = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
-        max_k = _max_knn_k(knn_k, scores.shape[-1])
-        num_visible = (
-            mask.expand_as(scores).sum(-1, keepdim=True)
-            if mask is not None
-            else torch.full((*scores.shape[:-1], 1), scores.shape[-1], dtype=torch.long)
-        )
-        _, indices = torch.topk(masked, max_k, dim=-1)  # sorted: rank r holds the (r+1)-th best key
-        kept = torch.arange(max_k, device=scores.device) < resolve_knn_k(knn_k, num_visible)
-        topk_mask = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, indices, kept.expand_as(indices))
-        mask = topk_mask if mask is None else mask & topk_mask
+    if knn_k is not None:  # the module docstring's tie rule, as in the k-NN kernel
+        full_mask = None if mask is None else mask.expand_as(scores)
+        masked = scores if mask is None else scores.masked_fill(~full_mask, float("-inf"))
+        with torch.no_grad():
+            rejected, _, _ = _knn_keep(masked.detach(), full_mask, knn_k, _max_knn_k(knn_k, scores.shape[-1]))
+        mask = ~rejected
     weights = _apply_phi(scores, phi, mask)
     mixed = torch.matmul(weights.to(projected.dtype), projected)  # (B, K, N, p)
     return torch.einsum("bknp,kdp->bnd", mixed, subspaces)

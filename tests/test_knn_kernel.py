@@ -1,0 +1,182 @@
+"""The k-NN attention kernel: exact values and gradients (integer and fractional k, masks, chunk edges, ties,
+dropout), memory saved for the backward linear in the length, differentiable attention weights, and
+`torch.export` with dynamic batch and sequence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import Dim
+
+from aot_transformers import AoTForCausalLM
+from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward, knn_attention_reference
+from conftest import tiny_config
+
+CHUNK = 8
+
+
+def _qkv(batch=2, heads=2, q_len=17, k_len=17, dim=4, dtype=torch.float64):
+    make = lambda n: torch.randn(batch, heads, n, dim, dtype=dtype, requires_grad=True)
+    return make(q_len), make(k_len), make(k_len)
+
+
+def _mask(masking: str, batch: int, q_len: int, k_len: int) -> tuple[torch.Tensor | None, bool]:
+    """(attention_mask, is_causal) for a masking scheme; "cache" has Tq < Tk with the last query at the last key."""
+    if masking in ("none", "causal", "cache"):
+        return None, masking != "none"
+    key_valid = torch.ones(batch, k_len, dtype=torch.bool)
+    key_valid[0, : k_len // 3] = False  # left padding on the first sequence
+    causal = torch.arange(k_len)[None, :] <= torch.arange(q_len)[:, None] + (k_len - q_len)
+    return key_valid[:, None, None, :] & causal, False
+
+
+def _grads(output: torch.Tensor, inputs, upstream: torch.Tensor) -> list[torch.Tensor]:
+    return list(torch.autograd.grad(output, inputs, upstream))
+
+
+@pytest.mark.parametrize("knn_k", [1, 3, 0.5, 0.3])
+@pytest.mark.parametrize("length", [CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 1])
+@pytest.mark.parametrize("masking", ["none", "causal", "padding", "cache"])
+def test_chunked_knn_equals_reference_values_and_gradients(knn_k, length, masking):
+    q_len = 3 if masking == "cache" else length
+    q, k, v = _qkv(q_len=q_len, k_len=length)
+    mask, is_causal = _mask(masking, 2, q_len, length)
+    out, _ = knn_attention_forward(None, q, k, v, mask, 0.7, is_causal=is_causal, knn_k=knn_k, knn_chunk_size=CHUNK)
+    ref, _ = knn_attention_reference(None, q, k, v, mask, 0.7, is_causal=is_causal, knn_k=knn_k)
+    upstream = torch.randn_like(out)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for got, want in zip(_grads(out, (q, k, v), upstream), _grads(ref, (q, k, v), upstream), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("knn_k", [1, 3])
+@pytest.mark.parametrize("masking", ["none", "causal", "padding", "cache"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_small_k_two_stage_selection_equals_reference(knn_k, masking, ties):
+    # n >= 16 (k + 1) and a multiple of 4: the kernel selects through group maxima (`_topk_scores`).
+    q, k, v = _qkv(q_len=5 if masking == "cache" else 64, k_len=64)
+    if ties:  # scores from a few integer values (and a power-of-two scaling, so exact): many keys tie
+        q, k = (torch.randint(-1, 2, t.shape).double().requires_grad_() for t in (q, k))
+    mask, is_causal = _mask(masking, 2, q.shape[2], 64)
+    out, _ = knn_attention_forward(None, q, k, v, mask, 0.5, is_causal=is_causal, knn_k=knn_k, knn_chunk_size=16)
+    ref, _ = knn_attention_reference(None, q, k, v, mask, 0.5, is_causal=is_causal, knn_k=knn_k)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    upstream = torch.randn_like(out)
+    for got, want in zip(_grads(out, (q, k, v), upstream), _grads(ref, (q, k, v), upstream), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("knn_k", [2, 5, 0.5])
+def test_ties_keep_exactly_min_k_visible_keys_lowest_index_first(knn_k):
+    # Integer queries and keys drawn from three values: the float64 scores are exact and tie everywhere.
+    make = lambda n: torch.randint(-1, 2, (2, 2, n, 3)).double().requires_grad_()
+    q, k, v = make(13), make(13), torch.randn(2, 2, 13, 3, dtype=torch.float64, requires_grad=True)
+    mask, _ = _mask("padding", 2, 13, 13)
+    out, weights = knn_attention_forward(
+        None, q, k, v, mask, 1.0, knn_k=knn_k, knn_chunk_size=4, output_attentions=True
+    )
+    chunked, _ = knn_attention_forward(None, q, k, v, mask, 1.0, knn_k=knn_k, knn_chunk_size=4)
+    ref, ref_weights = knn_attention_reference(None, q, k, v, mask, 1.0, knn_k=knn_k)
+    visible = (mask | ~mask.any(-1, keepdim=True)).expand(2, 2, 13, 13).sum(-1)  # a query seeing no key sees all
+    expected = torch.minimum(torch.ceil(visible * knn_k).long(), visible) if isinstance(knn_k, float) else None
+    expected = visible.clamp(max=knn_k) if expected is None else expected.clamp(min=1)
+    assert torch.equal((weights > 0).sum(-1), expected)
+    torch.testing.assert_close(weights, ref_weights, rtol=0, atol=1e-12)
+    torch.testing.assert_close(chunked, ref, rtol=0, atol=1e-12)
+    upstream = torch.randn_like(out)
+    for got, want in zip(_grads(chunked, (q, k, v), upstream), _grads(ref, (q, k, v), upstream), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("knn_k", [3, 0.5])
+def test_knn_gradcheck_with_and_without_dropout(knn_k):
+    q, k, v = _qkv(batch=1, q_len=11, k_len=11, dim=3)
+    mask, _ = _mask("padding", 1, 11, 11)
+
+    def attend(q, k, v, dropout):
+        generator = torch.Generator().manual_seed(3)  # the same dropout mask at every call
+        return knn_attention_forward(
+            None, q, k, v, mask, 0.5, dropout=dropout, knn_k=knn_k, knn_chunk_size=4, generator=generator
+        )[0]
+
+    assert torch.autograd.gradcheck(lambda q, k, v: attend(q, k, v, 0.0), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: attend(q, k, v, 0.4), (q, k, v))
+    assert not torch.allclose(attend(q, k, v, 0.4), attend(q, k, v, 0.0))
+
+
+def test_dropout_output_is_the_dropped_probabilities_times_values():
+    q, k, v = _qkv(batch=1, heads=1, q_len=9, k_len=9, dim=16)  # D > Tk: the values are independent
+    generator = torch.Generator().manual_seed(5)
+    out, _ = knn_attention_forward(
+        None, q, k, v, None, 0.5, dropout=0.5, knn_k=4, knn_chunk_size=4, generator=generator
+    )
+    _, weights = knn_attention_reference(None, q, k, v, None, 0.5, knn_k=4)
+    # Each output row is a combination of the kept values with weights 0 or 2 · p: solve for those weights.
+    coefficients = torch.linalg.lstsq(v[0, 0].T.detach(), out[0, :, 0].T.detach()).solution.T  # (Tq, Tk)
+    kept = weights[0, 0].detach()
+    dropped_or_doubled = torch.where(coefficients.abs() < 1e-8, torch.zeros_like(kept), 2 * kept)
+    torch.testing.assert_close(coefficients, dropped_or_doubled, rtol=0, atol=1e-8)
+
+
+def _saved_bytes_beyond_inputs(length: int, knn_k) -> int:
+    """Bytes autograd keeps for the kernel's backward, not counting the query, key and value themselves."""
+    q, k, v = _qkv(batch=1, heads=2, q_len=length, k_len=length, dim=8, dtype=torch.float32)
+    inputs = {t.untyped_storage().data_ptr() for t in (q, k, v)}
+    saved = {}
+
+    def pack(tensor):
+        if tensor.untyped_storage().data_ptr() not in inputs:
+            saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        knn_attention_forward(None, q, k, v, None, 0.125, is_causal=True, knn_k=knn_k, knn_chunk_size=64)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("knn_k", [32, 0.5])
+def test_backward_saves_memory_linear_in_the_length(knn_k):
+    small, large = _saved_bytes_beyond_inputs(256, knn_k), _saved_bytes_beyond_inputs(1024, knn_k)
+    # The output (T x D) and a few numbers per query; n x k indices (the previous kernel) would grow 16x here.
+    assert large <= 4.1 * small
+    assert large <= 2 * 1024 * (8 + 4) * 8
+
+
+@pytest.mark.parametrize("knn_k", [2, 0.5, 100])
+def test_attention_weights_are_differentiable_and_equal_the_reference(knn_k):
+    q, k, v = _qkv()
+    mask, _ = _mask("padding", 2, 17, 17)
+    out, weights = knn_attention_forward(None, q, k, v, mask, 0.7, knn_k=knn_k, output_attentions=True)
+    ref, ref_weights = knn_attention_reference(None, q, k, v, mask, 0.7, knn_k=knn_k)
+    torch.testing.assert_close(weights, ref_weights, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    upstream = torch.randn_like(weights)
+    got = _grads(weights, (q, k), upstream)
+    torch.testing.assert_close(got, _grads(ref_weights, (q, k), upstream), rtol=0, atol=1e-12)
+    assert all(grad.abs().sum() > 0 for grad in got)
+    if knn_k == 100:  # k >= n: the weights and their gradients are dense attention's
+        _, dense = eager_attention_forward(None, q, k, v, mask, 0.7)  # its softmax runs in float32
+        torch.testing.assert_close(got, _grads(dense, (q, k), upstream), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("attention_type", ["mssa", "mhsa"])
+def test_a_loss_on_knn_attention_maps_trains_the_attention_projections(attention_type):
+    model = AoTForCausalLM(tiny_config(knn_k=3, attention_type=attention_type))
+    output = model(torch.randint(0, 97, (2, 9)), output_attentions=True)
+    sum(attentions.square().sum() for attentions in output.attentions).backward()
+    projection = model.model.layers[0].attention
+    weights = [projection.subspace_proj] if attention_type == "mssa" else [projection.q_proj, projection.k_proj]
+    assert all(layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0 for layer in weights)
+
+
+@pytest.mark.parametrize(("attention_type", "knn_k"), [("mssa", 3), ("mssa", 0.5), ("mhsa", 3), ("mhsa", 0.5)])
+def test_knn_model_exports_with_dynamic_batch_and_sequence(attention_type, knn_k):
+    model = AoTForCausalLM(tiny_config(knn_k=knn_k, attention_type=attention_type, knn_chunk_size=4)).eval()
+    dynamic = {"input_ids": {0: Dim("batch", min=1, max=8), 1: Dim("sequence", min=2, max=64)}, "use_cache": None}
+    inputs = {"input_ids": torch.randint(0, 97, (2, 10)), "use_cache": False}
+    exported = torch.export.export(model, (), inputs, dynamic_shapes=dynamic).module()
+    for shape in ((1, 7), (3, 23)):  # several chunks in eager mode, one in the exported program
+        input_ids = torch.randint(0, 97, shape)
+        with torch.no_grad():
+            expected = model(input_ids=input_ids, use_cache=False).logits
+        torch.testing.assert_close(exported(input_ids=input_ids, use_cache=False).logits, expected)
