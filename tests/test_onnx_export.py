@@ -171,25 +171,18 @@ def test_a_failed_export_leaves_the_existing_file_untouched(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lm.onnx"]  # no staging folder left behind
 
 
-def test_cli_knn_model_exports_or_says_why_not(tmp_path, capsys):
-    """Until the k-NN kernel exports with a dynamic length (issue 15) the command refuses in one clear line instead of
-    writing a file fixed to the example's shape; once it does, the file must match PyTorch like a dense one."""
+def test_cli_knn_model_exports_and_matches_onnxruntime(tmp_path, capsys):
+    """Under export the k-NN kernel runs in one piece with no Python on the length: the file has dynamic axes."""
     folder = tmp_path / "knn"
     AoTForCausalLM(tiny_config(knn_k=3)).save_pretrained(folder)
     out = tmp_path / "knn.onnx"
     status, _, err = _run(capsys, folder, out)
-    if status == 0:
-        model = AoTForCausalLM.from_pretrained(folder).eval()
-        for batch, length in ((1, 7), (3, 12)):
-            _assert_lm_matches(_session(out), model, batch, length)
-    else:
-        assert status == 2, err
-        (line,) = _error_lines(err)
-        assert "k-NN attention (knn_k=3)" in line and "issue 15" in line
-        assert not out.exists()
+    assert status == 0, err
+    model = AoTForCausalLM.from_pretrained(folder).eval()
+    for batch, length in ((1, 7), (3, 12)):
+        _assert_lm_matches(_session(out), model, batch, length)
 
 
-@pytest.mark.xfail(strict=False, reason="k-NN kernel export lands with issue 15")
 def test_export_onnx_of_a_knn_model_matches_onnxruntime(tmp_path):
     """An MHSA model with a fractional k (the CLI test above has MSSA with an int k)."""
     model = AoTForCausalLM(tiny_config(attention_type="mhsa", knn_k=0.5)).eval()

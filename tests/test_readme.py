@@ -17,6 +17,7 @@ def section_code(readme: str, heading: str) -> str:
     start = readme.index(heading)
     end = readme.find("\n## ", start + len(heading))
     body = readme[start : end if end != -1 else None]
+    body = body.split("### Export (torch.export, ONNX)")[0]  # its shell + Python steps: tests/test_onnx_export.py
     blocks = re.findall(r"```python\n(.*?)```", body, flags=re.DOTALL)
     assert blocks, f"no Python block under {heading!r}"
     return "\n".join(blocks)

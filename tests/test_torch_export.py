@@ -18,7 +18,6 @@ from conftest import tiny_config
 MAX_POSITIONS = 24  # the longest sequence a program is run at: `max_position_embeddings`
 # (batch, length) the programs run at, none of them the (2, 8) they were exported with; 1 token and full length too.
 TEXT_SHAPES = [(1, 1), (3, 5), (4, 17), (2, MAX_POSITIONS)]
-KNN_XFAIL = pytest.mark.xfail(strict=False, reason="k-NN kernel export lands with issue 15")
 
 
 def _text_inputs(batch: int, length: int, with_mask: bool) -> dict:
@@ -117,13 +116,12 @@ def test_export_program_rejects_unsupported_models_and_examples():
         export_program(AoTForCausalLM(tiny_config()), sequence_length=65)
 
 
-# k-NN models. The kernel itself is made export-friendly in issue 15; these tests export the model as they will then.
+# k-NN models: under torch.export the kernel runs in one piece, with a sort instead of a length-sized top-k.
 
 # Every attention type, k as an int and as a fraction, with and without a padding mask, in four exports.
 KNN_CASES = [("mssa", 3, False), ("mhsa", 3, True), ("mssa", 0.5, True), ("mhsa", 0.5, False)]
 
 
-@KNN_XFAIL
 @pytest.mark.parametrize(
     "attention_type, knn_k, with_mask",
     KNN_CASES,

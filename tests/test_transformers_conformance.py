@@ -235,10 +235,8 @@ class _KNNTests:
             super().test_attention_outputs()
 
     def test_retain_grad_hidden_states_attentions(self):
-        self.skipTest(
-            "k-NN kernel: the attention maps returned by `output_attentions=True` are rebuilt outside the autograd "
-            "graph of the output (`attentions.grad` is None after backward), tracked in issue 15 / being fixed"
-        )
+        with eager_means_knn():  # the test asks for eager only to get attention maps, which the k-NN backend returns
+            super().test_retain_grad_hidden_states_attentions()
 
     def test_can_set_attention_dynamically(self):
         self.skipTest(KNN_DENSE_BACKENDS)

@@ -126,9 +126,9 @@ def _knn_keep(
     else:
         num_visible = torch.full_like(scores[..., :1], num_keys, dtype=torch.long)
     keep = resolve_knn_k(knn_k, num_visible)
-    if max_k is None:
-        ordered, _ = torch.sort(_order_bits(scores), dim=-1, descending=True)
-        threshold = _order_bits(ordered.gather(-1, keep - 1)).view(scores.dtype)  # (B, H, C, 1)
+    if max_k is None:  # export: a sort of the floats themselves (ONNX has no bit-reinterpreting view)
+        ordered, _ = torch.sort(scores, dim=-1, descending=True)
+        threshold = ordered.gather(-1, keep - 1)  # (B, H, C, 1)
         del ordered
     elif max_k >= num_keys:  # every visible key is kept
         threshold = scores.masked_fill(scores == float("-inf"), float("inf")).amin(dim=-1, keepdim=True)

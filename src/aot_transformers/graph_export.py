@@ -134,9 +134,8 @@ def _first_line(error: Exception) -> str:
 
 def _knn_failure(model: AoTPreTrainedModel, detail: str) -> GraphExportError:
     return GraphExportError(
-        f"This model uses k-NN attention (knn_k={model.config.knn_k!r}), which does not export with a dynamic batch "
-        "and sequence length yet: the k-NN kernel specialises on the length (issue 15). Export a dense model "
-        f"(knn_k=None), or use torch.export with static shapes. Exporter: {detail}"
+        f"This model uses k-NN attention (knn_k={model.config.knn_k!r}) and its export failed; export a dense model "
+        f"(knn_k=None) or report the failure. Exporter: {detail}"
     )
 
 
