@@ -84,12 +84,15 @@ class AoTConfig(PretrainedConfig):
         max_position_embeddings: Longest sequence the learned position table covers (text models).
         attention_type: `"mssa"` (a shared query = key = value projection per head and an output projection,
             2·d² weights per layer) or `"mhsa"` (separate query, key, value and output projections, 4·d²).
-        knn_k: k-NN attention. `None` attends to every key; an `int` keeps the k highest-scoring keys per query;
-            a `float` in (0, 1] keeps `ceil(knn_k * n)` of the `n` keys the query may see. k is clamped to the keys
-            a query may see (causal prefix, padding): exactly min(k, visible keys) are kept, ties at the k-th score
-            broken by `torch.topk`'s order. Setting it makes `"knn"` the model's attention backend.
-        knn_chunk_size: Number of queries processed at once by the k-NN kernel; peak memory is
-            O(knn_chunk_size · n) instead of O(n²).
+        knn_k: k-NN attention (KVT): keep only the k highest-scoring keys per query. `None` attends to every key;
+            an `int` keeps that many; a `float` in (0, 1] keeps `ceil(knn_k * n)` of the `n` keys the query may see
+            (KVT's k = n/2 is 0.5). Each query keeps exactly min(k, visible keys) keys, at least 1; where several
+            keys tie at the k-th largest score, those with the lowest position are kept. k >= the sequence length
+            is dense attention. Setting it makes `"knn"` the model's attention backend.
+        knn_chunk_size: Queries scored at once by the k-NN kernel. Forward and backward hold a few buffers of
+            `knn_chunk_size` x key-length scores per head plus at most two numbers per query (the backward
+            recomputes each chunk's scores), so memory grows linearly with the sequence length for every `knn_k`,
+            integer or fractional; smaller chunks use less. `output_attentions=True` builds the full weights.
         tie_output_projection: MSSA only: use `[U_1 … U_K]`, the transpose of the subspace projection, as the
             output projection instead of a separate learned one — the operator of the AoT paper's Eq. (4) exactly
             (`W^O = [U_1, …, U_K]`, Sec. 2.2), the white-box form in which every head writes back into its own

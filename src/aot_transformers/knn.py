@@ -11,7 +11,7 @@ model whose attention goes through `ALL_ATTENTION_FUNCTIONS` then runs k-NN atte
 
 `knn_k` is read from the model's config: an int keeps that many keys per query, a float in (0, 1] keeps
 `ceil(knn_k * n)` of the `n` keys a query may see (the paper's rule of thumb is n/2). Exactly min(k, visible keys)
-keys are kept, ties at the k-th score broken by `torch.topk`'s order. Causal and bidirectional models, padding,
+keys are kept (the lowest positions among keys tied at the k-th score). Causal and bidirectional models, padding,
 grouped-query attention (fewer key/value heads) and KV caches all work; `knn_chunk_size` (default 256) sets how
 many queries are scored at once.
 """
