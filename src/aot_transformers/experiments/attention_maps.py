@@ -1,4 +1,5 @@
-"""Attention maps of a trained image classifier (AoT Fig. 7): [CLS]-to-patch attention of every head in one layer.
+"""Attention maps of a trained image classifier (AoT Fig. 7): [CLS]-to-patch attention of every head of one layer
+(by default the penultimate, as Fig. 7).
 
 With `--model PATH` the study loads a saved `AoTForImageClassification`; without it, it first trains a small AoT
 (MSSA, no MLP) on the local MNIST digits (or CIFAR-10) so that the command runs end to end on a CPU. Besides the PNG
@@ -18,12 +19,14 @@ from ..modeling_aot import AoTForImageClassification
 from . import _vision
 from ._common import (
     Claim,
+    Option,
     Stopwatch,
     check_choice,
     check_int,
     format_command,
     new_figure,
     output_dir,
+    resolve_options,
     save_figure,
     write_json,
     write_summary,
@@ -101,30 +104,41 @@ def _dataset(name: str, data_dir: str | Path | None, per_class: int) -> tuple[to
     return _vision.load_cifar10(data_dir, per_class)
 
 
-def run(
-    out: str | Path | None = None,
-    model: str | Path | None = None,
-    dataset: str = "mnist",
-    layer: int = -1,
-    num_images: int = 6,
-    epochs: int = 15,
-    per_class: int = 300,
-    data_dir: str | Path | None = None,
-    hidden_size: int = 96,
-    num_layers: int = 4,
-    patch_size: int = 4,
-    lr: float = 3e-3,
-    train_images: int | None = None,
-    save_model: bool = True,
-    seed: int = 0,
-) -> dict[str, Any]:
+OPTIONS = (
+    Option("model", None, "saved AoTForImageClassification folder (trains one if left out)", kind=str, optional=True),
+    Option("dataset", "mnist", "mnist or cifar10 (when training)", choices=DATASETS),
+    Option(
+        "layer",
+        None,
+        "layer shown (default: the penultimate, as the paper's Fig. 7; negative counts from the end)",
+        kind=int,
+        optional=True,
+        minimum=-1000,
+    ),
+    Option("num_images", 6, "images shown", minimum=1),
+    Option("epochs", 15, "training epochs", minimum=1),
+    Option("per_class", 300, "training images per class (CIFAR-10)", minimum=1),
+    Option("data_dir", None, "shared data folder", kind=str, optional=True),
+    Option("hidden_size", 96, "width of the trained classifier", minimum=1),
+    Option("num_layers", 4, "layers of the trained classifier", minimum=1),
+    Option("patch_size", 4, "patch size of the trained classifier", minimum=1),
+    Option("lr", 3e-3, "learning rate", minimum=0.0, open_min=True),
+    Option("train_images", None, "cap on the training images", kind=int, optional=True, minimum=1),
+    Option("save_model", True, "save the trained classifier next to the figures"),
+    Option("seed", 0, "random seed", minimum=0),
+)
+
+
+def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """Plot the [CLS] attention of each head in `layer` for `num_images` validation images.
 
     Args:
         out: Output folder (default `out/experiments/attention-maps`).
         model: Folder of a saved `AoTForImageClassification`; None trains a small AoT on `dataset` first.
         dataset: `"mnist"` (the 5,000 local digits) or `"cifar10"`.
-        layer: Layer whose attention is drawn (negative counts from the end).
+        layer: Layer whose attention is drawn (negative counts from the end). Default: the penultimate layer, as
+            AoT's Fig. 7 ("extract the attention maps of different heads from the penultimate layer"); the only
+            layer of a one-layer model.
         num_images: Images in the grid.
         epochs: Training epochs when no model is given.
         per_class: CIFAR-10 images per class when training on it.
@@ -137,6 +151,41 @@ def run(
         save_model: Save the freshly trained model under `out/model` (e.g. for `aot inspect`).
         seed: Seed.
     """
+    o = resolve_options(OPTIONS, options)
+    (
+        model,
+        dataset,
+        layer,
+        num_images,
+        epochs,
+        per_class,
+        data_dir,
+        hidden_size,
+        num_layers,
+        patch_size,
+        lr,
+        train_images,
+        save_model,
+        seed,
+    ) = (
+        o[name]
+        for name in (
+            "model",
+            "dataset",
+            "layer",
+            "num_images",
+            "epochs",
+            "per_class",
+            "data_dir",
+            "hidden_size",
+            "num_layers",
+            "patch_size",
+            "lr",
+            "train_images",
+            "save_model",
+            "seed",
+        )
+    )
     options = dict(
         model=model,
         dataset=dataset,
@@ -208,6 +257,8 @@ def run(
     val_images, val_labels = data["val_images"], data["val_labels"]
     val_accuracy = _vision.accuracy(classifier, prepare(val_images), val_labels)
     chosen = val_images[:num_images]
+    if layer is None:
+        layer = -2 if classifier.config.num_hidden_layers >= 2 else -1  # AoT Fig. 7: the penultimate layer
     maps = cls_attention_maps(classifier, prepare(chosen), layer)
     layer_index = layer % classifier.config.num_hidden_layers
     figure = plot_attention_grid(

@@ -11,18 +11,22 @@ with K orthonormal, mutually orthogonal bases `U_k` (d × p). One layer is the r
 computed by `aot_transformers.attention_aot.subspace_attention` with the known `U_k`. The per-cluster
 signal-to-noise ratio (Eq. 6) is ‖U_k U_kᵀ Z_k‖_F / ‖(I − U_k U_kᵀ) Z_k‖_F over the tokens Z_k of cluster k.
 
-Theorem 1 uses φ = h∘softmax with the hard threshold h(x) = τ·1{x > τ} (τ ≤ 1/2) applied to each attention weight.
-Why the SNR then grows by exactly (1 + ητ): when a token's own projection dominates its scores in its own head
-(its softmax weight on itself exceeds τ, every other weight stays below τ) and no weight exceeds τ in the other
-heads, its head-k output is τ·U_k U_kᵀ z_i and every other head outputs 0. The update multiplies the signal part of
-every token by (1 + ητ) and leaves the noise untouched, so the SNR of every cluster is multiplied by (1 + ητ).
+Theorem 1 uses φ = h∘softmax with the hard threshold h(x) = τ·1{x > τ} applied to each attention weight, for
+τ ∈ (1/2, 1/(1 + N·e^(−9p/32))]: since a query's softmax weights sum to 1, with τ > 1/2 at most one of them can
+exceed τ, so h keeps at most one key per query. Why the SNR then grows by exactly (1 + ητ): when a token's own
+projection dominates its scores in its own head (its softmax weight on itself exceeds τ) and no weight exceeds τ in
+the other heads, its head-k output is τ·U_k U_kᵀ z_i and every other head outputs 0. The update multiplies the
+signal part of every token by (1 + ητ) and leaves the noise untouched, so the SNR of every cluster is multiplied
+by (1 + ητ).
 `thresholding_pattern_holds` measures, token by token, whether that event happened; "in the theorem's regime" means
-it held for every token of the layer.
+it held for every token of the layer. `theorem1_hypotheses` reports, for each run, whether the theorem's
+assumptions on (N, K, p, δ, τ) hold (Theorem 1 and Lemma 2, with the constants of the proof in Appendix A).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ import torch
 from ..attention_aot import subspace_attention
 from ._common import (
     Claim,
+    Option,
     check_choice,
     check_int,
     check_real,
@@ -38,6 +43,7 @@ from ._common import (
     make_generator,
     new_figure,
     output_dir,
+    resolve_options,
     save_figure,
     write_json,
     write_summary,
@@ -127,12 +133,14 @@ def hard_threshold(tau: float) -> Callable[[torch.Tensor], torch.Tensor]:
     """The φ of Theorem 1: softmax over the keys, then h(x) = τ·1{x > τ} on every weight.
 
     Args:
-        tau: τ in (0, 1/2]; with τ ≤ 1/2 at most one weight per query can exceed it.
+        tau: τ in (0, 1). Theorem 1 takes τ ∈ (1/2, 1/(1 + N·e^(−9p/32))]: a query's weights sum to 1, so with
+            τ > 1/2 at most one weight per query exceeds τ. Smaller τ are accepted (they may keep several keys);
+            `theorem1_hypotheses` reports whether a run's τ lies in the theorem's range.
 
     Returns:
         A callable for `subspace_attention(phi=...)`, mapping scores (B, K, N, N) to weights.
     """
-    tau = check_real("tau", tau, 0.0, 0.5, open_min=True)
+    tau = check_real("tau", tau, 0.0, 1.0, open_min=True, open_max=True)
 
     def phi(scores: torch.Tensor) -> torch.Tensor:
         weights = torch.softmax(scores, dim=-1)
@@ -164,8 +172,9 @@ def thresholding_pattern_holds(
 ) -> torch.Tensor:
     """Per token, whether the thresholded attention has the pattern the proof of Theorem 1 needs.
 
-    The pattern: in the token's own head its softmax weight on itself exceeds τ (so h keeps exactly that weight,
-    since τ ≤ 1/2 lets no second weight exceed τ); in every other head no weight exceeds τ (so h zeroes the head).
+    The pattern: in the token's own head its softmax weight on itself exceeds τ and no other weight does (for
+    τ > 1/2 the second part is automatic, the weights summing to 1); in every other head no weight exceeds τ (so h
+    zeroes the head).
 
     Returns:
         Boolean tensor (N,).
@@ -180,6 +189,41 @@ def thresholding_pattern_holds(
     only_self = own_kept.sum(-1) == 1
     others_silent = kept.any(-1).sum(0) - kept[own, index].any(-1).to(torch.long) == 0  # no other head keeps a key
     return self_kept & only_self & others_silent
+
+
+def theorem1_hypotheses(
+    num_tokens: int, num_subspaces: int, subspace_dim: int, noise_level: float, tau: float
+) -> dict[str, dict[str, Any]]:
+    """Theorem 1's assumptions for (N, K, p, δ, τ), each with its value and whether it holds.
+
+    - Theorem 1: p ≳ log N (checked as p ≥ log N), δ ≲ √(log N / p) (checked as δ ≤ √(log N / p)),
+      τ ∈ (1/2, 1/(1 + N·e^(−9p/32))].
+    - Lemma 2 (Eq. 11): N ≥ 8πK² log³ N and δ ≤ (1/8)√(log N / p).
+    - The proof (Appendix A, after Eq. 22): p ≥ 64(√log N + 1)².
+
+    The "≳"/"≲" hide unspecified constants; the explicit constants of Lemma 2 and the proof are the sufficient
+    conditions the paper states. A run outside them can still show the (1 + ητ) rate (the theorem is sufficient).
+    """
+    n, k, p = num_tokens, num_subspaces, subspace_dim
+    log_n = math.log(n)
+    tau_max = 1.0 / (1.0 + n * math.exp(-9 * p / 32))
+    checks = {
+        "p >= log N": (p, log_n, p >= log_n),
+        "delta <= sqrt(log N / p)": (noise_level, math.sqrt(log_n / p), noise_level <= math.sqrt(log_n / p)),
+        "delta <= sqrt(log N / p) / 8 (Lemma 2)": (
+            noise_level,
+            math.sqrt(log_n / p) / 8,
+            noise_level <= math.sqrt(log_n / p) / 8,
+        ),
+        "p >= 64 (sqrt(log N) + 1)^2 (proof)": (
+            p,
+            64 * (math.sqrt(log_n) + 1) ** 2,
+            p >= 64 * (math.sqrt(log_n) + 1) ** 2,
+        ),
+        "N >= 8 pi K^2 log^3 N (Lemma 2)": (n, 8 * math.pi * k**2 * log_n**3, n >= 8 * math.pi * k**2 * log_n**3),
+        "tau in (1/2, 1/(1 + N exp(-9p/32))]": (tau, tau_max, 0.5 < tau <= tau_max),
+    }
+    return {name: {"value": value, "bound": bound, "holds": bool(ok)} for name, (value, bound, ok) in checks.items()}
 
 
 def unroll(
@@ -201,7 +245,7 @@ def unroll(
         num_layers: Number of layers.
         step_size: η > 0.
         phi: `"threshold"` (Theorem 1's h∘softmax) or `"softmax"`.
-        tau: τ of the threshold (also used to report the thresholding pattern for softmax runs).
+        tau: τ of the threshold, in (0, 1) (also used to report the thresholding pattern for softmax runs).
         scaling: Factor on the scores Zᵀ U_k U_kᵀ Z (the theorem uses 1).
 
     Returns:
@@ -223,19 +267,31 @@ def unroll(
     return {"snr": snr, "ratio": snr[1:] / snr[:-1], "pattern_fraction": torch.stack(pattern), "tokens": tokens}
 
 
-def run(
-    out: str | Path | None = None,
-    noise_levels: Sequence[float] = (0.2, 0.5),
-    num_subspaces: int = 4,
-    subspace_dim: int = 128,
-    ambient_dim: int | None = None,
-    num_tokens: int = 512,
-    num_layers: int = 8,
-    step_size: float = 0.2,
-    tau: float = 0.5,
-    scaling: float | None = None,
-    seed: int = 0,
-) -> dict[str, Any]:
+OPTIONS = (
+    Option("noise_levels", [0.2, 0.5], "δ values (Fig. 4 uses 0.2 and 0.5)", many=True, minimum=0.0),
+    Option("num_subspaces", 4, "K", minimum=1),
+    Option("subspace_dim", 128, "p", minimum=1),
+    Option("ambient_dim", None, "d (default K·p)", kind=int, optional=True, minimum=1),
+    Option("num_tokens", 512, "N", minimum=2),
+    Option("num_layers", 8, "layers unrolled", minimum=1),
+    Option("step_size", 0.2, "η", minimum=0.0, open_min=True),
+    Option(
+        "tau",
+        0.75,
+        "τ of the hard threshold, in (0, 1); Theorem 1 takes (1/2, 1/(1 + N e^(-9p/32))]",
+        minimum=0.0,
+        maximum=1.0,
+        open_min=True,
+        open_max=True,
+    ),
+    Option(
+        "scaling", None, "factor on the scores (default 1/√p)", kind=float, optional=True, minimum=0.0, open_min=True
+    ),
+    Option("seed", 0, "random seed", minimum=0),
+)
+
+
+def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """The denoising study: SNR per layer for each noise level, with Theorem 1's φ and with softmax.
 
     Args:
@@ -247,13 +303,40 @@ def run(
         num_tokens: N.
         num_layers: Layers unrolled.
         step_size: η.
-        tau: τ of the threshold.
+        tau: τ of the threshold, in (0, 1) (Theorem 1: (1/2, 1/(1 + N e^(−9p/32))]).
         scaling: Factor on the attention scores (default 1/√p, the usual 1/√(head width)).
         seed: Seed of the subspaces and tokens.
 
     Returns:
         The results dictionary also written to `results.json`.
     """
+    o = resolve_options(OPTIONS, options)
+    (
+        noise_levels,
+        num_subspaces,
+        subspace_dim,
+        ambient_dim,
+        num_tokens,
+        num_layers,
+        step_size,
+        tau,
+        scaling,
+        seed,
+    ) = (
+        o[name]
+        for name in (
+            "noise_levels",
+            "num_subspaces",
+            "subspace_dim",
+            "ambient_dim",
+            "num_tokens",
+            "num_layers",
+            "step_size",
+            "tau",
+            "scaling",
+            "seed",
+        )
+    )
     options = dict(
         noise_levels=list(noise_levels),
         num_subspaces=num_subspaces,
@@ -272,7 +355,7 @@ def run(
         check_real("noise_levels", delta, 0.0)
     ambient_dim = num_subspaces * subspace_dim if ambient_dim is None else ambient_dim
     scaling = subspace_dim**-0.5 if scaling is None else check_real("scaling", scaling, 0.0, open_min=True)
-    check_real("tau", tau, 0.0, 0.5, open_min=True)
+    check_real("tau", tau, 0.0, 1.0, open_min=True, open_max=True)
     folder = output_dir(out, "denoising")
     generator = make_generator(seed)
     subspaces = orthogonal_subspaces(ambient_dim, num_subspaces, subspace_dim, generator)
@@ -300,6 +383,23 @@ def run(
                 "layers_in_regime": int(in_regime.sum()),
             }
             if phi == "threshold":
+                hypotheses = theorem1_hypotheses(num_tokens, num_subspaces, subspace_dim, delta, tau)
+                record["theorem1_hypotheses"] = hypotheses
+                failed = [name for name, h in hypotheses.items() if not h["holds"]]
+                claims.append(
+                    Claim(
+                        f"Theorem 1 / Lemma 2 hypotheses, N={num_tokens}, K={num_subspaces}, p={subspace_dim}, "
+                        f"δ={delta}, τ={tau}",
+                        "all hold"
+                        if not failed
+                        else "not met: "
+                        + "; ".join(
+                            f"{n} ({hypotheses[n]['value']:.3g} vs {hypotheses[n]['bound']:.3g})" for n in failed
+                        ),
+                        "sufficient conditions for the (1 + ητ) rate",
+                        None,
+                    )
+                )
                 deviation = (ratios[in_regime] / target - 1.0).abs()
                 record["max_relative_deviation_in_regime"] = float(deviation.max()) if deviation.numel() else None
                 holds = bool(deviation.numel()) and float(deviation.max()) <= 0.02

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTModel
 from ._common import (
     Claim,
+    Option,
     Stopwatch,
     check_choice,
     check_int,
@@ -40,6 +40,7 @@ from ._common import (
     make_generator,
     new_figure,
     output_dir,
+    resolve_options,
     save_figure,
     write_json,
     write_summary,
@@ -289,26 +290,28 @@ def error_curve(errors: torch.Tensor, normaliser: float) -> list[float]:
     return (errors.mean(0) / normaliser).tolist()
 
 
-def run(
-    out: str | Path | None = None,
-    dim: int = 5,
-    num_points: int | None = None,
-    tasks: Sequence[str] = TASKS,
-    models: Sequence[str] = MODELS,
-    hidden_size: int = 64,
-    num_heads: int = 4,
-    aot_layers: int = 4,
-    transformer_layers: int = 2,
-    steps: int = 6000,
-    batch_size: int = 64,
-    lr: float = 3e-3,
-    sparsity: int = 3,
-    lasso_alpha: float = 0.01,
-    eval_prompts: int = 512,
-    time_budget: float = 1800.0,
-    tokens: str = "pairs",
-    seed: int = 0,
-) -> dict[str, Any]:
+OPTIONS = (
+    Option("dim", 5, "d of the regression inputs", minimum=1),
+    Option("num_points", None, "examples per prompt (default 2d + 1)", kind=int, optional=True, minimum=1),
+    Option("tasks", list(TASKS), "linear and/or sparse_linear", many=True, choices=TASKS),
+    Option("models", list(MODELS), "aot-mssa, aot-mhsa, transformer, ...", many=True, choices=MODELS),
+    Option("hidden_size", 64, "width of every backbone", minimum=1),
+    Option("num_heads", 4, "attention heads", minimum=1),
+    Option("aot_layers", 4, "layers of the attention-only backbones", minimum=1),
+    Option("transformer_layers", 2, "layers of the transformer with MLPs", minimum=1),
+    Option("steps", 6000, "training steps per model and task", minimum=1),
+    Option("batch_size", 64, "prompts per step", minimum=1),
+    Option("lr", 3e-3, "AdamW learning rate", minimum=0.0, open_min=True),
+    Option("sparsity", 3, "non-zero coordinates of sparse tasks", minimum=1),
+    Option("lasso_alpha", 0.01, "Lasso penalty of the baseline", minimum=0.0, open_min=True),
+    Option("eval_prompts", 512, "evaluation prompts", minimum=1),
+    Option("time_budget", 1800.0, "seconds for the whole run", minimum=0.0, open_min=True),
+    Option("tokens", "pairs", "token layout: pairs (y tokens carry their x) or garg", choices=TOKEN_LAYOUTS),
+    Option("seed", 0, "random seed", minimum=0),
+)
+
+
+def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """Train each model on each task and plot the normalised error against the number of in-context examples.
 
     Args:
@@ -334,6 +337,47 @@ def run(
     Returns:
         The results dictionary also written to `results.json`.
     """
+    o = resolve_options(OPTIONS, options)
+    (
+        dim,
+        num_points,
+        tasks,
+        models,
+        hidden_size,
+        num_heads,
+        aot_layers,
+        transformer_layers,
+        steps,
+        batch_size,
+        lr,
+        sparsity,
+        lasso_alpha,
+        eval_prompts,
+        time_budget,
+        tokens,
+        seed,
+    ) = (
+        o[name]
+        for name in (
+            "dim",
+            "num_points",
+            "tasks",
+            "models",
+            "hidden_size",
+            "num_heads",
+            "aot_layers",
+            "transformer_layers",
+            "steps",
+            "batch_size",
+            "lr",
+            "sparsity",
+            "lasso_alpha",
+            "eval_prompts",
+            "time_budget",
+            "tokens",
+            "seed",
+        )
+    )
     num_points = 2 * dim + 1 if num_points is None else num_points
     options = dict(
         dim=dim,

@@ -23,6 +23,7 @@ from ..modeling_aot import AoTForImageClassification
 from . import _vision
 from ._common import (
     Claim,
+    Option,
     Stopwatch,
     check_int,
     check_real,
@@ -30,6 +31,7 @@ from ._common import (
     make_generator,
     new_figure,
     output_dir,
+    resolve_options,
     save_figure,
     write_json,
     write_summary,
@@ -192,20 +194,22 @@ def training_speed(
     }
 
 
-def run(
-    out: str | Path | None = None,
-    noise_ratios: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
-    num_tokens: int = 128,
-    dim: int = 32,
-    num_trials: int = 32,
-    data_dir: str | Path | None = None,
-    per_class: int = 500,
-    epochs: int = 5,
-    hidden_size: int = 96,
-    num_layers: int = 4,
-    skip_training: bool = False,
-    seed: int = 0,
-) -> dict[str, Any]:
+OPTIONS = (
+    Option("noise_ratios", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], "noise ratios", many=True, minimum=0.0),
+    Option("num_tokens", 128, "tokens per trial", minimum=1),
+    Option("dim", 32, "token dimension", minimum=1),
+    Option("num_trials", 32, "trials per noise ratio", minimum=1),
+    Option("data_dir", None, "folder with vision/cifar10/train_<class>.tar.gz", kind=str, optional=True),
+    Option("per_class", 500, "CIFAR-10 training images per class", minimum=1),
+    Option("epochs", 5, "training epochs", minimum=1),
+    Option("hidden_size", 96, "width of the classifiers", minimum=1),
+    Option("num_layers", 4, "layers of the classifiers", minimum=1),
+    Option("skip_training", False, "only the noise-distillation part"),
+    Option("seed", 0, "random seed", minimum=0),
+)
+
+
+def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """Both k-NN studies; writes results.json, two figures and summary.md.
 
     Args:
@@ -222,6 +226,35 @@ def run(
         skip_training: Only run the distillation study.
         seed: Seed.
     """
+    o = resolve_options(OPTIONS, options)
+    (
+        noise_ratios,
+        num_tokens,
+        dim,
+        num_trials,
+        data_dir,
+        per_class,
+        epochs,
+        hidden_size,
+        num_layers,
+        skip_training,
+        seed,
+    ) = (
+        o[name]
+        for name in (
+            "noise_ratios",
+            "num_tokens",
+            "dim",
+            "num_trials",
+            "data_dir",
+            "per_class",
+            "epochs",
+            "hidden_size",
+            "num_layers",
+            "skip_training",
+            "seed",
+        )
+    )
     options = dict(
         noise_ratios=list(noise_ratios),
         num_tokens=num_tokens,
