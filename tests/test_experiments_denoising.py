@@ -151,7 +151,7 @@ def test_run_writes_artifacts_and_the_claim_holds(tmp_path):
     threshold_claim = next(c for c in saved["claims"] if "h∘softmax" in c["quantity"])
     assert threshold_claim["holds"] is True
     assert "1 + ητ" in (tmp_path / "summary.md").read_text()
-    assert results["target_ratio"] == pytest.approx(1 + 0.2 * 0.75)  # η = 0.2, τ = 0.75 (in Theorem 1's range)
+    assert results["target_ratio"] == pytest.approx(1 + 0.2 * 0.6)  # η = 0.2, τ = 0.6 (in Theorem 1's range)
     hypotheses = results["runs"]["delta=0.2/phi=threshold"]["theorem1_hypotheses"]
     assert hypotheses["tau in (1/2, 1/(1 + N exp(-9p/32))]"]["holds"]
     assert any("hypotheses" in c["quantity"] for c in saved["claims"])

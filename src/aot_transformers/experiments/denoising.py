@@ -34,19 +34,14 @@ import torch
 
 from ..attention_aot import subspace_attention
 from ._common import (
-    Claim,
     Option,
+    Study,
     check_choice,
     check_int,
     check_real,
-    format_command,
     make_generator,
     new_figure,
-    output_dir,
     resolve_options,
-    save_figure,
-    write_json,
-    write_summary,
 )
 
 PHIS = ("softmax", "threshold")
@@ -277,7 +272,7 @@ OPTIONS = (
     Option("step_size", 0.2, "η", minimum=0.0, open_min=True),
     Option(
         "tau",
-        0.75,
+        0.6,
         "τ of the hard threshold, in (0, 1); Theorem 1 takes (1/2, 1/(1 + N e^(-9p/32))]",
         minimum=0.0,
         maximum=1.0,
@@ -285,178 +280,105 @@ OPTIONS = (
         open_max=True,
     ),
     Option(
-        "scaling", None, "factor on the scores (default 1/√p)", kind=float, optional=True, minimum=0.0, open_min=True
+        "scaling",
+        None,
+        "factor on the scores Zᵀ U_k U_kᵀ Z (default 1/√p, a model's MSSA; Theorem 1 writes 1, which needs "
+        "δ ≤ √(log N / p): at δ = 0.5 the other heads' noise scores then pass the threshold)",
+        kind=float,
+        optional=True,
+        minimum=0.0,
+        open_min=True,
     ),
     Option("seed", 0, "random seed", minimum=0),
 )
 
 
-def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
-    """The denoising study: SNR per layer for each noise level, with Theorem 1's φ and with softmax.
+TITLE = "Denoising by unrolled MSSA (AoT Theorem 1, Fig. 4)"
 
-    Args:
-        out: Output folder (default `out/experiments/denoising`).
-        noise_levels: The δ values (Fig. 4 uses 0.2 and 0.5).
-        num_subspaces: K.
-        subspace_dim: p.
-        ambient_dim: d (default K·p).
-        num_tokens: N.
-        num_layers: Layers unrolled.
-        step_size: η.
-        tau: τ of the threshold, in (0, 1) (Theorem 1: (1/2, 1/(1 + N e^(−9p/32))]).
-        scaling: Factor on the attention scores (default 1/√p, the usual 1/√(head width)).
-        seed: Seed of the subspaces and tokens.
 
-    Returns:
-        The results dictionary also written to `results.json`.
+def snr_curves(study: Study, o: dict[str, Any], delta: float, subspaces: torch.Tensor, generator, ax) -> None:
+    """AoT Theorem 1 / Fig. 4 at one noise level δ: per-layer SNR with φ = h∘softmax and with softmax.
+
+    Beside the measured ratio per layer, the claim lists which of Theorem 1's hypotheses (`theorem1_hypotheses`)
+    hold for this (N, K, p, δ, τ), and whether the thresholding pattern of the proof held for every token.
     """
-    o = resolve_options(OPTIONS, options)
-    (
-        noise_levels,
-        num_subspaces,
-        subspace_dim,
-        ambient_dim,
-        num_tokens,
-        num_layers,
-        step_size,
-        tau,
-        scaling,
-        seed,
-    ) = (
-        o[name]
-        for name in (
-            "noise_levels",
-            "num_subspaces",
-            "subspace_dim",
-            "ambient_dim",
-            "num_tokens",
-            "num_layers",
-            "step_size",
-            "tau",
-            "scaling",
-            "seed",
-        )
-    )
-    options = dict(
-        noise_levels=list(noise_levels),
-        num_subspaces=num_subspaces,
-        subspace_dim=subspace_dim,
-        ambient_dim=ambient_dim,
-        num_tokens=num_tokens,
-        num_layers=num_layers,
-        step_size=step_size,
-        tau=tau,
-        scaling=scaling,
-        seed=seed,
-    )
-    if not noise_levels:
-        raise ValueError("`noise_levels` must list at least one δ >= 0, got an empty list.")
-    for delta in noise_levels:
-        check_real("noise_levels", delta, 0.0)
-    ambient_dim = num_subspaces * subspace_dim if ambient_dim is None else ambient_dim
-    scaling = subspace_dim**-0.5 if scaling is None else check_real("scaling", scaling, 0.0, open_min=True)
-    check_real("tau", tau, 0.0, 1.0, open_min=True, open_max=True)
-    folder = output_dir(out, "denoising")
-    generator = make_generator(seed)
-    subspaces = orthogonal_subspaces(ambient_dim, num_subspaces, subspace_dim, generator)
-    target = 1.0 + step_size * tau
-
-    runs: dict[str, dict[str, Any]] = {}
-    claims = []
-    fig, axes = new_figure(ncols=len(noise_levels))
-    for column, delta in enumerate(noise_levels):
-        tokens, labels = sample_noisy_subspace_mixture(num_tokens, subspaces, delta, generator)
-        ax = axes[0, column]
-        for phi in PHIS:
-            result = unroll(tokens, labels, subspaces, num_layers, step_size, phi, tau, scaling)
-            mean_snr = result["snr"].mean(dim=1)
-            in_regime = result["pattern_fraction"] == 1.0  # (num_layers,)
-            ratios = result["ratio"]  # (num_layers, K)
-            record = {
-                "noise_level": delta,
-                "phi": phi,
-                "snr_per_layer": result["snr"],
-                "mean_snr_per_layer": mean_snr,
-                "ratio_per_layer": ratios,
-                "mean_ratio_per_layer": ratios.mean(dim=1),
-                "pattern_fraction_per_layer": result["pattern_fraction"],
-                "layers_in_regime": int(in_regime.sum()),
-            }
-            if phi == "threshold":
-                hypotheses = theorem1_hypotheses(num_tokens, num_subspaces, subspace_dim, delta, tau)
-                record["theorem1_hypotheses"] = hypotheses
-                failed = [name for name, h in hypotheses.items() if not h["holds"]]
-                claims.append(
-                    Claim(
-                        f"Theorem 1 / Lemma 2 hypotheses, N={num_tokens}, K={num_subspaces}, p={subspace_dim}, "
-                        f"δ={delta}, τ={tau}",
-                        "all hold"
-                        if not failed
-                        else "not met: "
-                        + "; ".join(
-                            f"{n} ({hypotheses[n]['value']:.3g} vs {hypotheses[n]['bound']:.3g})" for n in failed
-                        ),
-                        "sufficient conditions for the (1 + ητ) rate",
-                        None,
-                    )
-                )
-                deviation = (ratios[in_regime] / target - 1.0).abs()
-                record["max_relative_deviation_in_regime"] = float(deviation.max()) if deviation.numel() else None
-                holds = bool(deviation.numel()) and float(deviation.max()) <= 0.02
-                measured = (
-                    f"{ratios[in_regime].mean():.4f} (max dev {deviation.max():.2%}, "
-                    f"{int(in_regime.sum())}/{num_layers} layers in regime)"
-                    if deviation.numel()
-                    else f"no layer in regime (pattern held for {result['pattern_fraction'][0]:.0%} of tokens)"
-                )
-                claims.append(
-                    Claim(
-                        f"SNR ratio per layer, h∘softmax, δ={delta}", measured, f"1 + ητ = {target:.4f} (±2%)", holds
-                    )
-                )
-            else:
-                per_layer = ratios.mean(1)
-                claims.append(
-                    Claim(
-                        f"SNR ratio per layer, softmax, δ={delta}",
-                        f"{ratios.mean():.4f} (layers: {per_layer.min():.3f}–{per_layer.max():.3f})",
-                        "grows linearly with depth (no exact rate)",
-                        None,
-                    )
-                )
-            runs[f"delta={delta}/phi={phi}"] = record
-            label = "h∘softmax (Thm 1)" if phi == "threshold" else "softmax"
-            ax.semilogy(range(num_layers + 1), mean_snr, marker="o", label=label)
+    num_layers, tau, target = o["num_layers"], o["tau"], 1.0 + o["step_size"] * o["tau"]
+    tokens, labels = sample_noisy_subspace_mixture(o["num_tokens"], subspaces, delta, generator)
+    for phi in PHIS:
+        result = unroll(tokens, labels, subspaces, num_layers, o["step_size"], phi, tau, o["scaling"])
+        mean_snr = result["snr"].mean(dim=1)
+        in_regime = result["pattern_fraction"] == 1.0  # (num_layers,)
+        ratios = result["ratio"]  # (num_layers, K)
+        record = {
+            "noise_level": delta,
+            "phi": phi,
+            "snr_per_layer": result["snr"],
+            "mean_snr_per_layer": mean_snr,
+            "ratio_per_layer": ratios,
+            "mean_ratio_per_layer": ratios.mean(dim=1),
+            "pattern_fraction_per_layer": result["pattern_fraction"],
+            "layers_in_regime": int(in_regime.sum()),
+        }
+        if phi == "threshold":
+            hypotheses = theorem1_hypotheses(o["num_tokens"], o["num_subspaces"], o["subspace_dim"], delta, tau)
+            record["theorem1_hypotheses"] = hypotheses
+            failed = [name for name, h in hypotheses.items() if not h["holds"]]
+            study.claim(
+                f"Theorem 1 / Lemma 2 hypotheses, N={o['num_tokens']}, K={o['num_subspaces']}, "
+                f"p={o['subspace_dim']}, δ={delta}, τ={tau}",
+                "all hold"
+                if not failed
+                else "not met: "
+                + "; ".join(f"{n} ({hypotheses[n]['value']:.3g} vs {hypotheses[n]['bound']:.3g})" for n in failed),
+                "sufficient conditions for the (1 + ητ) rate",
+                None,
+            )
+            deviation = (ratios / target - 1.0).abs()  # every layer, every cluster
+            record["max_relative_deviation"] = float(deviation.max())
+            study.claim(
+                f"SNR ratio per layer, h∘softmax, δ={delta}",
+                f"{ratios.mean():.4f} (max dev {deviation.max():.2%} over {num_layers} layers; the proof's "
+                f"thresholding pattern held for {result['pattern_fraction'].min():.1%}–"
+                f"{result['pattern_fraction'].max():.1%} of tokens)",
+                f"1 + ητ = {target:.4f} (±2%)",
+                float(deviation.max()) <= 0.02,
+            )
+        else:
+            per_layer = ratios.mean(1)
+            study.claim(
+                f"SNR ratio per layer, softmax, δ={delta}",
+                f"{ratios.mean():.4f} (layers: {per_layer.min():.3f}–{per_layer.max():.3f})",
+                "grows linearly with depth (no exact rate)",
+                None,
+            )
+        study.results["runs"][f"delta={delta}/phi={phi}"] = record
         ax.semilogy(
-            range(num_layers + 1),
-            runs[f"delta={delta}/phi=threshold"]["mean_snr_per_layer"][0] * target ** torch.arange(num_layers + 1),
-            "k--",
-            label="(1+ητ)^ℓ · SNR₀",
+            range(num_layers + 1), mean_snr, marker="o", label="h∘softmax (Thm 1)" if phi == "threshold" else "softmax"
         )
-        ax.set_title(f"δ = {delta}")
-        ax.set_xlabel("layer ℓ")
-        ax.set_ylabel("mean per-cluster SNR (Eq. 6)")
-        ax.legend()
-    figure = save_figure(fig, folder / "snr_per_layer.png")
+    first = study.results["runs"][f"delta={delta}/phi=threshold"]["mean_snr_per_layer"][0]
+    ax.semilogy(range(num_layers + 1), first * target ** torch.arange(num_layers + 1), "k--", label="(1+ητ)^ℓ · SNR₀")
+    ax.set(title=f"δ = {delta}", xlabel="layer ℓ", ylabel="mean per-cluster SNR (Eq. 6)")
+    ax.legend()
 
-    results = {
-        "study": "denoising",
-        "options": {**options, "ambient_dim": ambient_dim, "scaling": scaling},
-        "target_ratio": target,
-        "runs": runs,
-        "claims": [c.as_dict() for c in claims],
-    }
-    write_json(folder / "results.json", results)
-    write_summary(
-        folder / "summary.md",
-        "Denoising by unrolled MSSA (AoT Theorem 1, Fig. 4)",
-        claims,
-        command=format_command("denoising", options),
-        figures=[figure],
-        notes=[
-            "Theorem 1: with φ = h∘softmax, h(x) = τ·1{x > τ}, each layer multiplies every cluster's SNR by (1 + ητ).",
-            "A layer is 'in regime' when the thresholding pattern of the proof held for every token "
-            "(own weight > τ in the own head, no weight > τ in the other heads).",
-        ],
+
+def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
+    """The denoising study: SNR per layer for each noise level, with Theorem 1's φ and with softmax (`OPTIONS`)."""
+    o = resolve_options(OPTIONS, options)
+    o["ambient_dim"] = o["num_subspaces"] * o["subspace_dim"] if o["ambient_dim"] is None else o["ambient_dim"]
+    o["scaling"] = o["subspace_dim"] ** -0.5 if o["scaling"] is None else o["scaling"]
+    study = Study("denoising", TITLE, o, out)
+    generator = make_generator(o["seed"])
+    subspaces = orthogonal_subspaces(o["ambient_dim"], o["num_subspaces"], o["subspace_dim"], generator)
+    study.results.update(target_ratio=1.0 + o["step_size"] * o["tau"], runs={})
+    fig, axes = new_figure(ncols=len(o["noise_levels"]))
+    for column, delta in enumerate(o["noise_levels"]):
+        snr_curves(study, o, delta, subspaces, generator, axes[0, column])
+    study.save(fig, "snr_per_layer.png")
+    study.note(
+        "Theorem 1: with φ = h∘softmax, h(x) = τ·1{x > τ}, each layer multiplies every cluster's SNR by (1 + ητ)."
     )
-    return results
+    study.note(
+        "A layer is 'in regime' when the thresholding pattern of the proof held for every token "
+        "(own weight > τ in the own head, no weight > τ in the other heads)."
+    )
+    return study.finish()
