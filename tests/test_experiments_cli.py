@@ -197,3 +197,14 @@ def test_bad_option_value_is_a_clear_error(tmp_path, capsys):
         error = capsys.readouterr().err
         assert code == 2 and word in error and len(error.strip().splitlines()) == 1, (argv, error)
     assert not (tmp_path / "x").exists()  # rejected before anything is written
+
+
+def test_summary_command_round_trips_boolean_options():
+    # The command written into summary.md must regenerate the run: a True-by-default flag is written --no-NAME.
+    from aot_transformers.experiments import attention_maps, knn
+    from aot_transformers.experiments._common import format_command
+
+    assert "--no-save-model" in format_command("attention-maps", {"save_model": False}, attention_maps.OPTIONS)
+    assert "save-model" not in format_command("attention-maps", {"save_model": True}, attention_maps.OPTIONS)
+    assert "--skip-training" in format_command("knn", {"skip_training": True}, knn.OPTIONS)
+    assert "skip-training" not in format_command("knn", {"skip_training": False}, knn.OPTIONS)

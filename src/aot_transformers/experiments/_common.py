@@ -180,15 +180,23 @@ class Stopwatch:
         return time.perf_counter() - self.start
 
 
-def format_command(study: str, options: dict[str, Any]) -> str:
-    """The `aot experiment ...` command line that reproduces a run with `options`."""
+def format_command(study: str, options: dict[str, Any], spec: Sequence[Option] = ()) -> str:
+    """The `aot experiment ...` command line that reproduces a run with `options`.
+
+    A boolean option declared in `spec` with default True is written `--no-NAME` when False (as `Option.add_to`
+    declares it); other booleans are written `--NAME` when True.
+    """
+    true_by_default = {option.name for option in spec if option.type is bool and option.default}
     parts = ["aot experiment", study]
     for key, value in options.items():
         if value is None or key == "out":
             continue
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
-            if value:
+            if key in true_by_default:
+                if not value:
+                    parts.append("--no-" + key.replace("_", "-"))
+            elif value:
                 parts.append(flag)
         elif isinstance(value, (list, tuple)):
             parts.append(flag + " " + " ".join(str(v) for v in value))
@@ -314,6 +322,7 @@ class Study:
     title: str
     options: dict[str, Any]
     out: str | Path | None = None
+    spec: Sequence[Option] = ()
     results: dict[str, Any] = field(default_factory=dict)
     claims: list[Claim] = field(default_factory=list)
     figures: list[str] = field(default_factory=list)
@@ -353,7 +362,7 @@ class Study:
             self.folder / "summary.md",
             self.title,
             self.claims,
-            command=format_command(self.name, self.options),
+            command=format_command(self.name, self.options, self.spec),
             figures=self.figures,
             notes=[*self.notes, f"Wall time {results['seconds']:.0f} s."],
         )

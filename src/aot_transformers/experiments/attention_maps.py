@@ -232,7 +232,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """
     o = resolve_options(OPTIONS, options)
     check_int("num_images", o["num_images"], 1, 64)
-    study = Study("attention-maps", TITLE, o, out)
+    study = Study("attention-maps", TITLE, o, out, spec=OPTIONS)
     classifier, data, mean, std = classifier_for(study, o)
     figure7(study, o, classifier, data, mean, std)
     return study.finish()

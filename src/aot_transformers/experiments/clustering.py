@@ -903,7 +903,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     o = resolve_options(OPTIONS, options)
     if len(o["sigmas"]) != len(o["lams"]):
         raise ValueError(f"`sigmas` and `lams` must have equal lengths, got {o['sigmas']} and {o['lams']}.")
-    study = Study("clustering", TITLE, o, out)
+    study = Study("clustering", TITLE, o, out, spec=OPTIONS)
     for part in o["parts"]:
         PART_FUNCTIONS[part](study, o)
     study.note("Distance: Eq. (11) (signs and order ignored); Eq. (36) for softmax heads (signs count).")

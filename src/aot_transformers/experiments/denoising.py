@@ -366,7 +366,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     o = resolve_options(OPTIONS, options)
     o["ambient_dim"] = o["num_subspaces"] * o["subspace_dim"] if o["ambient_dim"] is None else o["ambient_dim"]
     o["scaling"] = o["subspace_dim"] ** -0.5 if o["scaling"] is None else o["scaling"]
-    study = Study("denoising", TITLE, o, out)
+    study = Study("denoising", TITLE, o, out, spec=OPTIONS)
     generator = make_generator(o["seed"])
     subspaces = orthogonal_subspaces(o["ambient_dim"], o["num_subspaces"], o["subspace_dim"], generator)
     study.results.update(target_ratio=1.0 + o["step_size"] * o["tau"], runs={})

@@ -419,7 +419,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     check_int("num_points", o["num_points"], 2 * dim + 1)
     if "sparse_linear" in tasks:
         check_int("sparsity", o["sparsity"], 1, dim)
-    study = Study("icl", TITLE, o, out)
+    study = Study("icl", TITLE, o, out, spec=OPTIONS)
     study.results["tasks"] = {}
     seconds_per_model = o["time_budget"] * 0.9 / (len(tasks) * len(models))  # a tenth for evaluation, baselines
     fig, axes = new_figure(ncols=len(tasks))

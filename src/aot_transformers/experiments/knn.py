@@ -288,7 +288,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     o = resolve_options(OPTIONS, options)
     for ratio in o["noise_ratios"]:
         check_real("noise_ratios", ratio, 0.0, 1.0, open_max=True)
-    study = Study("knn", TITLE, o, out)
+    study = Study("knn", TITLE, o, out, spec=OPTIONS)
     distillation(study, o)
     if not o["skip_training"]:
         speed(study, o)
