@@ -160,6 +160,20 @@ def test_regularisers_match_their_definitions():
     c = tokens @ two.T
     r0 = ((c[..., 0] - 1) ** 2 * (c[..., 1] - 1) ** 2).mean() + two[0] @ two[1]
     torch.testing.assert_close(C.centroid_regulariser(tokens, two, "softmax"), r0)
+    squared = r0 - two[0] @ two[1] + (two[0] @ two[1]) ** 2
+    torch.testing.assert_close(C.centroid_regulariser(tokens, two, "softmax_squared"), squared)
+
+
+def test_printed_r0_prefers_anti_parallel_heads_to_the_centroids():
+    # App. H's r₀ as printed ends in + ⟨μ₀, μ₁⟩ (not squared): μ₁ = −μ₀ earns −1, which no centroid pair can.
+    # Why Fig. 15 uses `softmax_squared` as a documented deviation (see `centroid_regulariser`).
+    mu = C.canonical_centroids(5)
+    tokens, _ = C.sample_gaussian_mixture(64, 10, mu, 0.0, C.make_generator(0))
+    anti = torch.stack([mu[0], -mu[0]])
+    assert C.centroid_regulariser(tokens, anti, "softmax") < C.centroid_regulariser(tokens, mu, "softmax")
+    assert C.centroid_regulariser(tokens, anti, "softmax_squared") > C.centroid_regulariser(
+        tokens, mu, "softmax_squared"
+    )
 
 
 def test_regulariser_closed_form_matches_monte_carlo():
