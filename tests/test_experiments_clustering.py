@@ -1,4 +1,8 @@
-"""Attention-based clustering: generator, predictors, regulariser, distance, closed forms (Monte Carlo), training."""
+"""Attention-based clustering: data, predictors, regularisers, distances, closed forms (Monte Carlo), training.
+
+Monte Carlo checks allow 4 standard errors of the Monte Carlo mean (`monte_carlo_tolerance`), computed from the
+samples themselves: the tolerance follows from the sample size, and a correct formula fails with probability ~6e-5.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import torch
 
 from aot_transformers.attention_aot import subspace_attention
 from aot_transformers.experiments import clustering as C
+from aot_transformers.experiments import clustering_theory as T
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -26,6 +31,11 @@ def _data(dim=5, num_clusters=2, sigma=0.3, num_sequences=4, seq_len=7, seed=0):
     centroids = C.orthonormal_centroids(dim, num_clusters, generator)
     tokens, labels = C.sample_gaussian_mixture(num_sequences, seq_len, centroids, sigma, generator)
     return tokens, labels, centroids
+
+
+def _within(mc, exact):
+    mean, tolerance = mc
+    assert abs(mean - exact) <= tolerance, f"Monte Carlo {mean:.5f} ± {tolerance:.5f} vs closed form {exact:.5f}"
 
 
 # ------------------------------------------------------------------------------------------------------------ data
@@ -60,7 +70,11 @@ def test_mixture_second_moment():
         (lambda: C.train_heads(sigma=-0.3, steps=1), "sigma"),
         (lambda: C.train_heads(init="anywhere", steps=1), "init"),
         (lambda: C.linear_attention_predictor(torch.zeros(1, 2, 3), torch.eye(3)[:2], 1.0, "other"), "values"),
-        (lambda: C.in_context_quantization_risk(2, 0.3, 10, 0.5, 4, 0, num_clusters=3), "dim"),
+        (lambda: T.in_context_quantization_risk_exact(2, 0.3, 10, 0.5, num_clusters=3), "dim"),
+        (lambda: C.train_heads(dim=2, init="manifold", steps=1), "2K"),
+        (lambda: C.train_heads(num_clusters=3, dim=6, predictor="softmax", steps=1), "K = 2"),
+        (lambda: C.run(parts=["nope"]), "parts"),
+        (lambda: C.run(colour="red"), "Unknown option"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(call, match):
@@ -71,18 +85,34 @@ def test_bad_arguments_raise_clear_errors(call, match):
 # ------------------------------------------------------------------------------------------------------ predictors
 
 
-def test_linear_predictor_matches_its_definition():
+def test_canonical_centroids_are_the_papers():
+    c = C.canonical_centroids(5)
+    torch.testing.assert_close(c, torch.tensor([[0, 0, 0, 0, 1.0], [-1.0, 0, 0, 0, 0]], dtype=torch.float64))
+    assert C.canonical_centroids(6, 3)[:, [0, 3, 5]].equal(torch.eye(3, dtype=torch.float64))
+
+
+def test_linear_predictor_matches_eqs_3_and_4():
     tokens, _, centroids = _data()
     lam, (num, length) = 0.7, (centroids.shape[0], tokens.shape[1])
     identity = C.linear_attention_predictor(tokens, centroids, lam, "identity")
     projected = C.linear_attention_predictor(tokens, centroids, lam, "projected")
     expected_id, expected_proj = torch.zeros_like(tokens), torch.zeros_like(tokens)
     for b, ell, m, k in itertools.product(range(tokens.shape[0]), range(length), range(length), range(num)):
-        weight = num * lam / length * (centroids[k] @ tokens[b, ell]) * (centroids[k] @ tokens[b, m])
+        weight = 2 * lam / length * (centroids[k] @ tokens[b, ell]) * (centroids[k] @ tokens[b, m])
         expected_id[b, ell] += weight * tokens[b, m]
         expected_proj[b, ell] += weight * (centroids[k] @ tokens[b, m]) * centroids[k]
     torch.testing.assert_close(identity, expected_id)
     torch.testing.assert_close(projected, expected_proj)
+
+
+def test_batched_runs_equal_single_runs():
+    tokens, _, centroids = _data()
+    heads = C.initial_heads(centroids.expand(3, -1, -1), "sphere", C.make_generator(1))
+    batched = C.linear_attention_predictor(tokens.expand(3, -1, -1, -1), heads, 0.5)
+    for r in range(3):
+        torch.testing.assert_close(batched[r], C.linear_attention_predictor(tokens, heads[r], 0.5))
+    soft = C.softmax_attention_predictor(tokens.expand(3, -1, -1, -1), heads, torch.full((3, 1, 1, 1), 2.0), 1.0)
+    torch.testing.assert_close(soft[1], C.softmax_attention_predictor(tokens, heads[1], 2.0, 1.0))
 
 
 def test_projected_predictor_is_mssa_with_rank_one_subspaces():
@@ -97,61 +127,69 @@ def test_in_context_quantizer_is_attention_with_identity_matrices():
     torch.testing.assert_close(C.in_context_quantizer(tokens, 0.3), expected)
 
 
-def test_identity_value_predictor_is_flat_on_the_manifold_of_frames():
-    # With identity values T_lin depends on the heads only through Σ_k μ_k μ_kᵀ: rotating the centroids inside
-    # their span leaves the predictor, hence the risk, unchanged (why the paper needs its regulariser).
+def test_softmax_predictor_is_eq_34_with_identity_values_and_no_self_exclusion():
     tokens, _, centroids = _data()
-    angle = torch.tensor(0.6, dtype=torch.float64)
-    rotation = torch.stack([torch.stack([angle.cos(), -angle.sin()]), torch.stack([angle.sin(), angle.cos()])])
-    rotated = rotation @ centroids
-    torch.testing.assert_close(
-        C.linear_attention_predictor(tokens, rotated, 0.6), C.linear_attention_predictor(tokens, centroids, 0.6)
-    )
-    assert not torch.allclose(
-        C.linear_attention_predictor(tokens, rotated, 0.6, "projected"),
-        C.linear_attention_predictor(tokens, centroids, 0.6, "projected"),
-    )
-
-
-def test_softmax_predictor_projected_values_use_subspace_attention_and_centering():
-    tokens, _, centroids = _data()
-    lam, psi = 2.0, 0.5
-    out = C.softmax_attention_predictor(tokens, centroids, lam, psi, values="projected", exclude_self=False)
+    lam, psi = 2.0, 0.7
     expected = torch.zeros_like(tokens)
     for k in range(2):
         coordinate = tokens @ centroids[k]  # (B, L)
-        weights = torch.softmax(lam * coordinate[:, :, None] * coordinate[:, None, :], -1) - psi / tokens.shape[1]
-        expected += (weights @ coordinate[..., None]) * centroids[k]
-    torch.testing.assert_close(out, expected)
+        expected += torch.softmax(lam * coordinate[:, :, None] * coordinate[:, None, :], -1) @ tokens
+    expected -= psi * tokens.mean(1, keepdim=True)
+    torch.testing.assert_close(C.softmax_attention_predictor(tokens, centroids, lam, psi), expected)
 
 
-def test_softmax_predictor_excludes_the_token_itself():
-    # In a sequence of two tokens each token can only attend to the other: with ψ = 0 every head returns it.
-    tokens, _, centroids = _data()
-    pair = tokens[:, :2]
-    torch.testing.assert_close(C.softmax_attention_predictor(pair, centroids, 1.0, 0.0), 2 * pair.flip(1))
-    # Without the exclusion a large λ lets each head copy the token itself.
-    copied = C.softmax_attention_predictor(pair, centroids, 1.0, 0.0, exclude_self=False)
-    assert not torch.allclose(copied, 2 * pair.flip(1))
+def test_softmax_misaligned_head_returns_the_mean_remark_h1():
+    # Remark H.1 (σ = 0): with μ = μ₀* and X₁ = μ₁*, every score is 0 and the head returns the sequence mean.
+    centroids = C.canonical_centroids(5)
+    tokens = centroids[torch.tensor([[1, 0, 0, 1, 0]])]
+    head = C.softmax_attention_predictor(tokens, centroids[:1], 3.0, 0.0)
+    torch.testing.assert_close(head[0, 0], tokens[0].mean(0))
 
 
 # ------------------------------------------------------------------------------------------- regulariser, distance
 
 
+def test_regularisers_match_their_definitions():
+    tokens, _, _ = _data(dim=6, num_clusters=3)
+    heads = C.initial_heads(C.orthonormal_centroids(6, 3, C.make_generator(1)), "sphere", C.make_generator(2))
+    a = (tokens @ heads.T).square()  # (B, L, 3)
+    pairwise = (a[..., 0] * a[..., 1] + a[..., 0] * a[..., 2] + a[..., 1] * a[..., 2]).mean()
+    torch.testing.assert_close(C.centroid_regulariser(tokens, heads, "pairwise"), pairwise)
+    torch.testing.assert_close(C.centroid_regulariser(tokens, heads, "product"), a.prod(-1).mean())
+    two = heads[:2]
+    c = tokens @ two.T
+    r0 = ((c[..., 0] - 1) ** 2 * (c[..., 1] - 1) ** 2).mean() + two[0] @ two[1]
+    torch.testing.assert_close(C.centroid_regulariser(tokens, two, "softmax"), r0)
+    squared = r0 - two[0] @ two[1] + (two[0] @ two[1]) ** 2
+    torch.testing.assert_close(C.centroid_regulariser(tokens, two, "softmax_squared"), squared)
+
+
+def test_printed_r0_prefers_anti_parallel_heads_to_the_centroids():
+    # App. H's r₀ as printed ends in + ⟨μ₀, μ₁⟩ (not squared): μ₁ = −μ₀ earns −1, which no centroid pair can.
+    # Why Fig. 15 uses `softmax_squared` as a documented deviation (see `centroid_regulariser`).
+    mu = C.canonical_centroids(5)
+    tokens, _ = C.sample_gaussian_mixture(64, 10, mu, 0.0, C.make_generator(0))
+    anti = torch.stack([mu[0], -mu[0]])
+    assert C.centroid_regulariser(tokens, anti, "softmax") < C.centroid_regulariser(tokens, mu, "softmax")
+    assert C.centroid_regulariser(tokens, anti, "softmax_squared") > C.centroid_regulariser(
+        tokens, mu, "softmax_squared"
+    )
+
+
 def test_regulariser_closed_form_matches_monte_carlo():
     generator = C.make_generator(5)
-    tokens, _, centroids = _data(sigma=0.7, num_sequences=4000, seq_len=20, seed=2)
+    tokens, _, centroids = _data(sigma=0.7, num_sequences=2000, seq_len=20, seed=2)
     heads = torch.randn(2, 5, generator=generator, dtype=torch.float64)
     heads = heads / heads.norm(dim=-1, keepdim=True)
-    monte_carlo = C.centroid_regulariser(tokens, heads)
-    closed = C.centroid_regulariser_closed_form(heads, centroids, 0.7)
-    assert monte_carlo.item() == pytest.approx(closed.item(), rel=0.03)
+    a = (tokens @ heads.T).square()
+    per_sequence = (a[..., 0] * a[..., 1]).mean(-1)
+    _within(T.monte_carlo_tolerance(per_sequence), T.centroid_regulariser_closed_form(heads, centroids, 0.7).item())
 
 
 def test_regulariser_hand_case_at_the_centroids():
     # At μ = μ*: cluster 0 gives E[(1+σξ)²(σξ')²] = (1+σ²)σ², same for cluster 1.
     centroids = torch.eye(2, 4, dtype=torch.float64)
-    assert C.centroid_regulariser_closed_form(centroids, centroids, 0.5).item() == pytest.approx(1.25 * 0.25)
+    assert T.centroid_regulariser_closed_form(centroids, centroids, 0.5).item() == pytest.approx(1.25 * 0.25)
 
 
 def test_distance_invariances_and_hand_values():
@@ -159,6 +197,9 @@ def test_distance_invariances_and_hand_values():
     assert C.centroid_distance(centroids, centroids).item() == pytest.approx(0.0, abs=1e-7)
     flipped = torch.stack([-centroids[1], centroids[0]])  # permuted and sign-flipped
     assert C.centroid_distance(flipped, centroids).item() == pytest.approx(0.0, abs=1e-7)
+    # Eq. (36) counts the sign: a flipped head is at distance 2 from its centroid.
+    assert C.signed_centroid_distance(flipped, centroids).item() == pytest.approx(2.0)
+    assert C.signed_centroid_distance(centroids.flip(0), centroids).item() == pytest.approx(0.0, abs=1e-7)
     # Heads at the diagonal directions (μ0 ± μ1)/√2: each |⟨μ, μ*⟩| = 1/√2, cost 2 − √2 per head.
     diagonal = torch.stack([centroids[0] + centroids[1], centroids[0] - centroids[1]]) / 2**0.5
     assert C.centroid_distance(diagonal, centroids).item() == pytest.approx((2 * (2 - 2**0.5)) ** 0.5)
@@ -176,114 +217,216 @@ def test_distance_is_permutation_invariant_for_three_heads():
 # ---------------------------------------------------------------------------------------------------- closed forms
 
 
+@pytest.mark.parametrize(
+    "sigma, lam, kappas", [(0.3, 0.6, (1.0, 1.0)), (0.3, 0.6, (0.6, -0.3)), (1.0, 0.2, (0.2, 0.9))]
+)
+def test_lemma_c1_risk_on_the_manifold_by_monte_carlo(sigma, lam, kappas):
+    centroids = C.canonical_centroids(5)
+    heads = C.heads_on_manifold(centroids, kappas)
+    assert (
+        abs(heads[0] @ centroids[1]) < 1e-12
+        and abs(heads[1] @ centroids[0]) < 1e-12
+        and abs(heads[0] @ heads[1]) < 1e-12
+    )
+    mc = C.monte_carlo_risk(lambda x: C.linear_attention_predictor(x, heads, lam), centroids, sigma, 30, 1500, seed=1)
+    _within(mc, T.manifold_risk(*kappas, 5, sigma, 30, lam))
+
+
+def test_lemma_c1_at_the_centroids_equals_the_exact_oracle_risk():
+    for sigma, length, lam in [(0.3, 30, 0.6), (1.0, 30, 0.2), (0.5, 7, 0.5)]:
+        assert T.manifold_risk(1, 1, 5, sigma, length, lam) == pytest.approx(
+            T.oracle_linear_attention_risk_exact(5, sigma, length, lam), rel=1e-12
+        )
+
+
+def test_critical_temperature_prop_c2_and_its_limits():
+    for sigma, length in [(0.3, 30), (1.0, 30), (0.5, 7)]:
+        lam_star = T.critical_temperature(5, sigma, length)
+        assert lam_star == pytest.approx(T.critical_temperature_root(5, sigma, length), rel=1e-12)
+        q = T.manifold_risk_coefficients(5, sigma, length, lam_star)
+        assert 2 * q["A"] + q["B"] + q["C"] == pytest.approx(0.0, abs=1e-12)
+        # Below λ*, (±1, ±1) is the minimum of R on [−1, 1]²; above it, it is not (Prop. C.2).
+        grid = torch.linspace(-1, 1, 41).tolist()
+        for lam, is_min in ((0.9 * lam_star, True), (1.3 * lam_star, False)):
+            best = min(T.manifold_risk(a, b, 5, sigma, length, lam) for a in grid for b in grid)
+            assert (T.manifold_risk(1, 1, 5, sigma, length, lam) <= best + 1e-12) is is_min
+    limits = T.critical_temperature_limits(0.3, 30)
+    assert T.critical_temperature(5, 0.0, 30) == pytest.approx(limits["sigma_to_0"]) == pytest.approx(31 / 33)
+    assert T.critical_temperature(5, 0.3, 10**7) == pytest.approx(limits["L_to_infinity"], rel=1e-5)
+    assert limits["L_to_infinity"] == pytest.approx((1 + 4 * 0.09) / (1 + 5 * 0.09 + 6 * 0.0081))
+
+
 @pytest.mark.parametrize("values", ["identity", "projected"])
-def test_unbiased_temperature_by_monte_carlo(values):
+def test_unbiased_temperature_prop_4_1_by_monte_carlo(values):
     sigma, length = 1.0, 30
-    tokens, labels, centroids = _data(sigma=sigma, num_sequences=3000, seq_len=length, seed=4)
-    lam = C.unbiased_temperature(sigma, length, values=values)
-    output = C.linear_attention_predictor(tokens, centroids, lam, values)
-    for c in range(2):
-        mean = output[labels == c].mean(0)
-        torch.testing.assert_close(mean, centroids[c], atol=0.03, rtol=0)
-    # The large-L temperature 1/(1 + 2σ²) is biased at L = 30: the mean overshoots the centroid.
-    biased = C.linear_attention_predictor(tokens, centroids, 1 / (1 + 2 * sigma**2), values)
-    assert (biased[labels == 0].mean(0) @ centroids[0]).item() > 1.04
+    centroids = C.canonical_centroids(5)
+    lam = T.unbiased_temperature(sigma, length, values=values)
+    if values == "identity":
+        assert lam == pytest.approx(length / ((length + 1) + 2 * (length + 3) * sigma**2))
+    moments = C.monte_carlo_conditional_moments(
+        lambda x: C.linear_attention_predictor(x, centroids, lam, values), centroids, sigma, length, 3000, seed=4
+    )
+    _within(moments["projection"], 1.0)
 
 
-def test_unbiased_temperature_tends_to_its_limit():
-    assert C.unbiased_temperature(0.3, 10**7) == pytest.approx(1 / (1 + 2 * 0.09), rel=1e-5)
+def test_conditional_variances_props_4_2_and_5_2_by_monte_carlo():
+    sigma, length, dim = 0.5, 20, 5
+    centroids = C.canonical_centroids(dim)
+    lam = T.unbiased_temperature(sigma, length)
+    first, own = C.monte_carlo_conditional_moments(
+        lambda x: C.linear_attention_predictor(x, centroids, lam), centroids, sigma, length, 3000, seed=5
+    )["outputs"]
+    _within(
+        T.monte_carlo_tolerance((first - own).square().sum(-1)), T.oracle_conditional_variance(dim, sigma, length, lam)
+    )
+    lam_c = T.in_context_unbiased_temperature(dim, sigma, length)
+    moments = C.monte_carlo_conditional_moments(
+        lambda x: C.in_context_quantizer(x, lam_c), centroids, sigma, length, 3000, seed=6
+    )
+    _within(moments["projection"], 1.0)  # Prop. 5.1: unbiased
+    first, own = moments["outputs"]
+    _within(
+        T.monte_carlo_tolerance((first - own).square().sum(-1)),
+        T.in_context_conditional_variance(dim, sigma, length, lam_c),
+    )
+
+
+def test_conditional_variances_tend_to_the_papers_limits():
+    for sigma, lam in [(0.3, 0.7), (1.0, 0.25)]:
+        assert T.oracle_conditional_variance(5, sigma, 10**7, lam) == pytest.approx(
+            2 * lam**2 * sigma**2 * (1 + 2 * sigma**2) ** 2, rel=1e-5
+        )
+        assert T.in_context_conditional_variance(7, sigma, 10**7, lam) == pytest.approx(
+            2 * lam**2 * sigma**2 * (1 + 4 * sigma**2 + 2 * 7 * sigma**4), rel=1e-5
+        )
+    # Prop. 5.1's unbiased λ.
+    assert T.in_context_unbiased_temperature(5, 0.3, 30) == pytest.approx(15 / (1 + 7 * 0.09 + 29 * 0.59))
 
 
 @pytest.mark.parametrize("sigma, length, lam", [(0.3, 30, 0.6), (1.0, 30, 0.2), (0.5, 12, 0.5)])
 def test_exact_finite_length_risks_by_monte_carlo(sigma, length, lam):
-    exact_ctx = C.in_context_quantization_risk_exact(5, sigma, length, lam)
-    exact_oracle = C.oracle_linear_attention_risk_exact(5, sigma, length, lam)
-    assert C.in_context_quantization_risk(5, sigma, length, lam, 8000, seed=1) == pytest.approx(exact_ctx, rel=0.02)
-    assert C.oracle_linear_attention_risk(5, sigma, length, lam, 8000, seed=2) == pytest.approx(exact_oracle, rel=0.02)
+    centroids = C.canonical_centroids(5)
+    ctx = C.monte_carlo_risk(lambda x: C.in_context_quantizer(x, lam), centroids, sigma, length, 1500, seed=1)
+    _within(ctx, T.in_context_quantization_risk_exact(5, sigma, length, lam))
+    lin = C.monte_carlo_risk(
+        lambda x: C.linear_attention_predictor(x, centroids, lam), centroids, sigma, length, 1500, 2
+    )
+    _within(lin, T.oracle_linear_attention_risk_exact(5, sigma, length, lam))
 
 
 def test_exact_risks_tend_to_the_limits():
     for sigma, lam in [(0.3, 0.7), (1.0, 0.25)]:
-        assert C.in_context_quantization_risk_exact(5, sigma, 10**6, lam) == pytest.approx(
-            C.in_context_quantization_risk_limit(5, sigma, lam), rel=1e-4
+        assert T.in_context_quantization_risk_exact(5, sigma, 10**6, lam) == pytest.approx(
+            T.in_context_quantization_risk_limit(5, sigma, lam), rel=1e-4
         )
-        assert C.oracle_linear_attention_risk_exact(5, sigma, 10**6, lam) == pytest.approx(
-            C.oracle_linear_attention_risk_limit(5, sigma, lam), rel=1e-4
+        assert T.oracle_linear_attention_risk_exact(5, sigma, 10**6, lam) == pytest.approx(
+            T.oracle_linear_attention_risk_limit(5, sigma, lam), rel=1e-4
         )
 
 
 def test_oracle_risk_limit_is_sigma_squared_d_minus_two():
     for dim, sigma in [(5, 0.3), (8, 1.0)]:
-        lam = 1 / (1 + 2 * sigma**2)  # the unbiased temperature's limit
-        assert C.oracle_linear_attention_risk_limit(dim, sigma, lam) == pytest.approx(sigma**2 * (dim - 2))
-        assert C.oracle_risk_limit(dim, sigma) == pytest.approx(sigma**2 * (dim - 2))
+        lam = 1 / (1 + 2 * sigma**2)  # Prop. 4.2's temperature
+        assert T.oracle_linear_attention_risk_limit(dim, sigma, lam) == pytest.approx(sigma**2 * (dim - 2))
+        assert T.oracle_risk_limit(dim, sigma) == pytest.approx(sigma**2 * (dim - 2))
 
 
-def test_monte_carlo_oracle_risk_approaches_the_limit_for_long_sequences():
-    sigma, length = 0.5, 1000
-    risk = C.oracle_linear_attention_risk(5, sigma, length, C.unbiased_temperature(sigma, length), 24, seed=0)
-    assert risk == pytest.approx(C.oracle_risk_limit(5, sigma), rel=0.05)
-
-
-def test_in_context_quantizer_beats_the_oracle_quantizer():
-    for sigma in (0.3, 1.0):
-        lam = C.in_context_quantization_optimal_temperature(5, sigma)
-        limit = C.in_context_quantization_risk_limit(5, sigma, lam)
-        assert limit < C.oracle_quantizer_risk(5, sigma)
-        # λ* minimises the limit risk.
+def test_in_context_quantizer_prop_5_2_optimum():
+    for dim, sigma in [(5, 0.3), (10, 1.0)]:
+        lam = T.in_context_quantization_optimal_temperature(dim, sigma)
+        s2 = sigma**2
+        assert lam == pytest.approx((1 + 4 * s2 + 2 * dim * s2**2) / (4 * (2 * (s2 + 0.5) ** 3 + (dim - 2) * s2**3)))
+        limit = T.in_context_quantization_risk_limit(dim, sigma, lam)
+        assert limit == pytest.approx(T.in_context_optimal_risk_limit(dim, sigma))
+        assert limit <= T.oracle_risk_limit(dim, sigma) < T.oracle_quantizer_risk(dim, sigma)
         for other in (0.9 * lam, 1.1 * lam):
-            assert C.in_context_quantization_risk_limit(5, sigma, other) > limit
+            assert T.in_context_quantization_risk_limit(dim, sigma, other) > limit
 
 
-def test_in_context_quantization_hand_case_without_noise():
-    # σ = 0, K = 2: C = P/2, limit risk = tr C − 4λ tr C² + 4λ² tr C³ = 1 − 2λ + λ².
-    assert C.in_context_quantization_risk_limit(4, 0.0, 0.5) == pytest.approx(0.25)
-    assert C.in_context_quantization_risk_limit(4, 0.0, 1.0) == pytest.approx(0.0)
+def test_degenerate_case_prop_a1_and_a3():
+    length = 30
+    lam0 = (length + 1) / (length + 3)
+    centroids = C.canonical_centroids(5)
+    heads = torch.nn.functional.normalize(
+        torch.tensor([[0.3, 0.2, 0.1, 0.0, 0.9], [-0.8, 0.1, 0.3, 0.2, 0.4]]), dim=-1
+    )
+    heads = heads.double()
+    inner = heads @ centroids.T
+    tokens, _ = C.sample_gaussian_mixture(1, length, centroids, 0.0, C.make_generator(0))
+    # σ = 0: the risk of one sequence is random only through the labels; average many for the expectation.
+    mc = C.monte_carlo_risk(lambda x: C.linear_attention_predictor(x, heads, lam0), centroids, 0.0, length, 2000)
+    _within(
+        mc,
+        T.degenerate_risk(
+            inner[0, 0].item(), inner[1, 1].item(), inner[1, 0].item(), inner[0, 1].item(), length, lam0
+        ),
+    )
+    # Prop. A.3: the minimisers at λ₀*, including rotated ones off the centroids (κ₀ = cos θ, η₀ = sin θ, ...).
+    theta = 0.4
+    point = (
+        torch.cos(torch.tensor(theta)).item(),
+        torch.cos(torch.tensor(theta)).item(),
+        torch.sin(torch.tensor(theta)).item(),
+        -torch.sin(torch.tensor(theta)).item(),
+    )
+    assert T.degenerate_is_minimiser(*point, atol=1e-6)
+    assert T.degenerate_risk(*point, length, lam0) == pytest.approx(T.degenerate_minimum(length))
+    assert T.degenerate_risk(0.9, 0.9, 0.1, 0.1, length, lam0) > T.degenerate_minimum(length)
+    assert T.degenerate_minimum(length) == pytest.approx(T.oracle_linear_attention_risk_exact(5, 0.0, length, lam0))
 
 
 # -------------------------------------------------------------------------------------------------------- training
 
 
-def test_riemannian_step_stays_on_the_sphere_and_ignores_radial_gradients():
+def test_projected_steps_stay_on_the_sphere():
     heads = torch.nn.functional.normalize(torch.randn(2, 5), dim=-1)
     moved = C.riemannian_sgd_step(heads, torch.randn(2, 5), 0.1)
     torch.testing.assert_close(moved.norm(dim=-1), torch.ones(2))
-    torch.testing.assert_close(C.riemannian_sgd_step(heads, 3.0 * heads, 0.1), heads)
+    torch.testing.assert_close(C.riemannian_sgd_step(heads, 3.0 * heads, 0.1), heads)  # radial gradient ignored
+    euclidean = C.projected_sgd_step(heads, 3.0 * heads, 0.1, riemannian=False)
+    torch.testing.assert_close(euclidean, heads)  # a radial step is undone by the normalisation
+    assert not torch.allclose(C.projected_sgd_step(heads, torch.randn(2, 5), 0.1, riemannian=False), heads)
 
 
-def test_span_initialisation_is_an_orthonormal_frame_of_the_span():
-    _, _, centroids = _data()
-    heads = C.initial_heads(centroids, "span", C.make_generator(0))
-    torch.testing.assert_close(heads @ heads.T, torch.eye(2, dtype=torch.float64))
-    torch.testing.assert_close(heads @ centroids.T @ centroids, heads)  # inside the span
+@pytest.mark.parametrize("init", ["manifold", "manifold_tilde"])
+def test_initialisations_lie_on_the_papers_manifolds(init):
+    centroids = C.canonical_centroids(6, 3).expand(4, -1, -1)
+    heads = C.initial_heads(centroids, init, C.make_generator(0))
+    torch.testing.assert_close(heads.norm(dim=-1), torch.ones(4, 3, dtype=torch.float64))
+    inner = heads @ centroids.transpose(-1, -2)
+    off_diagonal = ~torch.eye(3, dtype=torch.bool)
+    assert inner[:, off_diagonal].abs().max() < 1e-12  # ⟨μ_k, μ_j*⟩ = 0 for j ≠ k
+    gram = (heads @ heads.transpose(-1, -2))[:, off_diagonal].abs().max()
+    assert (gram < 1e-12) if init == "manifold" else (gram > 1e-3)  # M also asks ⟨μ_i, μ_j⟩ = 0
+    assert inner.diagonal(dim1=-2, dim2=-1).abs().min() > 1e-3  # generic: κ ≠ 0
 
 
-def test_regularised_sgd_moves_the_heads_to_the_centroids():
+def test_theorem_3_4_psgd_from_the_manifold_converges_to_the_centroids_without_regulariser():
+    # Theorem 3.4 / Fig. 1: init on M, ρ = 0, λ = 0.6 ≤ λ*(0.3, 30) ≈ 0.83: the heads reach (±μ₀*, ±μ₁*).
+    assert 0.6 <= T.critical_temperature(5, 0.3, 30)
     run = C.train_heads(
-        sigma=0.3, lam=0.6, rho=0.2, init="random", steps=500, batch_size=64, lr=0.02, record_every=50, seed=1
+        sigma=0.3, lam=0.6, rho=0.0, init="manifold", steps=400, batch_size=32, lr=0.05, runs=2, record_every=100
     )
-    assert run["distance"][-1] < 0.2 * run["distance"][0]
-    assert run["distance"][-1] < 0.1
+    start, final = torch.tensor(run["distance"][0]), torch.tensor(run["final"])
+    assert (start > 0.3).all() and (final < 0.05).all()
 
 
-def test_without_regulariser_the_frame_on_the_manifold_does_not_move():
-    run = C.train_heads(sigma=0.3, lam=0.6, rho=0.0, init="span", steps=100, batch_size=32, record_every=50)
-    assert run["distance"][-1] == pytest.approx(run["distance"][0], abs=1e-4)
+def test_regularised_psgd_from_the_sphere_reaches_the_centroids():
+    run = C.train_heads(
+        sigma=0.3, lam=0.6, rho=[0.0, 0.2], init="sphere", steps=300, batch_size=16, lr=0.05, record_every=100, seed=1
+    )
+    assert run["rho"] == pytest.approx([0.0, 0.2])
+    assert run["final"][1] < 0.1 < run["distance"][0][1]
 
 
 def test_run_smoke(tmp_path):
-    results = C.run(
-        out=tmp_path, steps=20, rhos=(0.0, 0.2), softmax_steps=10, batch_size=16, mc_sequences=4, mc_seq_len=50
-    )
+    results = C.run(out=tmp_path, parts=["theory", "fig3_4"], mc_sequences=50)
     names = {p.name for p in tmp_path.iterdir()}
-    assert {
-        "results.json",
-        "summary.md",
-        "fig1_manifold_init.png",
-        "fig2_random_init_rho.png",
-        "fig3_fig4_pca.png",
-        "k3_and_softmax.png",
-    } <= names
+    assert {"results.json", "summary.md", "fig3_fig4_pca.png"} <= names
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["closed_form_checks"][0]["oracle_risk_limit"] == pytest.approx(0.09 * 3)
-    assert len(results["claims"]) >= 6
+    assert saved["options"]["runs"] == 10 and "theory" in saved  # the paper's defaults when not given
+    assert saved["figures3_4"]["setting"] == {"d": 10, "sigma": 0.3, "L": 500, "lam": pytest.approx(1 / 1.18)}
+    assert (
+        len(results["claims"]) >= 10
+        and "aot experiment clustering --parts theory fig3_4" in (tmp_path / "summary.md").read_text()
+    )

@@ -76,13 +76,29 @@ def test_initial_snr_matches_the_model():
 
 
 def test_hard_threshold_outputs_only_zero_or_tau():
-    phi = D.hard_threshold(0.5)
-    weights = phi(torch.randn(2, 3, 5, 5) * 4)
-    assert set(weights.unique().tolist()) <= {0.0, 0.5}
-    assert (weights > 0).sum(-1).max() <= 1  # with τ = 1/2 at most one softmax weight can exceed τ
-    assert (weights > 0).any()
-    with pytest.raises(ValueError, match="tau"):
-        D.hard_threshold(0.6)
+    # Theorem 1's range τ ∈ (1/2, 1/(1 + N e^(−9p/32))]: the weights sum to 1, so at most one can exceed τ > 1/2.
+    for tau in (0.5, 0.75):
+        weights = D.hard_threshold(tau)(torch.randn(2, 3, 5, 5) * 4)
+        assert set(weights.unique().tolist()) <= {0.0, tau}
+        assert (weights > 0).sum(-1).max() <= 1
+        assert (weights > 0).any()
+    # Below 1/2 two weights of one query can both pass (0.45 + 0.45 + 0.1): why the theorem needs τ > 1/2.
+    scores = torch.tensor([0.45, 0.45, 0.1]).log()
+    assert (D.hard_threshold(0.4)(scores) > 0).sum() == 2
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="tau"):
+            D.hard_threshold(bad)
+
+
+def test_theorem1_hypotheses_are_reported():
+    # N = 512, K = 4, p = 128 (the study's default) against the paper's explicit constants.
+    hypotheses = D.theorem1_hypotheses(512, 4, 128, 0.2, 0.75)
+    assert hypotheses["p >= log N"]["holds"] and hypotheses["tau in (1/2, 1/(1 + N exp(-9p/32))]"]["holds"]
+    proof = hypotheses["p >= 64 (sqrt(log N) + 1)^2 (proof)"]
+    assert not proof["holds"] and proof["bound"] == pytest.approx(64 * (6.238**0.5 + 1) ** 2, rel=1e-3)
+    assert not D.theorem1_hypotheses(512, 4, 128, 0.2, 0.5)["tau in (1/2, 1/(1 + N exp(-9p/32))]"]["holds"]
+    # A small p makes the upper end of τ's range fall below 1/2: no τ satisfies the theorem.
+    assert not D.theorem1_hypotheses(512, 4, 16, 0.1, 0.75)["tau in (1/2, 1/(1 + N exp(-9p/32))]"]["holds"]
 
 
 def test_mssa_step_equals_the_papers_column_formula():
@@ -135,7 +151,10 @@ def test_run_writes_artifacts_and_the_claim_holds(tmp_path):
     threshold_claim = next(c for c in saved["claims"] if "h∘softmax" in c["quantity"])
     assert threshold_claim["holds"] is True
     assert "1 + ητ" in (tmp_path / "summary.md").read_text()
-    assert results["target_ratio"] == pytest.approx(1.1)
+    assert results["target_ratio"] == pytest.approx(1 + 0.2 * 0.6)  # η = 0.2, τ = 0.6 (in Theorem 1's range)
+    hypotheses = results["runs"]["delta=0.2/phi=threshold"]["theorem1_hypotheses"]
+    assert hypotheses["tau in (1/2, 1/(1 + N exp(-9p/32))]"]["holds"]
+    assert any("hypotheses" in c["quantity"] for c in saved["claims"])
 
 
 def test_run_rejects_negative_noise(tmp_path):

@@ -73,6 +73,12 @@ def test_backbones():
     assert mssa.max_position_embeddings == 10
     # Larger initial weights for MSSA: with unit-norm queries small keys make every attention map uniform.
     assert mssa.initializer_range == 0.1 and mhsa.initializer_range == gpt.initializer_range == 0.02
+    # The earlier version's Fig. 6 variants: AoT-MSSA with MLPs in the first half of the layers, or in all of them.
+    hybrid, full = (I.backbone_config(kind, 32, 4, 4, 5) for kind in ("aot-hybrid", "aot-full-mlp"))
+    assert hybrid.attention_type == full.attention_type == "mssa" and hybrid.normalize_query and full.normalize_query
+    assert [hybrid.layer_has_mlp(i) for i in range(4)] == [True, True, False, False]
+    assert all(full.layer_has_mlp(i) for i in range(4))
+    assert I._layers("aot-hybrid", {"aot_layers": 16, "hybrid_layers": None, "transformer_layers": 16}) == 24
 
 
 @pytest.mark.parametrize("tokens", I.TOKEN_LAYOUTS)

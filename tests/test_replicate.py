@@ -173,3 +173,21 @@ def test_smoke_command_writes_every_section(shared_data, tmp_path):
     rerun = subprocess.run(command + ["--only", "report"], cwd=REPO_ROOT, check=True, capture_output=True, text=True)
     assert "Report:" in rerun.stdout
     assert (out / "REPORT.md").read_text() == text
+
+
+def test_paper_compute_table_is_our_count_without_attention_products_and_lm_head():
+    # AoT earlier version, App. B.0.3, Table 3: the paper's GFLOPS are the body's matmuls (its profiler has no
+    # attention formula and it counted no LM head); our full-size counts, taken apart, reproduce them to 0.1%.
+    full = {
+        name: {"layers": layers, "width": width, "gflops": gflops, "lm_head_gflops": head}
+        for name, layers, width, gflops, head in (
+            ("GPT-2 Base", 12, 768, 4666, 1265),
+            ("AoT-MSSA-L Base", 24, 1024, 4985, 1686),
+        )
+    }
+    assert compute.attention_score_gflops(12, 768, 16, 1024) == pytest.approx(4 * 16 * 1024**2 * 768 * 12 / 1e9)
+    rows = {r["model"]: r for r in compute.paper_comparison(full, 16, 1024)}
+    assert set(rows) == {"GPT-2 Base", "AoT-MSSA-L Base"}  # rows without our measurement are left out
+    assert all(abs(r["relative_difference"]) < 1e-3 for r in rows.values())
+    lines = "\n".join(compute.paper_comparison_lines(full, 16, 1024))
+    assert "0.59x in the paper's GFLOPS but 1.07x in ours" in lines

@@ -614,8 +614,8 @@ def _compute_section(compute: dict, plan: dict, lines: list[str], verdicts: list
         "",
         "**Claim (AoT paper, appendix table).** The paper tabulates forward GFLOPs, memory and time of its LM "
         "presets next to GPT-2; the point is that dropping the MLP makes each layer much cheaper, so the AoT "
-        "models cost about as much as (not more than) the GPT-2 shapes of similar size. (We paraphrase; the "
-        "paper's own numbers were measured on GPUs and are not reproduced here.)",
+        "models cost about as much as (not more than) the GPT-2 shapes of similar size. The paper's numbers "
+        "(GPU) are quoted below beside ours.",
         "",
         "**Setup.** GFLOPs of the full-size models with `torch.utils.flop_counter.FlopCounterMode` (by depth "
         "extrapolation of 1- and 2-layer copies, exact for these stacks; attention counted as a full T x T "
@@ -655,6 +655,10 @@ def _compute_section(compute: dict, plan: dict, lines: list[str], verdicts: list
             "forward's self CPU time.",
         ]
     lines += ["", "![compute](compute.png)", ""]
+    # The paper's own numbers beside ours (issue 16): the table and the disagreement, from compute.PAPER_TABLE.
+    from .compute import paper_comparison_lines
+
+    lines += [*paper_comparison_lines(full, cp["batch_size"], cp["sequence_length"]), ""]
     pairs = [
         ("AoT-MSSA-L Base", "GPT-2 Base"),
         ("AoT-MHSA-L Base", "GPT-2 Base"),

@@ -1,17 +1,20 @@
 """The papers' theory and small-scale experiments as tested, runnable modules.
 
-One module per study, each exposing plain functions (generators, operators, metrics, training loops) and a
-`run(out=..., **options)` that writes `results.json`, PNG figures and `summary.md`:
+One module per study, each exposing plain functions (generators, operators, metrics, training loops), its options
+declared once as `OPTIONS` (read by the Python API and by `aot experiment`), one function per figure or claim, and
+a `run(out=..., **options)` that fills a shared `Study` record and writes `results.json`, PNG figures and
+`summary.md`:
 
 - `denoising` — AoT Theorem 1 / Fig. 4: SNR per layer of unrolled MSSA on a noisy mixture of low-rank Gaussians.
 - `icl` — AoT Fig. 6: in-context linear and sparse-linear regression (AoT-MSSA, AoT-MHSA, transformer with MLPs).
-- `clustering` — Maulen-Soto, Marion, Boyer: two-head attention learns the centroids; in-context quantization.
+- `clustering` — Maulen-Soto, Marion, Boyer: two-head attention learns the centroids; in-context quantization
+  (`clustering_theory` holds the paper's closed forms, apart from the training loops).
 - `knn` — KVT: noise distillation of k-NN attention and its training speed on CIFAR-10.
 - `attention_maps` — AoT Fig. 7: [CLS]-to-patch attention of each head of a trained image classifier.
 - `diagnostics` — `aot inspect MODEL`: layer-wise coding rates and head subspace energy.
 
 Command line: `aot experiment NAME [--out DIR] [options]` and `aot inspect MODEL`. See README.md in this folder for
-the derivations, the measured numbers and the paper-scale commands.
+one section per claim: what the paper says, the command, what was measured, whether it held.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""Helpers shared by the studies: argument checks, seeding, and the results.json / PNG / summary.md writers.
+"""What every study shares: its options (declared once, as `Option`s), its record (`Study`) and argument checks.
 
-Every study writes the same three kinds of artifact into its output folder:
-`results.json` (every measured number and the options that produced it), PNG figures, and `summary.md`, a table
-that puts each measured value beside the paper's claim.
+A study module declares `OPTIONS`, a tuple of `Option`; `resolve_options` fills the defaults and checks the values
+(the Python API and the `aot experiment` command read the same declaration). Its `run(out=None, **options)` opens a
+`Study`, calls one function per figure or claim, each adding claims, figures and numbers to the record, and returns
+`study.finish()`, which writes the same three kinds of artifact into the output folder: `results.json` (every
+measured number and the options that produced it), PNG figures, and `summary.md`, a table that puts each measured
+value beside the paper's claim.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import json
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
@@ -177,18 +180,190 @@ class Stopwatch:
         return time.perf_counter() - self.start
 
 
-def format_command(study: str, options: dict[str, Any]) -> str:
-    """The `aot experiment ...` command line that reproduces a run with `options`."""
+def format_command(study: str, options: dict[str, Any], spec: Sequence[Option] = ()) -> str:
+    """The `aot experiment ...` command line that reproduces a run with `options`.
+
+    A boolean option declared in `spec` with default True is written `--no-NAME` when False (as `Option.add_to`
+    declares it); other booleans are written `--NAME` when True.
+    """
+    true_by_default = {option.name for option in spec if option.type is bool and option.default}
     parts = ["aot experiment", study]
     for key, value in options.items():
         if value is None or key == "out":
             continue
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
-            if value:
+            if key in true_by_default:
+                if not value:
+                    parts.append("--no-" + key.replace("_", "-"))
+            elif value:
                 parts.append(flag)
         elif isinstance(value, (list, tuple)):
             parts.append(flag + " " + " ".join(str(v) for v in value))
         else:
             parts.append(f"{flag} {value}")
     return " ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Options, declared once per study.
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a study: its name, default, help text and allowed values.
+
+    `kind` is the type of one value (int, float, str or bool; default: the type of `default`); `many` makes it a
+    non-empty list of such values; `optional` allows None (the default then means "derived from other options").
+    Numbers must lie in [`minimum`, `maximum`] (`open_min`: excluding the minimum); strings in `choices`.
+    """
+
+    name: str
+    default: Any
+    help: str
+    kind: type | None = None
+    many: bool = False
+    optional: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
+    open_min: bool = False
+    open_max: bool = False
+    choices: Sequence[str] | None = None
+
+    @property
+    def type(self) -> type:
+        if self.kind is not None:
+            return self.kind
+        sample = self.default[0] if self.many else self.default
+        return type(sample)
+
+    def check(self, value: Any) -> Any:
+        """The checked value (lists become lists, ints are accepted for floats); ValueError naming the option."""
+        if value is None and self.optional:
+            return None
+        if self.many:
+            if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+                raise ValueError(f"`{self.name}` must be a list of values, got {value!r}.")
+            values = list(value)
+            if not values:
+                raise ValueError(f"`{self.name}` must list at least one value, got an empty list.")
+            return [self._check_one(v) for v in values]
+        return self._check_one(value)
+
+    def _check_one(self, value: Any) -> Any:
+        kind = self.type
+        if self.choices is not None:
+            return check_choice(self.name, value, self.choices)
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"`{self.name}` must be True or False, got {value!r}.")
+            return value
+        if kind is int:
+            return check_int(self.name, value, int(self.minimum if self.minimum is not None else 0), self.maximum)
+        if kind is float:
+            low = -math.inf if self.minimum is None else self.minimum
+            high = math.inf if self.maximum is None else self.maximum
+            return check_real(self.name, value, low, high, open_min=self.open_min, open_max=self.open_max)
+        if kind is str and isinstance(value, Path):
+            return value  # folders may be given as paths
+        if not isinstance(value, kind):
+            raise ValueError(f"`{self.name}` must be a {kind.__name__}, got {value!r}.")
+        return value
+
+    def add_to(self, parser) -> None:
+        """Add `--name` to an argparse parser; left out, the option keeps its default (argparse.SUPPRESS)."""
+        import argparse
+
+        flag = "--" + self.name.replace("_", "-")
+        default_text = "derived" if self.default is None else self.default
+        if self.type is bool:
+            if self.default:
+                parser.add_argument(
+                    "--no-" + self.name.replace("_", "-"),
+                    dest=self.name,
+                    action="store_false",
+                    default=argparse.SUPPRESS,
+                    help=self.help,
+                )
+            else:
+                parser.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=self.help)
+            return
+        kind = str if self.choices is not None else self.type
+        parser.add_argument(
+            flag,
+            type=kind,
+            nargs="+" if self.many else None,
+            choices=self.choices,
+            default=argparse.SUPPRESS,
+            help=f"{self.help} (default: {default_text})",
+        )
+
+
+def resolve_options(spec: Sequence[Option], given: dict[str, Any]) -> dict[str, Any]:
+    """Every option of `spec`, from `given` or its default, checked; ValueError for unknown names or bad values."""
+    names = [option.name for option in spec]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ValueError(f"Unknown option(s) {unknown}; this study takes {names}.")
+    return {option.name: option.check(given.get(option.name, option.default)) for option in spec}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The study record.
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Study:
+    """The record a study fills: numbers (`results`), claims, figures and notes; `finish` writes the artifacts."""
+
+    name: str
+    title: str
+    options: dict[str, Any]
+    out: str | Path | None = None
+    spec: Sequence[Option] = ()
+    results: dict[str, Any] = field(default_factory=dict)
+    claims: list[Claim] = field(default_factory=list)
+    figures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.folder = output_dir(self.out, self.name)
+        self.clock = Stopwatch()
+
+    def claim(self, quantity: str, measured: str, paper: str, holds: bool | None = None) -> Claim:
+        """Add a summary row: the measured value beside the paper's statement, and whether it held."""
+        claim = Claim(quantity, measured, paper, None if holds is None else bool(holds))
+        self.claims.append(claim)
+        return claim
+
+    def save(self, fig, filename: str) -> str:
+        """Save a figure into the study's folder and list it in the summary."""
+        name = save_figure(fig, self.folder / filename)
+        self.figures.append(name)
+        return name
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def finish(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write results.json and summary.md; return the results (options, numbers, claims, seconds)."""
+        options = self.options if options is None else options
+        results = {
+            "study": self.name,
+            "options": options,
+            **self.results,
+            "seconds": self.clock.seconds(),
+            "claims": [claim.as_dict() for claim in self.claims],
+        }
+        write_json(self.folder / "results.json", results)
+        write_summary(
+            self.folder / "summary.md",
+            self.title,
+            self.claims,
+            command=format_command(self.name, self.options, self.spec),
+            figures=self.figures,
+            notes=[*self.notes, f"Wall time {results['seconds']:.0f} s."],
+        )
+        return results

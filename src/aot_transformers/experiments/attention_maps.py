@@ -1,4 +1,5 @@
-"""Attention maps of a trained image classifier (AoT Fig. 7): [CLS]-to-patch attention of every head in one layer.
+"""Attention maps of a trained image classifier (AoT Fig. 7): [CLS]-to-patch attention of every head of one layer
+(by default the penultimate, as Fig. 7).
 
 With `--model PATH` the study loads a saved `AoTForImageClassification`; without it, it first trains a small AoT
 (MSSA, no MLP) on the local MNIST digits (or CIFAR-10) so that the command runs end to end on a CPU. Besides the PNG
@@ -17,16 +18,12 @@ import torch.nn.functional as F
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
 from ._common import (
-    Claim,
-    Stopwatch,
-    check_choice,
+    Option,
+    Study,
     check_int,
-    format_command,
     new_figure,
-    output_dir,
+    resolve_options,
     save_figure,
-    write_json,
-    write_summary,
 )
 from .knn import vision_config
 
@@ -101,85 +98,61 @@ def _dataset(name: str, data_dir: str | Path | None, per_class: int) -> tuple[to
     return _vision.load_cifar10(data_dir, per_class)
 
 
-def run(
-    out: str | Path | None = None,
-    model: str | Path | None = None,
-    dataset: str = "mnist",
-    layer: int = -1,
-    num_images: int = 6,
-    epochs: int = 15,
-    per_class: int = 300,
-    data_dir: str | Path | None = None,
-    hidden_size: int = 96,
-    num_layers: int = 4,
-    patch_size: int = 4,
-    lr: float = 3e-3,
-    train_images: int | None = None,
-    save_model: bool = True,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Plot the [CLS] attention of each head in `layer` for `num_images` validation images.
+OPTIONS = (
+    Option("model", None, "saved AoTForImageClassification folder (trains one if left out)", kind=str, optional=True),
+    Option("dataset", "mnist", "mnist or cifar10 (when training)", choices=DATASETS),
+    Option(
+        "layer",
+        None,
+        "layer shown (default: the penultimate, as the paper's Fig. 7; negative counts from the end)",
+        kind=int,
+        optional=True,
+        minimum=-1000,
+    ),
+    Option("num_images", 6, "images shown", minimum=1),
+    Option("epochs", 15, "training epochs", minimum=1),
+    Option("per_class", 300, "training images per class (CIFAR-10)", minimum=1),
+    Option("data_dir", None, "shared data folder", kind=str, optional=True),
+    Option("hidden_size", 96, "width of the trained classifier", minimum=1),
+    Option("num_layers", 4, "layers of the trained classifier", minimum=1),
+    Option("patch_size", 4, "patch size of the trained classifier", minimum=1),
+    Option("lr", 3e-3, "learning rate", minimum=0.0, open_min=True),
+    Option("train_images", None, "cap on the training images", kind=int, optional=True, minimum=1),
+    Option("save_model", True, "save the trained classifier next to the figures"),
+    Option("seed", 0, "random seed", minimum=0),
+)
 
-    Args:
-        out: Output folder (default `out/experiments/attention-maps`).
-        model: Folder of a saved `AoTForImageClassification`; None trains a small AoT on `dataset` first.
-        dataset: `"mnist"` (the 5,000 local digits) or `"cifar10"`.
-        layer: Layer whose attention is drawn (negative counts from the end).
-        num_images: Images in the grid.
-        epochs: Training epochs when no model is given.
-        per_class: CIFAR-10 images per class when training on it.
-        data_dir: Folder of the image files (default: the shared data folder).
-        hidden_size: Width of the model trained when none is given.
-        num_layers: Layers of the model trained when none is given.
-        patch_size: Patch side of the model trained when none is given (4: a 7 × 7 grid on MNIST).
-        lr: Learning rate of that training.
-        train_images: Use at most this many training images (default: all of the 80% training split).
-        save_model: Save the freshly trained model under `out/model` (e.g. for `aot inspect`).
-        seed: Seed.
+
+TITLE = "Attention maps (AoT Fig. 7)"
+
+
+def classifier_for(
+    study: Study, o: dict[str, Any]
+) -> tuple[AoTForImageClassification, dict, torch.Tensor, torch.Tensor]:
+    """The model whose maps are drawn: `o["model"]` loaded, or a small AoT-MSSA trained on `o["dataset"]` first.
+
+    Returns the classifier, the data split, and the normalisation mean and std (the training statistics).
     """
-    options = dict(
-        model=model,
-        dataset=dataset,
-        layer=layer,
-        num_images=num_images,
-        epochs=epochs,
-        per_class=per_class,
-        data_dir=data_dir,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        patch_size=patch_size,
-        lr=lr,
-        train_images=train_images,
-        save_model=save_model,
-        seed=seed,
-    )
-    check_choice("dataset", dataset, DATASETS)
-    check_int("num_images", num_images, 1, 64)
-    folder = output_dir(out, "attention-maps")
-    clock = Stopwatch()
-    results: dict[str, Any] = {"study": "attention-maps", "options": options}
-    if model is not None:
-        classifier = AoTForImageClassification.from_pretrained(model)
+    dataset = o["dataset"]
+    classifier = None
+    if o["model"] is not None:
+        classifier = AoTForImageClassification.from_pretrained(o["model"])
         dataset = "mnist" if classifier.config.num_channels == 1 else "cifar10"
-    images, labels = _dataset(dataset, data_dir, per_class)
-    data = _vision.split(images, labels, 0.2, seed)
-    if train_images is not None:
-        check_int("train_images", train_images)
-        data["train_images"], data["train_labels"] = (
-            data["train_images"][:train_images],
-            data["train_labels"][:train_images],
-        )
+    images, labels = _dataset(dataset, o["data_dir"], o["per_class"])
+    data = _vision.split(images, labels, 0.2, o["seed"])
+    if o["train_images"] is not None:
+        data["train_images"] = data["train_images"][: o["train_images"]]
+        data["train_labels"] = data["train_labels"][: o["train_images"]]
     mean, std = _vision.channel_stats(data["train_images"])
-    if model is None:
-        torch.manual_seed(seed)
-        side = images.shape[-1]
+    if classifier is None:
+        torch.manual_seed(o["seed"])
         config = vision_config(
             "aot",
             None,
-            image_size=side,
-            patch_size=patch_size,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
+            image_size=images.shape[-1],
+            patch_size=o["patch_size"],
+            hidden_size=o["hidden_size"],
+            num_layers=o["num_layers"],
             num_channels=images.shape[1],
         )
         config.image_mean, config.image_std = mean.tolist(), std.tolist()  # kept with the model for reuse
@@ -188,15 +161,27 @@ def run(
             key: _vision.normalise(value, mean, std) if key.endswith("images") else value
             for key, value in data.items()
         }
-        results["training"] = _vision.train_classifier(classifier, normalised, epochs, lr=lr, seed=seed)
-        if save_model:
-            classifier.save_pretrained(folder / "model")
+        study.results["training"] = _vision.train_classifier(
+            classifier, normalised, o["epochs"], lr=o["lr"], seed=o["seed"]
+        )
+        if o["save_model"]:
+            classifier.save_pretrained(study.folder / "model")
     else:
         stored_mean = getattr(classifier.config, "image_mean", None)
         stored_std = getattr(classifier.config, "image_std", None)
         if stored_mean is not None and stored_std is not None:
             mean, std = torch.tensor(stored_mean), torch.tensor(stored_std)
+    study.results["dataset"] = dataset
+    return classifier, data, mean, std
+
+
+def figure7(study: Study, o: dict[str, Any], classifier, data: dict, mean: torch.Tensor, std: torch.Tensor) -> None:
+    """AoT Fig. 7: [CLS]-to-patch attention of every head of the penultimate layer (or `o["layer"]`).
+
+    Measured: the share of that attention on "ink" patches (MNIST) against the share uniform attention gives.
+    """
     side = classifier.config.image_size
+    dataset = study.results["dataset"]
 
     def prepare(batch: torch.Tensor) -> torch.Tensor:
         # Normalise with the training statistics, then resize if the model was trained at another resolution.
@@ -207,52 +192,47 @@ def run(
 
     val_images, val_labels = data["val_images"], data["val_labels"]
     val_accuracy = _vision.accuracy(classifier, prepare(val_images), val_labels)
-    chosen = val_images[:num_images]
+    layer = o["layer"]
+    if layer is None:
+        layer = -2 if classifier.config.num_hidden_layers >= 2 else -1  # AoT Fig. 7: the penultimate layer
+    chosen = val_images[: o["num_images"]]
     maps = cls_attention_maps(classifier, prepare(chosen), layer)
     layer_index = layer % classifier.config.num_hidden_layers
-    figure = plot_attention_grid(
-        chosen.float() / 255.0,
-        maps,
-        folder / "attention_maps.png",
-        f"[CLS] → patch attention, layer {layer_index}, {dataset}",
+    study.figures.append(
+        plot_attention_grid(
+            chosen.float() / 255.0,
+            maps,
+            study.folder / "attention_maps.png",
+            f"[CLS] → patch attention, layer {layer_index} of {classifier.config.num_hidden_layers}, {dataset}",
+        )
     )
     measured = val_images[:256]
     share = object_attention_share(
         cls_attention_maps(classifier, prepare(measured), layer),
         F.interpolate(measured.float() / 255.0, size=(side, side), mode="area"),
     )
-    results.update(
-        {
-            "layer": layer_index,
-            "val_accuracy": val_accuracy,
-            "object_share": share,
-            "maps": maps,
-            "seconds": clock.seconds(),
-        }
+    study.results.update({"layer": layer_index, "val_accuracy": val_accuracy, "object_share": share, "maps": maps})
+    study.claim("validation accuracy of the classifier", f"{val_accuracy:.3f}", "(trained model needed for Fig. 7)")
+    study.claim(
+        f"[CLS] attention on object patches, layer {layer_index} (penultimate of "
+        f"{classifier.config.num_hidden_layers}; mean over heads)",
+        f"{share['attention_on_object']:.2f} vs {share['object_patch_fraction']:.2f} for uniform attention",
+        "heads attend to the object / semantically meaningful parts (Fig. 7, penultimate layer)",
+        share["attention_on_object"] > share["object_patch_fraction"] if dataset == "mnist" else None,
     )
-    claims = [
-        Claim(
-            "validation accuracy of the classifier", f"{val_accuracy:.3f}", "(trained model needed for Fig. 7)", None
-        ),
-        Claim(
-            f"[CLS] attention on object patches, layer {layer_index} (mean over heads)",
-            f"{share['attention_on_object']:.2f} vs {share['object_patch_fraction']:.2f} for uniform attention",
-            "heads attend to the object / semantically meaningful parts (Fig. 7)",
-            share["attention_on_object"] > share["object_patch_fraction"] if dataset == "mnist" else None,
-        ),
-    ]
-    results["claims"] = [c.as_dict() for c in claims]
-    write_json(folder / "results.json", results)
-    write_summary(
-        folder / "summary.md",
-        "Attention maps (AoT Fig. 7)",
-        claims,
-        command=format_command("attention-maps", options),
-        figures=[figure],
-        notes=[
-            f"Per-head share of attention on the object: {', '.join(f'{v:.2f}' for v in share['per_head'])}",
-            "Object patches: mean intensity > 0.2 (meaningful for MNIST digits; reported only for CIFAR-10).",
-            f"Wall time {results['seconds']:.0f} s.",
-        ],
-    )
-    return results
+    study.note(f"Per-head share of attention on the object: {', '.join(f'{v:.2f}' for v in share['per_head'])}")
+    study.note("Object patches: mean intensity > 0.2 (meaningful for MNIST digits; reported only for CIFAR-10).")
+
+
+def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
+    """Plot the [CLS] attention of each head of one layer (default: the penultimate, as AoT's Fig. 7; `OPTIONS`).
+
+    The paper's Fig. 7 is an ImageNet-1K AoT-MSSA; here a small AoT-MSSA trained on the local MNIST digits (or a
+    saved model given with `model`), since ImageNet training does not fit this CPU.
+    """
+    o = resolve_options(OPTIONS, options)
+    check_int("num_images", o["num_images"], 1, 64)
+    study = Study("attention-maps", TITLE, o, out, spec=OPTIONS)
+    classifier, data, mean, std = classifier_for(study, o)
+    figure7(study, o, classifier, data, mean, std)
+    return study.finish()

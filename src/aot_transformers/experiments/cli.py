@@ -1,6 +1,7 @@
 """`aot experiment NAME [--out DIR] [options]` and `aot inspect MODEL`: thin argument parsing over the study modules.
 
-Options left out keep the defaults of the study's `run` function (argparse.SUPPRESS): the defaults live in one place.
+Each study's options are read from its module's `OPTIONS` (declared once, next to the code); options left out keep
+their declared defaults (argparse.SUPPRESS). Bad options are a one-line error with exit code 2.
 """
 
 from __future__ import annotations
@@ -10,10 +11,25 @@ from pathlib import Path
 
 S = argparse.SUPPRESS
 
+# One line of help per study; each study's options are its module's `OPTIONS` (declared once, next to its code).
+_HELP = {
+    "denoising": "AoT Theorem 1 / Fig. 4: SNR per layer of unrolled MSSA",
+    "icl": "AoT Fig. 6: in-context linear / sparse regression",
+    "clustering": "attention-based clustering: Figs 1-15 and the closed forms",
+    "knn": "KVT: noise distillation and training speed of k-NN attention",
+    "attention-maps": "AoT Fig. 7: [CLS]-to-patch attention of each head (penultimate layer)",
+}
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """A parser whose errors are one line on stderr and exit code 2 (no usage block, no traceback)."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=S, help="output folder (default: out/experiments/NAME)")
-    parser.add_argument("--seed", type=int, default=S, help="random seed")
     parser.add_argument(
         "--threads",
         type=int,
@@ -23,129 +39,34 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_denoising(sub) -> None:
-    p = sub.add_parser(
-        "denoising",
-        help="AoT Theorem 1 / Fig. 4: SNR per layer of unrolled MSSA",
-        description="SNR per layer of Z + η·MSSA(Z) on a noisy mixture of low-rank Gaussians.",
-    )
-    _common(p)
-    p.add_argument("--noise-levels", type=float, nargs="+", default=S, help="δ values (default 0.2 0.5)")
-    p.add_argument("--num-subspaces", type=int, default=S, help="K")
-    p.add_argument("--subspace-dim", type=int, default=S, help="p")
-    p.add_argument("--ambient-dim", type=int, default=S, help="d (default K·p)")
-    p.add_argument("--num-tokens", type=int, default=S, help="N")
-    p.add_argument("--num-layers", type=int, default=S)
-    p.add_argument("--step-size", type=float, default=S, help="η")
-    p.add_argument("--tau", type=float, default=S, help="τ of the hard threshold, in (0, 0.5]")
-    p.add_argument("--scaling", type=float, default=S, help="factor on the scores (default 1/√p)")
+def _study_module(name: str):
+    import importlib
 
+    from . import STUDIES
 
-def _add_icl(sub) -> None:
-    p = sub.add_parser(
-        "icl",
-        help="AoT Fig. 6: in-context linear / sparse regression",
-        description="Train AoT-MSSA, AoT-MHSA and a transformer with MLPs on regression prompts.",
-    )
-    _common(p)
-    p.add_argument("--dim", type=int, default=S, help="d")
-    p.add_argument("--num-points", type=int, default=S, help="examples per prompt (default 2d + 1)")
-    p.add_argument("--tasks", nargs="+", default=S, help="linear sparse_linear")
-    p.add_argument("--models", nargs="+", default=S, help="aot-mssa aot-mhsa transformer")
-    p.add_argument("--hidden-size", type=int, default=S)
-    p.add_argument("--num-heads", type=int, default=S)
-    p.add_argument("--aot-layers", type=int, default=S)
-    p.add_argument("--transformer-layers", type=int, default=S)
-    p.add_argument("--steps", type=int, default=S)
-    p.add_argument("--batch-size", type=int, default=S)
-    p.add_argument("--lr", type=float, default=S)
-    p.add_argument("--sparsity", type=int, default=S)
-    p.add_argument("--lasso-alpha", type=float, default=S)
-    p.add_argument("--eval-prompts", type=int, default=S)
-    p.add_argument("--time-budget", type=float, default=S, help="seconds for the whole run")
-    p.add_argument("--tokens", default=S, help="token layout: pairs (default; y tokens carry their x) or garg")
-
-
-def _add_clustering(sub) -> None:
-    p = sub.add_parser(
-        "clustering",
-        help="attention-based clustering: Figs. 1-4 and the closed forms",
-        description="Projected SGD of two-head attention on a Gaussian mixture; Monte Carlo checks.",
-    )
-    _common(p)
-    p.add_argument("--dim", type=int, default=S, help="d")
-    p.add_argument("--seq-len", type=int, default=S, help="L")
-    p.add_argument("--sigmas", type=float, nargs="+", default=S, help="σ values of Fig. 1")
-    p.add_argument("--lams", type=float, nargs="+", default=S, help="λ for each σ")
-    p.add_argument("--manifold-rho", type=float, default=S, help="ρ of Fig. 1")
-    p.add_argument("--rhos", type=float, nargs="+", default=S, help="ρ sweep of Fig. 2")
-    p.add_argument("--lr", type=float, default=S)
-    p.add_argument("--batch-size", type=int, default=S)
-    p.add_argument("--steps", type=int, default=S)
-    p.add_argument("--k3-dim", type=int, default=S, help="d of the K = 3 run")
-    p.add_argument("--softmax-steps", type=int, default=S)
-    p.add_argument("--mc-sequences", type=int, default=S)
-    p.add_argument("--mc-seq-len", type=int, default=S)
-
-
-def _add_knn(sub) -> None:
-    p = sub.add_parser(
-        "knn",
-        help="KVT: noise distillation and training speed of k-NN attention",
-        description="Dense vs top-k attention: distance to the relevant mean; CIFAR-10 accuracy.",
-    )
-    _common(p)
-    p.add_argument("--noise-ratios", type=float, nargs="+", default=S)
-    p.add_argument("--num-tokens", type=int, default=S)
-    p.add_argument("--dim", type=int, default=S)
-    p.add_argument("--num-trials", type=int, default=S)
-    p.add_argument("--data-dir", default=S, help="folder with vision/cifar10/train_<class>.tar.gz")
-    p.add_argument("--per-class", type=int, default=S)
-    p.add_argument("--epochs", type=int, default=S)
-    p.add_argument("--hidden-size", type=int, default=S)
-    p.add_argument("--num-layers", type=int, default=S)
-    p.add_argument("--skip-training", action="store_true", default=S)
-
-
-def _add_attention_maps(sub) -> None:
-    p = sub.add_parser(
-        "attention-maps",
-        help="AoT Fig. 7: [CLS]-to-patch attention of each head",
-        description="Attention maps of a trained image classifier (trains a small one if none).",
-    )
-    _common(p)
-    p.add_argument("--model", default=S, help="saved AoTForImageClassification folder")
-    p.add_argument("--dataset", default=S, help="mnist or cifar10 (when training)")
-    p.add_argument("--layer", type=int, default=S)
-    p.add_argument("--num-images", type=int, default=S)
-    p.add_argument("--epochs", type=int, default=S)
-    p.add_argument("--per-class", type=int, default=S)
-    p.add_argument("--data-dir", default=S)
-    p.add_argument("--hidden-size", type=int, default=S)
-    p.add_argument("--num-layers", type=int, default=S)
-    p.add_argument("--patch-size", type=int, default=S)
-    p.add_argument("--lr", type=float, default=S)
-    p.add_argument("--train-images", type=int, default=S, help="cap on the training images")
-    p.add_argument("--no-save-model", dest="save_model", action="store_false", default=S)
-
-
-_ADDERS = {
-    "denoising": _add_denoising,
-    "icl": _add_icl,
-    "clustering": _add_clustering,
-    "knn": _add_knn,
-    "attention-maps": _add_attention_maps,
-}
+    return importlib.import_module(f"{__package__}.{STUDIES[name]}")
 
 
 def _run_experiment(args: argparse.Namespace) -> int:
+    import sys
+
     import torch
 
-    from . import run_experiment
+    from ._common import resolve_options
 
     options = {key: value for key, value in vars(args).items() if key not in ("command", "study", "func", "threads")}
-    torch.set_num_threads(max(1, args.threads))
-    results = run_experiment(args.study, **options)
+    module = _study_module(args.study)
+    prog = f"aot experiment {args.study}"
+    try:
+        if args.threads < 1:
+            raise ValueError(f"`threads` must be an int >= 1, got {args.threads}.")
+        resolve_options(module.OPTIONS, {k: v for k, v in options.items() if k != "out"})
+        torch.set_num_threads(args.threads)
+        results = module.run(**options)
+    except (ValueError, FileNotFoundError) as error:
+        # A bad option (or a missing data folder) is the user's to fix: one line and exit code 2, as argparse does.
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
     _print_claims(results, options.get("out") or Path("out") / "experiments" / args.study)
     return 0
 
@@ -176,9 +97,13 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         help="run one of the papers' studies (results.json, PNGs, summary.md)",
         description="Reproduce a proposition or figure of the papers on this machine.",
     )
-    studies = experiment.add_subparsers(dest="study", required=True, metavar="NAME")
-    for adder in _ADDERS.values():
-        adder(studies)
+    studies = experiment.add_subparsers(dest="study", required=True, metavar="NAME", parser_class=_OneLineErrorParser)
+    for name, help_text in _HELP.items():
+        module = _study_module(name)
+        parser = studies.add_parser(name, help=help_text, description=(module.__doc__ or "").split("\n")[0])
+        _common(parser)
+        for option in module.OPTIONS:
+            option.add_to(parser)
     experiment.set_defaults(func=_run_experiment)
 
     inspect = subcommands.add_parser(

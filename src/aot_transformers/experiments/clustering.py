@@ -1,32 +1,24 @@
-"""Attention-based clustering (Maulen-Soto, Marion, Boyer 2025, https://arxiv.org/abs/2505.13112).
+"""Attention-based clustering (Maulen-Soto, Marion, Boyer 2025; `../shared/papers/attention-based-clustering.txt`).
 
-Data: sequences X = (X_1, …, X_L) of i.i.d. tokens in R^d from a mixture of K Gaussians with orthonormal centroids
-μ*_1..μ*_K, equal weights 1/K and isotropic noise σ: X_ℓ = μ*_{z_ℓ} + σ ξ_ℓ. Write C = E[X Xᵀ] = P/K + σ² I with P the
-projection onto the centroids' span.
+Data (P_σ), Section 2: tokens X_ℓ = μ*_{Z_ℓ} + σξ_ℓ with Z_ℓ uniform over K orthonormal centroids (the paper's
+μ₀* = e_d, μ₁* = −e₁; App. G.4's e₁, e₄, e₆ for K = 3; App. G.2 draws them uniformly on the sphere).
 
 Predictors (tokens as rows):
 
-- `linear_attention_predictor` — T_lin, one linear-attention head per centroid estimate μ_k with query = key = μ_k,
-  `T(X)_ℓ = (Kλ/L) Σ_k Σ_m ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩ V(X_m)`, which for the paper's K = 2 is the factor 2λ/L. With
-  `values="identity"` (the paper's predictor) V(x) = x; with `values="projected"` V(x) = μ_k μ_kᵀ x, which is MSSA
-  with rank-1 subspaces and φ linear and is computed by `aot_transformers.attention_aot.subspace_attention`.
-- `softmax_attention_predictor` — the softmax heads of Appendix H with a centering ψ:
-  `Σ_k Σ_m (softmax_m(λ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩) − ψ/L) V(X_m)`, λ and ψ learned.
-- `in_context_quantizer` — attention with Q = K = V = I and no trained parameter,
-  `T_ctx(X)_ℓ = (2λ/L) Σ_m ⟨X_ℓ, X_m⟩ X_m`: `subspace_attention` with the single subspace U = I and φ linear.
+- `linear_attention_predictor` — T_lin of Eqs. (3)–(4): one head per row μ_k with query = key = μ_k and identity
+  values, H(X)_ℓ = (2λ/L) Σ_m ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩ X_m, T = Σ_k H_k. `values="projected"` (V = μ_k μ_kᵀ) is MSSA with
+  rank-1 subspaces and φ linear, computed by `aot_transformers.attention_aot.subspace_attention` — the link to AoT.
+- `softmax_attention_predictor` — App. H, Eq. (34): Σ_k softmax_m(λ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩) X_m − (ψ/L) Σ_m X_m,
+  identity values, every token (itself included) visible, λ and ψ learned (PSGD_soft of App. F.1).
+- `in_context_quantizer` — T_ctx of Eq. (12): (2λ/L) Σ_m ⟨X_ℓ, X_m⟩ X_m, `subspace_attention` with U = I.
 
-The risk of a predictor is the reconstruction error (1/L) Σ_ℓ E‖X_ℓ − T(X)_ℓ‖². The oracle quantizer, which maps each
-token to its true centroid, has risk dσ².
+Training is projected SGD on the spheres (PSGD, App. F.1; the Euclidean variant of App. G.3 with
+`riemannian=False`), vectorised over independent runs (seeds × regularisation strengths). One deviation: the paper's
+h (Eq. 28) scores the first token of each sequence; here every position of the sequence is scored (the tokens are
+exchangeable, so the expected gradient is the same; its variance is lower, so the SGD plateaus sit lower).
 
-Closed forms (derived in README.md, section "clustering", and checked by Monte Carlo in the tests):
-
-- `unbiased_temperature`: the λ for which E[T_lin(X)_ℓ | z_ℓ] = μ*_{z_ℓ} at μ = μ* (Prop. 4.1). For identity values
-  λ = L / (K(1 + (K+2)σ²) + (L−1)(1 + Kσ²)), tending to 1/(1 + Kσ²).
-- `oracle_risk_limit`: at μ = μ* and L → ∞, T_lin → λ(1 + Kσ²) P X, so with the limit temperature the risk is
-  E‖(I − P)X‖² = σ²(d − K), i.e. σ²(d − 2) for two centroids (Prop. 4.2).
-- `in_context_quantization_risk_limit`: as L → ∞, T_ctx → 2λ C X and the risk tends to
-  tr(C) − 4λ tr(C²) + 4λ² tr(C³), minimised at λ = tr(C²) / (2 tr(C³)) (Prop. 5.2); compared with dσ².
-- `*_risk_exact`: the exact finite-L risks, from Gaussian moments (noncentral χ² moments of ‖X‖², ‖PX‖²).
+The closed forms are in `clustering_theory`; this module holds the data, predictors, training loop and one
+function per figure or claim. `run` writes results.json, summary.md and the figures.
 """
 
 from __future__ import annotations
@@ -40,24 +32,24 @@ from typing import Any
 import torch
 
 from ..attention_aot import subspace_attention
+from . import clustering_theory as theory
 from ._common import (
-    Claim,
+    Option,
     Stopwatch,
+    Study,
     check_choice,
     check_int,
     check_real,
-    format_command,
     make_generator,
     new_figure,
-    output_dir,
-    save_figure,
-    write_json,
-    write_summary,
+    resolve_options,
 )
+from .clustering_theory import VALUES, _check_mixture
 
-VALUES = ("identity", "projected")
-INITS = ("span", "random")
+INITS = ("manifold", "manifold_tilde", "sphere")
 PREDICTORS = ("linear", "softmax")
+REGULARISERS = ("pairwise", "product", "softmax", "softmax_squared")
+CENTROIDS = ("canonical", "random")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -65,14 +57,17 @@ PREDICTORS = ("linear", "softmax")
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _check_mixture(dim: int, num_clusters: int, sigma: float) -> None:
-    check_int("num_clusters", num_clusters)
-    check_int("dim", dim)
-    if dim < num_clusters:
-        raise ValueError(
-            f"`dim` (d = {dim}) must be >= `num_clusters` (K = {num_clusters}): K orthonormal centroids need d >= K."
-        )
-    check_real("sigma", sigma, 0.0)
+def canonical_centroids(dim: int, num_clusters: int = 2, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The paper's centroids as rows (K, d): μ₀* = e_d, μ₁* = −e₁ (App. F.2, G.1); e₁, e₄, e₆ for K = 3 (G.4)."""
+    _check_mixture(dim, num_clusters, 0.0)
+    if num_clusters > 3 or (num_clusters == 3 and dim < 6) or (num_clusters == 2 and dim < 2):
+        return orthonormal_centroids(dim, num_clusters, make_generator(0), dtype)
+    eye = torch.eye(dim, dtype=dtype)
+    if num_clusters == 1:
+        return eye[-1:].clone()
+    if num_clusters == 2:
+        return torch.stack([eye[-1], -eye[0]])
+    return torch.stack([eye[0], eye[3], eye[5]])
 
 
 def orthonormal_centroids(
@@ -91,354 +86,226 @@ def sample_gaussian_mixture(
     sigma: float,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequences of i.i.d. tokens X_ℓ = μ*_{z_ℓ} + σ ξ_ℓ with z_ℓ uniform over the K centroids.
+    """(P_σ): sequences of i.i.d. tokens X_ℓ = μ*_{Z_ℓ} + σξ_ℓ with Z_ℓ uniform over the K centroids.
 
     Args:
         num_sequences: B.
         seq_len: L.
-        centroids: μ* as rows (K, d).
+        centroids: μ* as rows, (K, d), or (R, K, d) for R independent runs with their own centroids.
         sigma: σ >= 0.
         generator: Random generator.
 
     Returns:
-        `tokens` (B, L, d) in the centroids' dtype and `labels` (B, L).
+        `tokens` (B, L, d) — or (R, B, L, d) — in the centroids' dtype, and `labels` (B, L) — or (R, B, L).
     """
     check_int("num_sequences", num_sequences)
     check_int("seq_len", seq_len)
-    num_clusters, dim = centroids.shape
+    num_clusters, dim = centroids.shape[-2:]
     _check_mixture(dim, num_clusters, sigma)
-    labels = torch.randint(num_clusters, (num_sequences, seq_len), generator=generator)
-    noise = torch.randn(num_sequences, seq_len, dim, generator=generator, dtype=centroids.dtype)
-    return centroids[labels] + sigma * noise, labels
+    lead = centroids.shape[:-2]
+    labels = torch.randint(num_clusters, (*lead, num_sequences, seq_len), generator=generator)
+    noise = torch.randn(*lead, num_sequences, seq_len, dim, generator=generator, dtype=centroids.dtype)
+    if lead:
+        runs = torch.arange(lead[0])[:, None, None]
+        means = centroids[runs, labels]
+    else:
+        means = centroids[labels]
+    return means + sigma * noise, labels
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Predictors, risk, regulariser, distance.
+# Predictors, risk, regularisers, distances.
 # --------------------------------------------------------------------------------------------------------------------
+
+
+def _per_run(heads: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Heads (K, d) or (R, K, d) shaped to broadcast against tokens (B, L, d) or (R, B, L, d)."""
+    return heads.to(tokens.dtype) if heads.dim() == 2 else heads.to(tokens.dtype)[:, None]
 
 
 def linear_attention_predictor(
     tokens: torch.Tensor, heads: torch.Tensor, lam: float | torch.Tensor, values: str = "identity"
 ) -> torch.Tensor:
-    """T_lin: one linear-attention head per row μ_k of `heads`, query = key = μ_k, factor Kλ/L (2λ/L for K = 2).
+    """T_lin of Eqs. (3)–(4): Σ_k (2λ/L) Σ_m ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩ V_k(X_m), one head per row of `heads`.
 
     Args:
-        tokens: X (B, L, d).
-        heads: μ (K, d).
-        lam: λ.
-        values: `"identity"` (V = I, the paper's predictor) or `"projected"` (V = μ_k μ_kᵀ: MSSA with rank-1
-            subspaces and φ linear, through `subspace_attention`).
+        tokens: X (B, L, d), or (R, B, L, d) with heads (R, K, d).
+        heads: μ (K, d) or (R, K, d).
+        lam: λ (a float, or a tensor broadcasting against (R, 1, 1, 1)).
+        values: `"identity"` (V = I, the paper's predictor) or `"projected"` (V_k = μ_k μ_kᵀ: MSSA with rank-1
+            subspaces and φ linear, through `subspace_attention`; heads (K, d) only).
 
     Returns:
-        T_lin(X) (B, L, d).
+        T_lin(X), the shape of `tokens`.
     """
     check_choice("values", values, VALUES)
-    num_heads, seq_len = heads.shape[0], tokens.shape[1]
-    scaling = num_heads * lam / seq_len
+    scaling = 2 * lam / tokens.shape[-2]
     if values == "projected":
+        if heads.dim() != 2:
+            raise ValueError(f"`values='projected'` takes heads of shape (K, d), got {tuple(heads.shape)}.")
         return subspace_attention(tokens, heads.unsqueeze(-1).to(tokens.dtype), phi="linear", scaling=scaling)
-    coordinates = tokens @ heads.T.to(tokens.dtype)  # (B, L, K): ⟨μ_k, X_ℓ⟩
+    coordinates = tokens @ _per_run(heads, tokens).transpose(-1, -2)  # (..., L, K): ⟨μ_k, X_ℓ⟩
     # Summing the K rank-1 score matrices before applying them to the identity values.
-    scores = coordinates @ coordinates.transpose(-1, -2)  # (B, L, L)
+    scores = coordinates @ coordinates.transpose(-1, -2)  # (..., L, L)
     return scaling * scores @ tokens
 
 
 def softmax_attention_predictor(
-    tokens: torch.Tensor,
-    heads: torch.Tensor,
-    lam: float | torch.Tensor,
-    psi: float | torch.Tensor,
-    values: str = "identity",
-    exclude_self: bool = True,
+    tokens: torch.Tensor, heads: torch.Tensor, lam: float | torch.Tensor, psi: float | torch.Tensor
 ) -> torch.Tensor:
-    """Softmax heads with centering (Appendix H): Σ_k Σ_m (softmax_m(λ⟨μ_k,X_ℓ⟩⟨μ_k,X_m⟩) − ψ/L) V(X_m).
+    """App. H, Eqs. (30)–(34): Σ_k softmax_m(λ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩) X_m − (ψ/L) Σ_m X_m.
 
-    The centering removes ψ times the uniform average of the values, which a head returns when its scores carry no
-    information: with K heads, ψ = (K−1)/K cancels the K − 1 uninformative heads of a token.
+    Identity values, every token visible (itself included), the centering ψ/L Σ_m X_m of the "shaped attention" of
+    Eq. (34): without it a misaligned head returns the sequence mean (Remark H.1). ψ = 2 debiases both heads.
 
     Args:
-        tokens: X (B, L, d).
-        heads: μ (K, d).
-        lam: Inverse temperature λ.
-        psi: Centering ψ.
-        values: `"identity"` or `"projected"` (through `subspace_attention` with a callable φ).
-        exclude_self: Mask each token's own key. Without it, a large λ lets a head attend to the token itself and
-            copy it, which drives the reconstruction risk to 0 without finding any centroid.
+        tokens: X (B, L, d) or (R, B, L, d).
+        heads: μ (K, d) or (R, K, d).
+        lam: Inverse temperature λ (float or tensor broadcasting against (R, 1, 1, 1)).
+        psi: Centering ψ (same).
 
     Returns:
-        (B, L, d).
+        The shape of `tokens`.
     """
-    check_choice("values", values, VALUES)
-    seq_len = tokens.shape[1]
-    mask = ~torch.eye(seq_len, dtype=torch.bool) if exclude_self else None  # (L, L), True = may attend
-    visible = seq_len - 1 if exclude_self else seq_len
-
-    def phi(scores: torch.Tensor) -> torch.Tensor:
-        weights = torch.softmax(scores, dim=-1) - psi / visible
-        return weights if mask is None else weights * mask
-
-    if values == "projected":
-        return subspace_attention(
-            tokens,
-            heads.unsqueeze(-1).to(tokens.dtype),
-            phi=phi,
-            scaling=lam,
-            attention_mask=None if mask is None else mask[None, None],
-        )
-    coordinates = (tokens @ heads.T.to(tokens.dtype)).transpose(1, 2)  # (B, K, L)
-    scores = lam * coordinates.unsqueeze(-1) * coordinates.unsqueeze(-2)  # (B, K, L, L)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return phi(scores).sum(1) @ tokens
+    coordinates = (tokens @ _per_run(heads, tokens).transpose(-1, -2)).transpose(-1, -2)  # (..., K, L)
+    lam_ = lam[..., None] if isinstance(lam, torch.Tensor) and lam.dim() else lam  # broadcast over the head axis
+    scores = lam_ * coordinates.unsqueeze(-1) * coordinates.unsqueeze(-2)  # (..., K, L, L)
+    attended = torch.softmax(scores, dim=-1).sum(-3) @ tokens  # Σ_k softmax(·) X
+    return attended - psi * tokens.mean(-2, keepdim=True)
 
 
 def in_context_quantizer(tokens: torch.Tensor, lam: float) -> torch.Tensor:
-    """T_ctx(X)_ℓ = (2λ/L) Σ_m ⟨X_ℓ, X_m⟩ X_m: attention with Q = K = V = I (the single subspace U = I, φ linear)."""
+    """T_ctx of Eq. (12): (2λ/L) Σ_m ⟨X_ℓ, X_m⟩ X_m, attention with Q = K = V = I (the subspace U = I, φ linear)."""
     identity = torch.eye(tokens.shape[-1], dtype=tokens.dtype).unsqueeze(0)  # (1, d, d)
-    return subspace_attention(tokens, identity, phi="linear", scaling=2.0 * lam / tokens.shape[1])
+    return subspace_attention(tokens, identity, phi="linear", scaling=2.0 * lam / tokens.shape[-2])
 
 
 def reconstruction_risk(tokens: torch.Tensor, prediction: torch.Tensor) -> torch.Tensor:
-    """Empirical risk: ‖X_ℓ − T(X)_ℓ‖² averaged over all positions of all sequences (they are exchangeable)."""
-    return (tokens - prediction).square().sum(-1).mean()
+    """Eq. (5): ‖X_ℓ − T(X)_ℓ‖² averaged over positions and sequences; per run for (R, B, L, d) inputs."""
+    errors = (tokens - prediction).square().sum(-1)
+    return errors.mean() if tokens.dim() == 3 else errors.mean((-1, -2))
 
 
-def centroid_regulariser(tokens: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
-    """Empirical Σ_{k<k'} E[⟨μ_k, X⟩² ⟨μ_k', X⟩²] over the tokens (for K = 2: E[⟨μ₀,X⟩²⟨μ₁,X⟩²]).
+def centroid_regulariser(tokens: torch.Tensor, heads: torch.Tensor, kind: str = "pairwise") -> torch.Tensor:
+    """The regularisers, empirical over the tokens (per run for (R, B, L, d) inputs).
 
-    It is small when each token correlates with at most one head, which breaks the rotation symmetry of the risk
-    inside the centroids' span. Multiply by ρ to get the penalty.
+    - `"pairwise"`: r = E[⟨μ₀, X⟩²⟨μ₁, X⟩²] (Eq. 17, Section 3.3); for K heads r⁽¹⁾ = Σ_{i<j} (App. G.4).
+    - `"product"`: r⁽²⁾ = E[Π_i ⟨μ_i, X⟩²] (App. G.4).
+    - `"softmax"`: r₀ = E[(⟨μ₀, X⟩ − 1)²(⟨μ₁, X⟩ − 1)²] + ⟨μ₀, μ₁⟩ (App. H, problem (P_ρ₀)), as printed.
+    - `"softmax_squared"`: the same with ⟨μ₀, μ₁⟩² — a deviation. With the printed, unsquared term the objective
+      is lower with anti-parallel heads than at the centroids (measured at σ = 0.3, ρ₀ = 0.5: 0.081 at the point
+      PSGD_soft reaches, ⟨μ₀, μ₁⟩ = −0.89, against 0.397 at the centroids with the best λ, ψ), so Fig. 15 cannot
+      come from it; squared, the term only asks for orthogonal heads, which the centroids are.
     """
-    squared = (tokens @ heads.T.to(tokens.dtype)).square().reshape(-1, heads.shape[0])  # (B·L, K)
-    pairs = squared.sum(-1).square() - squared.square().sum(-1)  # 2 Σ_{k<k'} a_k a_k'
-    return 0.5 * pairs.mean()
+    check_choice("kind", kind, REGULARISERS)
+    coordinates = tokens @ _per_run(heads, tokens).transpose(-1, -2)  # (..., L, K)
+    if kind == "pairwise":
+        squared = coordinates.square()
+        value = 0.5 * (squared.sum(-1).square() - squared.square().sum(-1))  # Σ_{i<j} a_i a_j
+    elif kind == "product":
+        value = coordinates.square().prod(-1)
+    else:
+        value = (coordinates[..., 0] - 1).square() * (coordinates[..., 1] - 1).square()
+    value = value.mean((-1, -2))
+    if kind.startswith("softmax"):
+        inner = (heads[..., 0, :] * heads[..., 1, :]).sum(-1).to(value.dtype)
+        value = value + (inner if kind == "softmax" else inner.square())
+    return value
 
 
-def centroid_regulariser_closed_form(heads: torch.Tensor, centroids: torch.Tensor, sigma: float) -> torch.Tensor:
-    """The population value of `centroid_regulariser` for unit heads.
-
-    Given the cluster c, u = ⟨μ_k, X⟩ and v = ⟨μ_k', X⟩ are jointly Gaussian with means m_u = ⟨μ_k, μ*_c⟩,
-    m_v = ⟨μ_k', μ*_c⟩, variances σ²‖μ‖² and covariance s = σ²⟨μ_k, μ_k'⟩; Isserlis' theorem gives
-    E[u²v²] = (m_u² + σ²‖μ_k‖²)(m_v² + σ²‖μ_k'‖²) + 2s² + 4 m_u m_v s. Averaged over the K clusters.
-    """
-    sigma = check_real("sigma", sigma, 0.0)
-    means = heads @ centroids.T  # (K_heads, K_clusters)
-    gram = heads @ heads.T
-    total = heads.new_zeros(())
-    for k, k2 in itertools.combinations(range(heads.shape[0]), 2):
-        mu, mv, s = means[k], means[k2], sigma**2 * gram[k, k2]
-        var_u, var_v = sigma**2 * gram[k, k], sigma**2 * gram[k2, k2]
-        total = total + ((mu**2 + var_u) * (mv**2 + var_v) + 2 * s**2 + 4 * mu * mv * s).mean()
-    return total
+def _assignment_cost(heads: torch.Tensor, centroids: torch.Tensor, signed: bool) -> torch.Tensor:
+    """min over permutations of Σ_k cost(μ_k, μ*_π(k)); heads, centroids (..., K, d) → (...)."""
+    heads, centroids = heads.detach().to(torch.float64), centroids.to(torch.float64)
+    inner = heads @ centroids.transpose(-1, -2)
+    # ‖a − s b‖² = ‖a‖² + ‖b‖² − 2s⟨a, b⟩; the best sign gives −2|⟨a, b⟩|.
+    cost = heads.square().sum(-1)[..., :, None] + centroids.square().sum(-1)[..., None, :]
+    cost = cost - 2 * (inner if signed else inner.abs())
+    num = heads.shape[-2]
+    totals = [sum(cost[..., k, perm[k]] for k in range(num)) for perm in itertools.permutations(range(num))]
+    return torch.stack(totals).min(0).values.clamp(min=0.0).sqrt()
 
 
 def centroid_distance(heads: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    """Distance of the heads to the centroids, invariant to the heads' signs and order.
+    """Eq. (11): min over permutations π and signs s of (Σ_k ‖μ_k − s_k μ*_π(k)‖²)^{1/2}; batched over leading dims.
 
-    `min over permutations π of (Σ_k min_{s=±1} ‖μ_k − s μ*_π(k)‖²)^{1/2}`, the Frobenius distance between the two
-    frames up to a signed permutation: the risk cannot tell μ_k from −μ_k (μ_k enters every predictor twice) nor the
-    heads apart (they are summed).
+    The linear risk cannot tell μ_k from −μ_k (μ_k enters every head twice) nor the heads apart (they are summed).
     """
-    if heads.shape != centroids.shape:
+    if heads.shape[-2:] != centroids.shape[-2:]:
         raise ValueError(f"`heads` {tuple(heads.shape)} and `centroids` {tuple(centroids.shape)} must have one shape.")
-    heads, centroids = heads.detach().to(torch.float64), centroids.to(torch.float64)
-    # min_s ‖a − s b‖² = ‖a‖² + ‖b‖² − 2|⟨a, b⟩|
-    cost = heads.square().sum(-1, keepdim=True) + centroids.square().sum(-1) - 2 * (heads @ centroids.T).abs()
-    num = heads.shape[0]
-    best = min(sum(cost[k, perm[k]] for k in range(num)) for perm in itertools.permutations(range(num)))
-    return best.clamp(min=0.0).sqrt()
+    return _assignment_cost(heads, centroids, signed=False)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Closed forms.
-# --------------------------------------------------------------------------------------------------------------------
+def signed_centroid_distance(heads: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """Eq. (36) of App. H: √min{‖μ̂₀ − μ₀*‖² + ‖μ̂₁ − μ₁*‖², ‖μ̂₀ − μ₁*‖² + ‖μ̂₁ − μ₀*‖²} — sign flips count.
 
-
-def unbiased_temperature(sigma: float, seq_len: int, num_clusters: int = 2, values: str = "identity") -> float:
-    """λ for which T_lin at μ = μ* is unbiased: E[T_lin(X)_ℓ | z_ℓ = c] = μ*_c (Prop. 4.1).
-
-    Derivation (README): the m = ℓ term contributes Σ_k E[⟨μ*_k, X⟩² X | c] = (1 + (K+2)σ²) μ*_c for identity values
-    ((1 + 3σ²) μ*_c for projected values), each of the L − 1 other tokens E[⟨μ*_c, X⟩ X] = (1/K + σ²) μ*_c; with the
-    factor Kλ/L the bias vanishes at λ = L / (K·m_self + (L − 1)(1 + Kσ²)).
+    The softmax heads are not sign-symmetric (the centering and r₀ break the symmetry), so this finer distance.
     """
-    sigma = check_real("sigma", sigma, 0.0)
-    check_int("seq_len", seq_len)
-    check_int("num_clusters", num_clusters)
-    check_choice("values", values, VALUES)
-    own = 1 + (num_clusters + 2) * sigma**2 if values == "identity" else 1 + 3 * sigma**2
-    return seq_len / (num_clusters * own + (seq_len - 1) * (1 + num_clusters * sigma**2))
-
-
-def oracle_quantizer_risk(dim: int, sigma: float) -> float:
-    """Risk dσ² of the oracle quantizer, which maps every token to its true centroid."""
-    check_int("dim", dim)
-    return dim * check_real("sigma", sigma, 0.0) ** 2
-
-
-def oracle_risk_limit(dim: int, sigma: float, num_clusters: int = 2) -> float:
-    """Prop. 4.2: lim_{L→∞} risk of T_lin at μ = μ* with the unbiased temperature, σ²(d − K) (σ²(d − 2) for K = 2)."""
-    _check_mixture(dim, num_clusters, sigma)
-    return sigma**2 * (dim - num_clusters)
-
-
-def oracle_linear_attention_risk_limit(dim: int, sigma: float, lam: float, num_clusters: int = 2) -> float:
-    """L → ∞ risk of T_lin at μ = μ* for any λ: T → cPX with c = λ(1 + Kσ²), risk (1 − c)²(1 + Kσ²) + σ²(d − K)."""
-    _check_mixture(dim, num_clusters, sigma)
-    c = lam * (1 + num_clusters * sigma**2)
-    return (1 - c) ** 2 * (1 + num_clusters * sigma**2) + sigma**2 * (dim - num_clusters)
-
-
-def _second_moments(dim: int, sigma: float, num_clusters: int) -> dict[str, float]:
-    """Moments of one token X = μ* + σξ (‖μ*‖ = 1) used by the exact risks.
-
-    ‖X‖²/σ² and ‖PX‖²/σ² are noncentral χ² with d and K degrees of freedom and noncentrality 1/σ²; their raw
-    moments follow from the cumulants κ_n = 2^{n−1}(n−1)!(k + nλ). Written in σ so that σ = 0 is allowed.
-    """
-    s2 = sigma**2
-
-    def chi_moments(k: int) -> tuple[float, float, float]:
-        m1 = 1 + k * s2
-        m2 = m1**2 + 2 * k * s2**2 + 4 * s2
-        m3 = m1**3 + 6 * m1 * (k * s2**2 + 2 * s2) + 8 * (k * s2**3 + 3 * s2**2)
-        return m1, m2, m3
-
-    x1, x2, x3 = chi_moments(dim)
-    p1, p2, p3 = chi_moments(num_clusters)
-    q1 = (dim - num_clusters) * s2  # E‖(I − P)X‖², independent of PX
-    a = 1 / num_clusters + s2  # eigenvalue of C on the centroids' span
-    return {
-        "x1": x1,
-        "x2": x2,
-        "x3": x3,
-        "p1": p1,
-        "p2": p2,
-        "p3": p3,
-        "q1": q1,
-        "a": a,
-        "trC2": num_clusters * a**2 + (dim - num_clusters) * s2**2,
-        "trC3": num_clusters * a**3 + (dim - num_clusters) * s2**3,
-    }
-
-
-def in_context_quantization_risk_limit(dim: int, sigma: float, lam: float, num_clusters: int = 2) -> float:
-    """Prop. 5.2: lim_{L→∞} risk of T_ctx, tr(C) − 4λ tr(C²) + 4λ² tr(C³)."""
-    _check_mixture(dim, num_clusters, sigma)
-    m = _second_moments(dim, sigma, num_clusters)
-    return m["x1"] - 4 * lam * m["trC2"] + 4 * lam**2 * m["trC3"]
-
-
-def in_context_quantization_optimal_temperature(dim: int, sigma: float, num_clusters: int = 2) -> float:
-    """The λ minimising the limit risk of T_ctx: tr(C²) / (2 tr(C³))."""
-    _check_mixture(dim, num_clusters, sigma)
-    m = _second_moments(dim, sigma, num_clusters)
-    return m["trC2"] / (2 * m["trC3"])
-
-
-def in_context_quantization_risk_exact(
-    dim: int, sigma: float, seq_len: int, lam: float, num_clusters: int = 2
-) -> float:
-    """Exact finite-L risk of T_ctx = 2λ Ĉ X_ℓ with Ĉ = (1/L) Σ_m X_m X_mᵀ (the token itself included).
-
-    E[XᵀĈX] = (m4 + (L−1) tr C²)/L and E[XᵀĈ²X] = (m6 + 3(L−1) E[‖X‖² XᵀCX] + (L−1)(L−2) tr C³)/L², splitting the
-    double sum over (m, m') by which indices coincide with ℓ.
-    """
-    _check_mixture(dim, num_clusters, sigma)
-    check_int("seq_len", seq_len)
-    m, length = _second_moments(dim, sigma, num_clusters), seq_len
-    s2 = sigma**2
-    # E[‖X‖² XᵀCX] with XᵀCX = ‖PX‖²/K + σ²‖X‖² and E[‖X‖²‖PX‖²] = E‖PX‖⁴ + E‖PX‖² E‖QX‖².
-    cross = (m["p2"] + m["p1"] * m["q1"]) / num_clusters + s2 * m["x2"]
-    first = (m["x2"] + (length - 1) * m["trC2"]) / length
-    second = (m["x3"] + 3 * (length - 1) * cross + (length - 1) * (length - 2) * m["trC3"]) / length**2
-    c = 2 * lam
-    return m["x1"] - 2 * c * first + c**2 * second
-
-
-def oracle_linear_attention_risk_exact(
-    dim: int, sigma: float, seq_len: int, lam: float, num_clusters: int = 2
-) -> float:
-    """Exact finite-L risk of T_lin (identity values) at μ = μ*: T_ℓ = Kλ Ĉ P X_ℓ.
-
-    Same expansion as `in_context_quantization_risk_exact`, with CP = aP (a = 1/K + σ²) and PX ⟂ (I − P)X.
-    """
-    _check_mixture(dim, num_clusters, sigma)
-    check_int("seq_len", seq_len)
-    m, length = _second_moments(dim, sigma, num_clusters), seq_len
-    a = m["a"]
-    x_px = m["p2"] + m["p1"] * m["q1"]  # E[‖X‖²‖PX‖²]
-    first = (x_px + (length - 1) * num_clusters * a**2) / length  # E[XᵀĈPX]
-    px4_x = m["p3"] + m["p2"] * m["q1"]  # E[‖PX‖⁴‖X‖²]
-    second = (
-        px4_x + (length - 1) * (a * x_px + 2 * a * m["p2"]) + (length - 1) * (length - 2) * num_clusters * a**3
-    ) / length**2  # E[XᵀPĈ²PX]
-    c = num_clusters * lam
-    return m["x1"] - 2 * c * first + c**2 * second
+    if heads.shape[-2:] != centroids.shape[-2:]:
+        raise ValueError(f"`heads` {tuple(heads.shape)} and `centroids` {tuple(centroids.shape)} must have one shape.")
+    return _assignment_cost(heads, centroids, signed=True)
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Monte Carlo risks.
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def _monte_carlo(dim, sigma, seq_len, num_sequences, seed, num_clusters, predictor) -> float:
-    _check_mixture(dim, num_clusters, sigma)
-    check_int("seq_len", seq_len)
-    check_int("num_sequences", num_sequences)
-    generator = make_generator(seed)
-    centroids = orthonormal_centroids(dim, num_clusters, generator)
-    total, chunk = 0.0, max(1, 2_000_000 // (seq_len * seq_len))  # keep each (B, L, L) block near 16 MB
-    for start in range(0, num_sequences, chunk):
-        size = min(chunk, num_sequences - start)
-        tokens, _ = sample_gaussian_mixture(size, seq_len, centroids, sigma, generator)
-        total += float(reconstruction_risk(tokens, predictor(tokens, centroids))) * size
-    return total / num_sequences
-
-
-def in_context_quantization_risk(
-    d: int, sigma: float, L: int, lam: float, num_sequences: int, seed: int = 0, num_clusters: int = 2
-) -> float:
-    """Monte Carlo risk of the in-context quantizer T_ctx, averaged over all L positions of every sequence."""
-    return _monte_carlo(d, sigma, L, num_sequences, seed, num_clusters, lambda x, _: in_context_quantizer(x, lam))
-
-
-def oracle_linear_attention_risk(
-    d: int, sigma: float, L: int, lam: float, num_sequences: int, seed: int = 0, num_clusters: int = 2
-) -> float:
-    """Monte Carlo risk of T_lin (identity values) with the heads at the true centroids, averaged over positions."""
-    return _monte_carlo(
-        d, sigma, L, num_sequences, seed, num_clusters, lambda x, mu: linear_attention_predictor(x, mu, lam)
-    )
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Training: projected (Riemannian) SGD on the sphere.
+# Initialisation and projected SGD.
 # --------------------------------------------------------------------------------------------------------------------
 
 
 def initial_heads(centroids: torch.Tensor, init: str, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Starting heads on the unit sphere.
+    """Starting heads on the unit spheres, (K, d) or (R, K, d) like `centroids`.
 
-    `"span"`: a uniformly random orthonormal frame of the centroids' span — on the manifold of orthonormal frames of
-    that span, where the large-L risk is flat; `"random"`: independent uniform points on the sphere.
+    - `"manifold"`: a random point of M (Eq. 9): μ_k ⟂ μ_j* for j ≠ k and the heads mutually orthogonal, drawn as
+      Gaussian vectors projected (Gram–Schmidt) off the other centroids and the previous heads, then normalised.
+    - `"manifold_tilde"`: a random point of M̃ (Eq. 16, App. A): only μ_k ⟂ μ_j* for j ≠ k.
+    - `"sphere"`: independent uniform points on the sphere.
     """
     check_choice("init", init, INITS)
-    num, dim = centroids.shape
-    if init == "random":
-        heads = torch.randn(num, dim, generator=generator, dtype=centroids.dtype)
+    num, dim = centroids.shape[-2:]
+    heads = torch.randn(*centroids.shape, generator=generator, dtype=centroids.dtype)
+    if init == "sphere":
         return heads / heads.norm(dim=-1, keepdim=True)
-    rotation, _ = torch.linalg.qr(torch.randn(num, num, generator=generator, dtype=torch.float64))
-    return (rotation.to(centroids.dtype) @ centroids).contiguous()
+    rows = []
+    for k in range(num):
+        avoid = [centroids[..., j, :] for j in range(num) if j != k]
+        if init == "manifold":
+            avoid += rows
+        vector = heads[..., k, :]
+        basis: list[torch.Tensor] = []
+        for direction in avoid:  # orthonormalise what to avoid, then project it out
+            for b in basis:
+                direction = direction - (direction * b).sum(-1, keepdim=True) * b
+            direction = direction / direction.norm(dim=-1, keepdim=True)
+            basis.append(direction)
+            vector = vector - (vector * direction).sum(-1, keepdim=True) * direction
+        rows.append(vector / vector.norm(dim=-1, keepdim=True))
+    return torch.stack(rows, dim=-2)
+
+
+def heads_on_manifold(centroids: torch.Tensor, kappas: Sequence[float]) -> torch.Tensor:
+    """Heads on M (Eq. 9) with κ_k = ⟨μ_k*, μ_k⟩: μ_k = κ_k μ_k* + √(1 − κ_k²) v_k, v_k orthonormal ⟂ the centroids."""
+    num, dim = centroids.shape
+    if dim < 2 * num:
+        raise ValueError(f"`dim` must be >= 2K = {2 * num} to place heads on M with |κ| < 1, got {dim}.")
+    full, _ = torch.linalg.qr(torch.cat([centroids.T, torch.eye(dim, dtype=centroids.dtype)], dim=1))
+    complement = full[:, num : 2 * num].T  # (K, d), orthonormal and ⟂ the centroids
+    kappa = torch.tensor([float(k) for k in kappas], dtype=centroids.dtype)[:, None]
+    return kappa * centroids + (1 - kappa.square()).clamp(min=0).sqrt() * complement
+
+
+def projected_sgd_step(heads: torch.Tensor, grad: torch.Tensor, lr: float, riemannian: bool = True) -> torch.Tensor:
+    """One step of PSGD (App. F.1), or of the Euclidean projected SGD of App. G.3 with `riemannian=False`.
+
+    Riemannian: the gradient is projected on each sphere's tangent space (I − μμᵀ)g; both then step and retract
+    onto the sphere by normalisation.
+    """
+    if riemannian:
+        grad = grad - (grad * heads).sum(-1, keepdim=True) * heads
+    moved = heads - lr * grad
+    return moved / moved.norm(dim=-1, keepdim=True)
 
 
 def riemannian_sgd_step(heads: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
-    """One projected SGD step on the product of unit spheres.
-
-    The gradient is projected on each sphere's tangent space (g − ⟨g, μ⟩μ), the step taken, and the point
-    retracted onto the sphere by normalisation.
-    """
-    tangent = grad - (grad * heads).sum(-1, keepdim=True) * heads
-    moved = heads - lr * tangent
-    return moved / moved.norm(dim=-1, keepdim=True)
+    """The (PSGD) update of App. F.1: `projected_sgd_step` with the tangent projection."""
+    return projected_sgd_step(heads, grad, lr, riemannian=True)
 
 
 def train_heads(
@@ -450,90 +317,272 @@ def train_heads(
     lr: float = 0.01,
     batch_size: int = 256,
     steps: int = 10_000,
-    rho: float = 0.0,
-    init: str = "span",
+    rho: float | Sequence[float] = 0.0,
+    runs: int = 1,
+    init: str = "manifold",
     predictor: str = "linear",
-    values: str = "identity",
-    psi: float = 1.0,
+    regulariser: str = "pairwise",
+    riemannian: bool = True,
+    centroids: str = "canonical",
+    psi: float = 2.0,
     record_every: int = 100,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Learn the heads without labels by projected SGD on fresh batches (risk + ρ · regulariser).
+    """Learn the heads without labels by projected SGD on fresh batches of risk + ρ · regulariser (App. F.1).
+
+    Independent runs are vectorised: one per (ρ, seed) pair, each with its own initialisation and data.
 
     Args:
         dim: d.
         num_clusters: K (number of centroids and of heads).
         sigma: Noise σ >= 0.
-        lam: λ (fixed for the linear predictor; the starting value, learned, for softmax heads).
+        lam: λ (fixed for T_lin; the initial value, learned, for softmax heads — App. H uses 3).
         seq_len: L.
-        lr: Step size.
-        batch_size: Sequences per step.
-        steps: Number of SGD steps.
-        rho: ρ >= 0, weight of the regulariser Σ_{k<k'} E[⟨μ_k,X⟩²⟨μ_k',X⟩²].
-        init: `"span"` (on the manifold of frames of the centroids' span) or `"random"`.
-        predictor: `"linear"` (T_lin) or `"softmax"` (Appendix H heads; λ and ψ learned by plain SGD).
-        values: `"identity"` or `"projected"` (see `linear_attention_predictor`).
-        psi: Starting centering ψ (softmax heads).
-        record_every: Record distance and risk every this many steps.
-        seed: Seed of centroids, initialisation and data.
+        lr: Step size γ.
+        batch_size: Sequences per step M.
+        steps: PSGD iterations.
+        rho: ρ >= 0, or a list of them (one group of `runs` runs per value).
+        runs: Independent runs per ρ.
+        init: `"manifold"` (M, Eq. 9), `"manifold_tilde"` (M̃, Eq. 16) or `"sphere"`.
+        predictor: `"linear"` (T_lin) or `"softmax"` (App. H; λ and ψ learned by plain SGD, PSGD_soft).
+        regulariser: `"pairwise"` (r, r⁽¹⁾), `"product"` (r⁽²⁾) or `"softmax"` (r₀); see `centroid_regulariser`.
+        riemannian: Tangent-projected gradient (PSGD) or the Euclidean one (App. G.3).
+        centroids: `"canonical"` (the paper's e_d, −e₁, …) or `"random"` (uniform on the sphere, App. G.2).
+        psi: Initial centering ψ of softmax heads (App. F.1: 2).
+        record_every: Record the distance every this many steps.
+        seed: Seed of initialisation and data.
 
     Returns:
-        `steps` and `distance`/`risk` histories (lists), final `heads`, `centroids`, `lam`, `psi`, `seconds`.
+        `steps` (records), `distance` (records × runs, Eq. 11, or Eq. 36 for softmax heads), `rho` per run,
+        `final` (per-run final distances), `heads`, `centroids`, `lam`, `psi` (per run), `seconds`.
     """
     _check_mixture(dim, num_clusters, sigma)
     lam = check_real("lam", lam, 0.0, open_min=True)
-    rho = check_real("rho", rho, 0.0)
+    rhos = [check_real("rho", r, 0.0) for r in (rho if isinstance(rho, Sequence) else [rho])]
     lr = check_real("lr", lr, 0.0, open_min=True)
-    check_int("seq_len", seq_len)
-    check_int("batch_size", batch_size)
-    check_int("steps", steps)
+    for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("steps", steps), ("runs", runs)):
+        check_int(name, value)
     check_int("record_every", record_every)
     check_choice("predictor", predictor, PREDICTORS)
-    check_choice("values", values, VALUES)
+    check_choice("regulariser", regulariser, REGULARISERS)
+    check_choice("centroids", centroids, CENTROIDS)
+    if (predictor == "softmax" or regulariser.startswith("softmax")) and num_clusters != 2:
+        raise ValueError(f"softmax heads and r₀ are defined for K = 2 (App. H), got `num_clusters` = {num_clusters}.")
+    if init == "manifold" and dim < 2 * num_clusters - 1:
+        raise ValueError(f"`init='manifold'` needs d >= 2K − 1 = {2 * num_clusters - 1}, got d = {dim}.")
     generator = make_generator(seed)
-    centroids = orthonormal_centroids(dim, num_clusters, generator, dtype=torch.float32)
-    heads = initial_heads(centroids, init, generator)
-    log_lam = torch.tensor(math.log(lam), requires_grad=predictor == "softmax")  # λ > 0 through its log
-    psi_param = torch.tensor(float(psi), requires_grad=predictor == "softmax")
-    history: dict[str, list[float]] = {"steps": [], "distance": [], "risk": []}
+    total = len(rhos) * runs
+    rho_t = torch.tensor([r for r in rhos for _ in range(runs)], dtype=torch.float32)
+    if centroids == "canonical":
+        mu_star = canonical_centroids(dim, num_clusters, torch.float32).expand(total, -1, -1).contiguous()
+    else:
+        mu_star = torch.randn(total, num_clusters, dim, generator=generator)
+        mu_star = mu_star / mu_star.norm(dim=-1, keepdim=True)
+    heads = initial_heads(mu_star, init, generator)
+    lam_t = torch.full((total, 1, 1, 1), lam, requires_grad=predictor == "softmax")
+    psi_t = torch.full((total, 1, 1, 1), float(psi), requires_grad=predictor == "softmax")
+    distance = signed_centroid_distance if predictor == "softmax" else centroid_distance
+    history: dict[str, list] = {"steps": [], "distance": []}
     clock = Stopwatch()
     for step in range(steps + 1):
         if step % record_every == 0 or step == steps:
             history["steps"].append(step)
-            history["distance"].append(float(centroid_distance(heads, centroids)))
+            history["distance"].append(distance(heads, mu_star).tolist())
         if step == steps:
             break
-        tokens, _ = sample_gaussian_mixture(batch_size, seq_len, centroids, sigma, generator)
+        tokens, _ = sample_gaussian_mixture(batch_size, seq_len, mu_star, sigma, generator)
         heads_var = heads.clone().requires_grad_(True)
         if predictor == "linear":
-            prediction = linear_attention_predictor(tokens, heads_var, lam, values)
+            prediction = linear_attention_predictor(tokens, heads_var, lam)
         else:
-            prediction = softmax_attention_predictor(tokens, heads_var, log_lam.exp(), psi_param, values)
-        risk = reconstruction_risk(tokens, prediction)
-        loss = risk + rho * centroid_regulariser(tokens, heads_var) if rho > 0 else risk
-        params = [heads_var] + ([log_lam, psi_param] if predictor == "softmax" else [])
-        grads = torch.autograd.grad(loss, params)
+            prediction = softmax_attention_predictor(tokens, heads_var, lam_t, psi_t)
+        loss = reconstruction_risk(tokens, prediction)
+        if bool((rho_t > 0).any()):
+            loss = loss + rho_t * centroid_regulariser(tokens, heads_var, regulariser)
+        params = [heads_var] + ([lam_t, psi_t] if predictor == "softmax" else [])
+        grads = torch.autograd.grad(loss.sum(), params)  # runs are independent: the sum keeps their gradients apart
         with torch.no_grad():
-            heads = riemannian_sgd_step(heads, grads[0], lr)
+            heads = projected_sgd_step(heads, grads[0], lr, riemannian)
             if predictor == "softmax":
-                log_lam -= lr * grads[1]
-                psi_param -= lr * grads[2]
-        if step % record_every == 0:
-            history["risk"].append(float(risk.detach()))
+                lam_t -= lr * grads[1]
+                psi_t -= lr * grads[2]
     return {
         **history,
+        "rho": rho_t.tolist(),
+        "final": history["distance"][-1],
         "heads": heads,
-        "centroids": centroids,
-        "lam": float(log_lam.detach().exp()),
-        "psi": float(psi_param.detach()),
+        "centroids": mu_star,
+        "lam": lam_t.detach().flatten().tolist(),
+        "psi": psi_t.detach().flatten().tolist(),
         "seconds": clock.seconds(),
     }
 
 
-def plateau(distances: Sequence[float], fraction: float = 0.2) -> float:
-    """The median distance over the last `fraction` of the recorded steps (the plateau of a training curve)."""
-    tail = torch.tensor(distances[-max(1, int(len(distances) * fraction)) :], dtype=torch.float64)
-    return float(tail.median())
+def percentile_band(values: Sequence[float] | torch.Tensor) -> dict[str, float]:
+    """Median and the 2.5 / 97.5 percentiles over runs (the paper's "95% percentile intervals", 10 runs)."""
+    t = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+    q = torch.quantile(t, torch.tensor([0.025, 0.5, 0.975], dtype=torch.float64))
+    return {"low": float(q[0]), "median": float(q[1]), "high": float(q[2])}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Monte Carlo estimates of the closed forms.
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def monte_carlo_risk(
+    predict, centroids: torch.Tensor, sigma: float, seq_len: int, num_sequences: int, seed: int = 0
+) -> tuple[float, float]:
+    """Monte Carlo risk (Eq. 5) of `predict(tokens)`: mean over sequences and its 4-standard-error tolerance."""
+    check_int("num_sequences", num_sequences)
+    tokens, _ = sample_gaussian_mixture(num_sequences, seq_len, centroids, sigma, make_generator(seed))
+    per_sequence = (tokens - predict(tokens)).square().sum(-1).mean(-1)  # (B,): one i.i.d. value per sequence
+    return theory.monte_carlo_tolerance(per_sequence)
+
+
+def monte_carlo_conditional_moments(
+    predict, centroids: torch.Tensor, sigma: float, seq_len: int, num_sequences: int, seed: int = 0
+) -> dict[str, tuple[float, float]]:
+    """E[⟨T(X)₁, μ*_c⟩ | Z₁ = c] and E‖T(X)₁ − m μ*_c‖² of the first token, with 4-standard-error tolerances.
+
+    The first token of each sequence gives i.i.d. samples; `m` is the closed-form factor the caller compares with.
+    Returns the projection samples' mean and the raw outputs for the variance check.
+    """
+    tokens, labels = sample_gaussian_mixture(num_sequences, seq_len, centroids, sigma, make_generator(seed))
+    first = predict(tokens)[:, 0]  # (B, d)
+    own = centroids[labels[:, 0]]  # (B, d)
+    projection = (first * own).sum(-1)
+    return {"projection": theory.monte_carlo_tolerance(projection), "outputs": (first, own)}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The study: one function per figure or claim.
+# --------------------------------------------------------------------------------------------------------------------
+
+PARTS = ("theory", "fig1", "fig2", "fig3_4", "appendix_a", "dimension", "euclidean", "k3", "softmax")
+
+OPTIONS = (
+    Option("parts", list(PARTS), "which figures and claims to run", many=True, choices=PARTS),
+    Option("dim", 5, "d of Figs 1-2, 5-6, 13-15 (App. F.2: 5)", minimum=2),
+    Option("seq_len", 30, "L of the training runs (App. F.2: 30)", minimum=2),
+    Option("sigmas", [0.3, 1.0], "σ values (Figs 1, 2b, 13, 15)", many=True, minimum=0.0),
+    Option("lams", [0.6, 0.2], "λ for each σ (App. F.2)", many=True, minimum=0.0, open_min=True),
+    Option("lr", 0.01, "PSGD step size γ", minimum=0.0, open_min=True),
+    Option("batch_size", 256, "sequences per step M", minimum=1),
+    Option("steps", 10_000, "PSGD iterations of the convergence curves (Figs 1, 2b, 5, 6b, 13, 14, 15b)", minimum=1),
+    Option("sweep_steps", 5000, "PSGD iterations per point of the ρ sweeps (Figs 2a, 6a, 15a)", minimum=1),
+    Option("runs", 10, "independent runs per curve (the paper: 10)", minimum=1),
+    Option("rho", 0.2, "ρ of Fig. 2b, 13b and the K = 3 runs", minimum=0.0),
+    Option("num_rhos", 30, "ρ values of Fig. 2a, linearly spaced in [0, rho_max]", minimum=2),
+    Option("rho_max", 3.0, "largest ρ of Fig. 2a (the paper: 3)", minimum=0.0, open_min=True),
+    Option("softmax_rhos", [0.0, 0.1, 0.25, 0.5, 1.0, 2.0], "ρ₀ values of Fig. 15a", many=True, minimum=0.0),
+    Option(
+        "softmax_regulariser",
+        "softmax",
+        "r₀ of Fig. 15: softmax (as printed, + ⟨μ₀, μ₁⟩) or softmax_squared (+ ⟨μ₀, μ₁⟩², see centroid_regulariser)",
+        choices=("softmax", "softmax_squared"),
+    ),
+    Option("dims", [4, 10, 25, 50, 100], "d values of the dimension sweeps (Figs 9, 10, 12)", many=True, minimum=4),
+    Option("mc_sequences", 4000, "Monte Carlo sequences per closed-form check", minimum=2),
+    Option("seed", 0, "random seed", minimum=0),
+)
+
+TITLE = "Attention-based clustering (Maulen-Soto, Marion, Boyer)"
+
+
+def _band_plot(ax, run: dict[str, Any], columns: Sequence[int], label: str) -> None:
+    distances = torch.tensor(run["distance"], dtype=torch.float64)[:, list(columns)]
+    q = torch.quantile(distances.clamp(min=1e-16), torch.tensor([0.025, 0.5, 0.975], dtype=torch.float64), dim=1)
+    (line,) = ax.semilogy(run["steps"], q[1], label=label)
+    ax.fill_between(run["steps"], q[0], q[2], color=line.get_color(), alpha=0.2)
+
+
+def _curve_record(run: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "steps": run["steps"],
+        "median_distance": [percentile_band(row)["median"] for row in run["distance"]],
+        "final": percentile_band(run["final"]),
+        "seconds": run["seconds"],
+    }
+
+
+def _train(o: dict[str, Any], sigma: float, lam: float, **kwargs: Any) -> dict[str, Any]:
+    settings = dict(
+        dim=o["dim"],
+        sigma=sigma,
+        lam=lam,
+        seq_len=o["seq_len"],
+        lr=o["lr"],
+        batch_size=o["batch_size"],
+        steps=o["steps"],
+        runs=o["runs"],
+        record_every=max(1, o["steps"] // 50),
+        seed=o["seed"],
+    )
+    settings.update(kwargs)
+    return train_heads(**settings)
+
+
+def figure1(study: Study, o: dict[str, Any]) -> None:
+    """Theorem 3.4 / Fig. 1: from a random point of M, PSGD on R alone (ρ = 0) converges to (±μ₀*, ±μ₁*)."""
+    fig, axes = new_figure()
+    record = {}
+    for sigma, lam in zip(o["sigmas"], o["lams"], strict=True):
+        lam_star = theory.critical_temperature(o["dim"], sigma, o["seq_len"])
+        run = _train(o, sigma, lam, rho=0.0, init="manifold")
+        record[f"sigma={sigma}"] = {**_curve_record(run), "lambda_star": lam_star}
+        _band_plot(axes[0, 0], run, range(o["runs"]), f"σ = {sigma}, λ = {lam}")
+        final = percentile_band(run["final"])
+        study.claim(
+            f"Thm 3.4 / Fig. 1: init on M, ρ = 0, σ = {sigma}, λ = {lam} (λ* = {lam_star:.3f}); final distance",
+            f"median {final['median']:.1e} [{final['low']:.1e}, {final['high']:.1e}] after {o['steps']} steps",
+            "converges to (±μ₀*, ±μ₁*): plateau ≈ 1e-2 (σ = 0.3), ≈ 1e-1 (σ = 1)",
+            final["high"] < 0.1 * percentile_band(run["distance"][0])["median"] and lam <= lam_star,
+        )
+    study.results["figure1"] = record
+    axes[0, 0].set(
+        xlabel="PSGD iteration", ylabel="distance to the centroids (Eq. 11)", title="Fig. 1: init on M, ρ = 0"
+    )
+    axes[0, 0].legend()
+    study.save(fig, "fig1_manifold_init.png")
+
+
+def figure2(study: Study, o: dict[str, Any]) -> None:
+    """Section 3.3 / Fig. 2: from the sphere, R + ρ r; (a) ρ sweep after `sweep_steps`, (b) ρ = `rho` over time."""
+    rhos = torch.linspace(0, o["rho_max"], o["num_rhos"]).tolist()
+    fig, axes = new_figure(ncols=2)
+    record: dict[str, Any] = {"rhos": rhos}
+    for sigma, lam in zip(o["sigmas"], o["lams"], strict=True):
+        sweep = _train(o, sigma, lam, rho=rhos, init="sphere", steps=o["sweep_steps"], record_every=o["sweep_steps"])
+        finals = torch.tensor(sweep["final"]).reshape(len(rhos), o["runs"])
+        bands = [percentile_band(row) for row in finals]
+        medians = [b["median"] for b in bands]
+        axes[0, 0].semilogy(rhos, medians, marker=".", label=f"σ = {sigma}")
+        axes[0, 0].fill_between(rhos, [b["low"] for b in bands], [b["high"] for b in bands], alpha=0.2)
+        best = int(torch.tensor(medians).argmin())
+        curve = _train(o, sigma, lam, rho=o["rho"], init="sphere")
+        _band_plot(axes[0, 1], curve, range(o["runs"]), f"σ = {sigma}")
+        record[f"sigma={sigma}"] = {"sweep": bands, "curve": _curve_record(curve)}
+        final = percentile_band(curve["final"])
+        study.claim(
+            f"Fig. 2a: σ = {sigma}, median distance after {o['sweep_steps']} steps at ρ = 0 / "
+            f"best ρ = {rhos[best]:.2f} / ρ = {rhos[-1]:.1f}",
+            f"{medians[0]:.1e} / {medians[best]:.1e} / {medians[-1]:.1e}",
+            "a moderate ρ recovers the centroids; too large a ρ overrides the risk (worse at σ = 1)",
+            medians[best] < 0.1 * medians[0],
+        )
+        study.claim(
+            f"Fig. 2b: init on the sphere, ρ = {o['rho']}, σ = {sigma}; final distance",
+            f"median {final['median']:.1e} [{final['low']:.1e}, {final['high']:.1e}] after {o['steps']} steps",
+            "linear convergence, plateau ≈ 1e-3 (σ = 0.3), ≈ 1e-1 (σ = 1)",
+            final["high"] < 0.2,
+        )
+    study.results["figure2"] = record
+    axes[0, 0].set(xlabel="ρ", ylabel="distance after the sweep", title="Fig. 2a: ρ sweep (init on the sphere)")
+    axes[0, 1].set(xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=f"Fig. 2b: ρ = {o['rho']}")
+    axes[0, 0].legend()
+    axes[0, 1].legend()
+    study.save(fig, "fig2_regularised.png")
 
 
 def _pca_2d(points: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
@@ -543,290 +592,332 @@ def _pca_2d(points: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     return (points - mean) @ vh[:2].T
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# The study.
-# --------------------------------------------------------------------------------------------------------------------
+def figures3_4(study: Study, o: dict[str, Any]) -> None:
+    """Figs 3–4 in the paper's setting: d = 10, σ = 0.3, L = 500, λ = 1/(1 + 2σ²), μ₀* = e₁₀, μ₁* = −e₁ (oracle μ*).
 
-
-def _curve(run_: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "steps": run_["steps"],
-        "distance": run_["distance"],
-        "risk": run_["risk"],
-        "seconds": run_["seconds"],
-        "plateau": plateau(run_["distance"]),
-        "lam": run_["lam"],
-        "psi": run_["psi"],
-    }
-
-
-def run(
-    out: str | Path | None = None,
-    dim: int = 5,
-    seq_len: int = 30,
-    sigmas: Sequence[float] = (0.3, 1.0),
-    lams: Sequence[float] = (0.6, 0.2),
-    manifold_rho: float = 0.2,
-    rhos: Sequence[float] = (0.0, 0.05, 0.2),
-    lr: float = 0.01,
-    batch_size: int = 256,
-    steps: int = 10_000,
-    k3_dim: int = 6,
-    softmax_steps: int = 4000,
-    mc_sequences: int = 400,
-    mc_seq_len: int = 1000,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Figures 1–4 and the closed forms of the clustering paper.
-
-    Args:
-        out: Output folder (default `out/experiments/clustering`).
-        dim: d of Figures 1–2.
-        seq_len: L of the training runs.
-        sigmas: σ of Figure 1 (paired with `lams`).
-        lams: λ for each σ.
-        manifold_rho: ρ of Figure 1 (heads initialised on the manifold of frames of the centroids' span).
-        rhos: ρ sweep of Figure 2 (random initialisation, first σ/λ pair).
-        lr: SGD step size.
-        batch_size: Sequences per step.
-        steps: SGD steps per linear-attention run.
-        k3_dim: d of the K = 3 run.
-        softmax_steps: Steps of the softmax-heads run.
-        mc_sequences: Monte Carlo sequences for the closed-form checks.
-        mc_seq_len: L of the Monte Carlo checks (large, to approach the L → ∞ limits).
-        seed: Seed.
-
-    Returns:
-        The results dictionary also written to `results.json`.
+    Inputs, T_lin(X) at μ = μ* (Fig. 3) and T_ctx(X) (Fig. 4), projected on the inputs' two principal directions;
+    the measured conditional variances beside Props 4.2 / 5.2 (finite-L exact values and their limits).
     """
-    options = dict(
-        dim=dim,
-        seq_len=seq_len,
-        sigmas=list(sigmas),
-        lams=list(lams),
-        manifold_rho=manifold_rho,
-        rhos=list(rhos),
-        lr=lr,
-        batch_size=batch_size,
-        steps=steps,
-        k3_dim=k3_dim,
-        softmax_steps=softmax_steps,
-        mc_sequences=mc_sequences,
-        mc_seq_len=mc_seq_len,
-        seed=seed,
-    )
-    if len(sigmas) != len(lams) or not sigmas:
-        raise ValueError(
-            f"`sigmas` and `lams` must be non-empty and of equal length, got {list(sigmas)} and {list(lams)}."
-        )
-    for sigma in sigmas:
-        _check_mixture(dim, 2, sigma)
-    for lam in lams:
-        check_real("lams", lam, 0.0, open_min=True)
-    for rho in (*rhos, manifold_rho):
-        check_real("rho", rho, 0.0)
-    _check_mixture(k3_dim, 3, sigmas[0])
-    folder = output_dir(out, "clustering")
-    clock = Stopwatch()
-    claims: list[Claim] = []
-    figures: list[str] = []
-    results: dict[str, Any] = {"study": "clustering", "options": options}
-    common = dict(seq_len=seq_len, lr=lr, batch_size=batch_size, seed=seed)
-
-    # Figure 1: heads start on the manifold where the risk is flat (frames of the centroids' span); ρ picks the frame.
-    results["figure1"] = {}
-    fig, axes = new_figure()
-    paper_plateau = {0.3: "plateau ≈ 1e-2", 1.0: "plateau ≈ 1e-1 (higher than for σ = 0.3)"}
-    for sigma, lam in zip(sigmas, lams, strict=True):
-        curve = _curve(train_heads(dim, 2, sigma, lam, steps=steps, rho=manifold_rho, init="span", **common))
-        results["figure1"][f"sigma={sigma}"] = curve
-        axes[0, 0].semilogy(curve["steps"], curve["distance"], label=f"σ = {sigma}, λ = {lam}")
-        claims.append(
-            Claim(
-                f"Fig. 1: distance, init on the manifold, σ={sigma}, λ={lam}, ρ={manifold_rho}",
-                f"{curve['distance'][0]:.2f} → plateau {curve['plateau']:.1e}",
-                paper_plateau.get(sigma, "decreases to a plateau"),
-                curve["plateau"] < 0.1 * curve["distance"][0],
-            )
-        )
-    if len(sigmas) >= 2:
-        plateaus = [results["figure1"][f"sigma={s}"]["plateau"] for s in sigmas[:2]]
-        claims.append(
-            Claim(
-                f"Fig. 1: plateau ratio σ={sigmas[1]} / σ={sigmas[0]}",
-                f"{plateaus[1] / plateaus[0]:.1f}",
-                "≈ 10 (1e-1 vs 1e-2)",
-                None,
-            )
-        )
-    axes[0, 0].set(
-        xlabel="SGD step",
-        ylabel="distance to the centroids",
-        title=f"Fig. 1: init on the manifold, ρ = {manifold_rho}",
-    )
-    axes[0, 0].legend()
-    figures.append(save_figure(fig, folder / "fig1_manifold_init.png"))
-
-    # Figure 2: random initialisation, ρ sweep.
-    results["figure2"] = {}
-    fig, axes = new_figure()
-    sigma, lam = sigmas[0], lams[0]
-    trained_heads = None
-    for rho in rhos:
-        run_ = train_heads(dim, 2, sigma, lam, steps=steps, rho=rho, init="random", **common)
-        results["figure2"][f"rho={rho}"] = _curve(run_)
-        trained_heads = run_ if trained_heads is None or rho == 0.2 else trained_heads
-        axes[0, 0].semilogy(run_["steps"], run_["distance"], label=f"ρ = {rho}")
-    axes[0, 0].set(
-        xlabel="SGD step", ylabel="distance to the centroids", title=f"Fig. 2: random init, σ = {sigma}, λ = {lam}"
-    )
-    axes[0, 0].legend()
-    figures.append(save_figure(fig, folder / "fig2_random_init_rho.png"))
-    fig2 = results["figure2"]
-    claims.append(
-        Claim(
-            "Fig. 2 (random init): plateau per ρ",
-            ", ".join(f"{key}: {value['plateau']:.1e}" for key, value in fig2.items()),
-            "without ρ the heads stop at a random frame of the span; ρ = 0.2 reaches the centroids",
-            None,
-        )
-    )
-    if "rho=0.2" in fig2 and "rho=0.0" in fig2:
-        claims.append(
-            Claim(
-                "Fig. 2: ρ = 0.2 ends closer to the centroids than ρ = 0",
-                f"{fig2['rho=0.2']['plateau']:.1e} vs {fig2['rho=0.0']['plateau']:.1e}",
-                "regularisation needed from a random start",
-                fig2["rho=0.2"]["plateau"] < 0.1 * fig2["rho=0.0"]["plateau"],
-            )
-        )
-
-    # K = 3 centroids.
-    k3_rho = 0.2 if 0.2 in rhos else max(rhos, default=manifold_rho)
-    results["k3"] = _curve(train_heads(k3_dim, 3, sigma, lam, steps=steps, rho=k3_rho, init="random", **common))
-    claims.append(
-        Claim(
-            f"K = 3, d = {k3_dim}, random init, ρ = {k3_rho}: distance",
-            f"{results['k3']['distance'][0]:.2f} → plateau {results['k3']['plateau']:.1e}",
-            "the 3 heads recover the 3 centroids",
-            results["k3"]["plateau"] < 0.05,
-        )
-    )
-
-    # Softmax heads with centering, λ and ψ learned (Appendix H); MSSA-style values (see README).
-    soft = _curve(
-        train_heads(
-            dim,
-            2,
-            sigma,
-            3.0,
-            steps=softmax_steps,
-            rho=0.0,
-            init="random",
-            predictor="softmax",
-            values="projected",
-            psi=0.5,
-            record_every=max(1, softmax_steps // 50),
-            **common,
-        )
-    )
-    results["softmax"] = soft
-    claims.append(
-        Claim(
-            "Softmax heads + centering ψ (λ, ψ learned, MSSA values, ρ = 0): distance",
-            f"{soft['distance'][0]:.2f} → {soft['distance'][-1]:.2f} (λ = {soft['lam']:.2f}, ψ = {soft['psi']:.2f})",
-            "softmax heads also align with the centroids",
-            soft["distance"][-1] < 0.25 * soft["distance"][0],
-        )
-    )
-    fig, axes = new_figure()
-    axes[0, 0].semilogy(results["k3"]["steps"], results["k3"]["distance"], label=f"K = 3, d = {k3_dim} (linear)")
-    axes[0, 0].semilogy(soft["steps"], soft["distance"], label="K = 2, softmax heads")
-    axes[0, 0].set(xlabel="SGD step", ylabel="distance to the centroids", title="K = 3 and softmax heads")
-    axes[0, 0].legend()
-    figures.append(save_figure(fig, folder / "k3_and_softmax.png"))
-
-    # Closed forms against Monte Carlo.
-    checks = []
-    for sigma in sigmas:
-        lam_unbiased = unbiased_temperature(sigma, mc_seq_len)
-        lam_ctx = in_context_quantization_optimal_temperature(dim, sigma)
-        c = {
-            "sigma": sigma,
-            "L": mc_seq_len,
-            "unbiased_lambda": lam_unbiased,
-            "unbiased_lambda_limit": 1 / (1 + 2 * sigma**2),
-            "oracle_risk_mc": oracle_linear_attention_risk(dim, sigma, mc_seq_len, lam_unbiased, mc_sequences, seed),
-            "oracle_risk_exact": oracle_linear_attention_risk_exact(dim, sigma, mc_seq_len, lam_unbiased),
-            "oracle_risk_limit": oracle_risk_limit(dim, sigma),
-            "ctx_lambda": lam_ctx,
-            "ctx_risk_mc": in_context_quantization_risk(dim, sigma, mc_seq_len, lam_ctx, mc_sequences, seed),
-            "ctx_risk_exact": in_context_quantization_risk_exact(dim, sigma, mc_seq_len, lam_ctx),
-            "ctx_risk_limit": in_context_quantization_risk_limit(dim, sigma, lam_ctx),
-            "oracle_quantizer_risk": oracle_quantizer_risk(dim, sigma),
-        }
-        c["ctx_ratio_to_oracle_quantizer"] = c["ctx_risk_limit"] / c["oracle_quantizer_risk"]
-        checks.append(c)
-        claims.append(
-            Claim(
-                f"Prop. 4.2: oracle T_lin risk, σ={sigma}, L={mc_seq_len}, unbiased λ={lam_unbiased:.3f} "
-                "(MC / exact / limit)",
-                f"{c['oracle_risk_mc']:.4f} / {c['oracle_risk_exact']:.4f} / {c['oracle_risk_limit']:.4f}",
-                f"→ σ²(d−2) = {c['oracle_risk_limit']:.4f} as L → ∞ (MC within 3% of exact)",
-                abs(c["oracle_risk_mc"] / c["oracle_risk_exact"] - 1) < 0.03,
-            )
-        )
-        claims.append(
-            Claim(
-                f"Prop. 5.2: in-context quantizer, σ={sigma}, λ*={lam_ctx:.3f} (MC / exact / limit)",
-                f"{c['ctx_risk_mc']:.4f} / {c['ctx_risk_exact']:.4f} / {c['ctx_risk_limit']:.4f}; "
-                f"ratio to dσ²: {c['ctx_ratio_to_oracle_quantizer']:.3f}",
-                f"below the oracle quantizer's dσ² = {c['oracle_quantizer_risk']:.3f} (MC within 3% of exact)",
-                abs(c["ctx_risk_mc"] / c["ctx_risk_exact"] - 1) < 0.03 and c["ctx_ratio_to_oracle_quantizer"] < 1,
-            )
-        )
-    results["closed_form_checks"] = checks
-
-    # Figures 3 and 4: PCA of the inputs and of the outputs (trained T_lin; the parameter-free T_ctx).
-    sigma = sigmas[0]
-    centroids = orthonormal_centroids(dim, 2, make_generator(seed), dtype=torch.float32).double()
-    tokens, labels = sample_gaussian_mixture(8, 128, centroids, sigma, make_generator(seed + 1))
+    dim, sigma, length = 10, 0.3, 500
+    lam = 1 / (1 + 2 * sigma**2)
+    centroids = canonical_centroids(dim)
+    tokens, labels = sample_gaussian_mixture(4, length, centroids, sigma, make_generator(o["seed"] + 3))
     outputs = {
         "inputs X": tokens,
-        "trained T_lin(X)": linear_attention_predictor(
-            tokens, trained_heads["heads"].double(), unbiased_temperature(sigma, 128)
-        ),
-        "in-context T_ctx(X) (no parameters)": in_context_quantizer(
-            tokens, in_context_quantization_optimal_temperature(dim, sigma)
-        ),
+        "Fig. 3: T_lin(X) at μ = μ*": linear_attention_predictor(tokens, centroids, lam),
+        "Fig. 4: T_ctx(X)": in_context_quantizer(tokens, lam),
     }
     fig, axes = new_figure(ncols=3, size=(4.0, 3.6))
-    flat_inputs = tokens.reshape(-1, dim)
+    flat = tokens.reshape(-1, dim)
+    spread = {}
     for ax, (title, values) in zip(axes[0], outputs.items(), strict=True):
-        coords = _pca_2d(values.reshape(-1, dim), flat_inputs)
-        ax.scatter(coords[:, 0], coords[:, 1], c=labels.reshape(-1), s=4, cmap="coolwarm")
+        coords = _pca_2d(values.reshape(-1, dim), flat)
+        ax.scatter(coords[:, 0], coords[:, 1], c=labels.reshape(-1), s=3, cmap="coolwarm")
         ax.set(title=title, xlabel="PC 1 of the inputs", ylabel="PC 2 of the inputs")
-    figures.append(save_figure(fig, folder / "fig3_fig4_pca.png"))
-    results["pca_spread"] = {
-        title: float((values.reshape(-1, dim) - centroids[labels.reshape(-1)]).norm(dim=-1).mean())
-        for title, values in outputs.items()
+        spread[title] = float((values.reshape(-1, dim) - centroids[labels.reshape(-1)]).square().sum(-1).mean())
+    study.save(fig, "fig3_fig4_pca.png")
+    expected = {
+        "inputs X": dim * sigma**2,
+        "Fig. 3: T_lin(X) at μ = μ*": theory.oracle_conditional_variance(dim, sigma, length, lam),
+        "Fig. 4: T_ctx(X)": theory.in_context_conditional_variance(dim, sigma, length, lam),
     }
-
-    results["seconds"] = clock.seconds()
-    results["claims"] = [c.as_dict() for c in claims]
-    write_json(folder / "results.json", results)
-    write_summary(
-        folder / "summary.md",
-        "Attention-based clustering (Maulen-Soto, Marion, Boyer)",
-        claims,
-        command=format_command("clustering", options),
-        figures=figures,
-        notes=[
-            "Distance: min over signed permutations of the Frobenius distance between the heads and the centroids.",
-            "Closed forms are derived in experiments/README.md (clustering section); MC = Monte Carlo.",
-            "Mean distance of each output to its token's centroid (PCA figure): "
-            + ", ".join(f"{k}: {v:.3f}" for k, v in results["pca_spread"].items()),
-            f"Wall time {results['seconds']:.0f} s.",
-        ],
+    study.results["figures3_4"] = {"setting": dict(d=dim, sigma=sigma, L=length, lam=lam), "spread": spread}
+    study.claim(
+        "Figs 3–4 (d = 10, σ = 0.3, L = 500, λ = 1/(1+2σ²)): E‖output − μ*_Z‖², inputs / T_lin / T_ctx",
+        " / ".join(f"{v:.3f}" for v in spread.values())
+        + " (closed forms "
+        + " / ".join(f"{v:.3f}" for v in expected.values())
+        + ")",
+        "the embeddings contract towards the centroids: variance 2σ²-ish ≪ dσ² (Props 4.2, 5.2)",
+        spread["Fig. 3: T_lin(X) at μ = μ*"] < spread["inputs X"] and spread["Fig. 4: T_ctx(X)"] < spread["inputs X"],
     )
-    return results
+
+
+def theory_checks(study: Study, o: dict[str, Any]) -> None:
+    """Closed forms against Monte Carlo (tolerance: 4 standard errors of the Monte Carlo mean).
+
+    Lemma C.1 (risk on M at several κ), Prop. 3.3 / C.2 (λ* and its limits), Props 4.1/4.2 and 5.1/5.2 (means,
+    variances, risks), Prop. A.1 (the degenerate risk off M).
+    """
+    dim, length, n = o["dim"], o["seq_len"], o["mc_sequences"]
+    centroids = canonical_centroids(max(dim, 4))
+    checks = []
+
+    def check(name: str, paper: str, exact: float, mc: tuple[float, float]) -> None:
+        holds = abs(mc[0] - exact) <= mc[1] + 1e-9
+        checks.append({"quantity": name, "closed_form": exact, "monte_carlo": mc[0], "tolerance": mc[1]})
+        study.claim(name, f"closed form {exact:.4f}, Monte Carlo {mc[0]:.4f} ± {mc[1]:.4f}", paper, holds)
+
+    d4 = max(dim, 4)
+    for sigma, lam in zip(o["sigmas"], o["lams"], strict=True):
+        for kappas in ((1.0, 1.0), (0.6, -0.3)):
+            heads = heads_on_manifold(centroids, kappas)
+            check(
+                f"Lemma C.1: risk on M at κ = {kappas}, σ = {sigma}, λ = {lam}, L = {length}, d = {d4}",
+                "A(κ₀⁴+κ₁⁴) + B(κ₀²+κ₁²) + Cκ₀²κ₁² + D",
+                theory.manifold_risk(*kappas, d4, sigma, length, lam),
+                monte_carlo_risk(
+                    lambda x, h=heads, la=lam: linear_attention_predictor(x, h, la),
+                    centroids,
+                    sigma,
+                    length,
+                    n,
+                    o["seed"],
+                ),
+            )
+        lam_u = theory.unbiased_temperature(sigma, length)
+        moments = monte_carlo_conditional_moments(
+            lambda x, la=lam_u: linear_attention_predictor(x, centroids, la), centroids, sigma, length, n, o["seed"]
+        )
+        check(
+            f"Prop. 4.1: ⟨E[T_lin(X)₁ | Z₁ = c], μ*_c⟩ at the unbiased λ = {lam_u:.3f}, σ = {sigma}",
+            "= 1",
+            1.0,
+            moments["projection"],
+        )
+        first, own = moments["outputs"]
+        variance = (first - own).square().sum(-1)
+        check(
+            f"Prop. D.2 / 4.2: Var[T_lin(X)₁ | Z₁] at λ = {lam_u:.3f}, σ = {sigma}, L = {length}",
+            f"limit 2λ²σ²(1+2σ²)² = {theory.oracle_conditional_variance_limit(sigma, lam_u):.4f}",
+            theory.oracle_conditional_variance(d4, sigma, length, lam_u),
+            theory.monte_carlo_tolerance(variance),
+        )
+        lam_c = theory.in_context_unbiased_temperature(d4, sigma, length)
+        moments = monte_carlo_conditional_moments(
+            lambda x, la=lam_c: in_context_quantizer(x, la), centroids, sigma, length, n, o["seed"] + 1
+        )
+        check(
+            f"Prop. 5.1: ⟨E[T_ctx(X)₁ | Z₁ = c], μ*_c⟩ at the unbiased λ = {lam_c:.3f}, σ = {sigma}",
+            "= 1",
+            1.0,
+            moments["projection"],
+        )
+        first, own = moments["outputs"]
+        check(
+            f"Prop. 5.2: Var[T_ctx(X)₁ | Z₁] at λ = {lam_c:.3f}, σ = {sigma}, L = {length} (exact finite L)",
+            f"limit 2λ²σ²(1+4σ²+2dσ⁴) = {theory.in_context_conditional_variance_limit(d4, sigma, lam_c):.4f}",
+            theory.in_context_conditional_variance(d4, sigma, length, lam_c),
+            theory.monte_carlo_tolerance((first - own).square().sum(-1)),
+        )
+        lam_star = theory.critical_temperature(d4, sigma, length)
+        limits = theory.critical_temperature_limits(sigma, length)
+        study.claim(
+            f"Prop. C.2: λ*(σ = {sigma}, L = {length}) = root of 2A + B + C; limits λ₀*, λ∞*",
+            f"{lam_star:.4f} (root {theory.critical_temperature_root(d4, sigma, length):.4f}); "
+            f"λ*(0, L) = {theory.critical_temperature(d4, 0.0, length):.4f}, "
+            "λ*(σ, 10⁶) = "
+            f"{theory.critical_temperature(d4, sigma, 10**6):.4f}",
+            f"λ₀* = (L+1)/(L+3) = {limits['sigma_to_0']:.4f}, "
+            f"λ∞* = (1+4σ²)/(1+5σ²+6σ⁴) = {limits['L_to_infinity']:.4f}",
+            abs(theory.critical_temperature(d4, 0.0, length) - limits["sigma_to_0"]) < 1e-12
+            and abs(theory.critical_temperature(d4, sigma, 10**6) - limits["L_to_infinity"]) < 1e-4,
+        )
+        ctx_limit = theory.in_context_optimal_risk_limit(d4, sigma)
+        study.claim(
+            f"Prop. 5.2: lim risk of T_ctx at the optimal λ, σ = {sigma}, d = {d4}, vs dσ² and σ²(d − 2)",
+            f"{ctx_limit:.4f} vs {theory.oracle_quantizer_risk(d4, sigma):.4f} and "
+            f"{theory.oracle_risk_limit(d4, sigma):.4f}",
+            "σ²(d−2)(1+2σ²)/(1+6σ²+12σ⁴+4dσ⁶) ≤ σ²(d−2) < dσ²",
+            ctx_limit <= theory.oracle_risk_limit(d4, sigma) < theory.oracle_quantizer_risk(d4, sigma) or sigma == 0,
+        )
+    # Prop. A.1 off the manifold (η ≠ 0) under (P₀).
+    heads = torch.nn.functional.normalize(
+        torch.tensor([[0.3, 0.2, 0.1, 0.0, 0.9], [-0.8, 0.1, 0.3, 0.2, 0.4]], dtype=torch.float64), dim=-1
+    )
+    c5 = canonical_centroids(5)
+    inner = heads @ c5.T  # κ₀ = ⟨μ₀*, μ₀⟩, η₁ = ⟨μ₀, μ₁*⟩, η₀ = ⟨μ₁, μ₀*⟩, κ₁ = ⟨μ₁*, μ₁⟩
+    lam0 = (length + 1) / (length + 3)
+    tokens, _ = sample_gaussian_mixture(64, length, c5, 0.0, make_generator(o["seed"]))
+    exact = theory.degenerate_risk(inner[0, 0], inner[1, 1], inner[1, 0], inner[0, 1], length, lam0)
+    mc = theory.monte_carlo_tolerance(
+        (tokens - linear_attention_predictor(tokens, heads, lam0)).square().sum(-1).mean(-1)
+    )
+    check("Prop. A.1: degenerate risk off M (σ = 0), λ = λ₀*", "Eq. (14)", float(exact), mc)
+    study.results["theory"] = checks
+
+
+def appendix_a(study: Study, o: dict[str, Any]) -> None:
+    """App. A (σ = 0): Fig. 5a (init on M̃, ρ = 0: Theorem A.4), Fig. 5b (sphere, ρ = 0), Fig. 6b (sphere, ρ = 0.1)."""
+    fig, axes = new_figure()
+    record = {}
+    for key, init, rho, label in (
+        ("fig5a", "manifold_tilde", 0.0, "Fig. 5a: init on M̃, ρ = 0"),
+        ("fig5b", "sphere", 0.0, "Fig. 5b: init on the sphere, ρ = 0"),
+        ("fig6b", "sphere", 0.1, "Fig. 6b: init on the sphere, ρ = 0.1"),
+    ):
+        run = _train(o, 0.0, 0.6, rho=rho, init=init)
+        _band_plot(axes[0, 0], run, range(o["runs"]), label)
+        record[key] = _curve_record(run)
+    study.results["appendix_a"] = record
+    axes[0, 0].set(xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title="App. A: Dirac mixture (σ = 0), λ = 0.6")
+    axes[0, 0].legend(fontsize=7)
+    study.save(fig, "fig5_fig6_degenerate.png")
+    study.claim(
+        "Thm A.4 / Fig. 5a: σ = 0, init on M̃, ρ = 0; final distance (median)",
+        f"{record['fig5a']['final']['median']:.1e}",
+        "converges to the centroids",
+        record["fig5a"]["final"]["high"] < 1e-2,
+    )
+    study.claim(
+        "Figs 5b / 6b: σ = 0 from the sphere, ρ = 0 vs ρ = 0.1 (median final distance)",
+        f"{record['fig5b']['final']['median']:.1e} vs {record['fig6b']['final']['median']:.1e}",
+        "without ρ only partial alignment; ρ = 0.1 reaches the centroids",
+        record["fig6b"]["final"]["median"] < 0.1 * record["fig5b"]["final"]["median"],
+    )
+
+
+def dimension_sweep(study: Study, o: dict[str, Any]) -> None:
+    """App. G.1–G.2 / Figs 9, 10, 12: minimal RMSE (distance / √d) after `sweep_steps` against d.
+
+    Fig. 9: init on M, ρ = 0; Fig. 10: init on the sphere, ρ = 0.2; Fig. 12: random (non-orthogonal) centroids on
+    the sphere, init on the sphere, ρ = 0.2. σ = 0.3, λ = 0.6.
+    """
+    settings = {
+        "fig9_manifold": dict(init="manifold", rho=0.0),
+        "fig10_sphere": dict(init="sphere", rho=0.2),
+        "fig12_random_centroids": dict(init="sphere", rho=0.2, centroids="random"),
+    }
+    fig, axes = new_figure()
+    record: dict[str, Any] = {"dims": o["dims"]}
+    for name, kwargs in settings.items():
+        bands = []
+        for dim in o["dims"]:
+            run = _train(o, 0.3, 0.6, dim=dim, steps=o["sweep_steps"], record_every=o["sweep_steps"], **kwargs)
+            bands.append(percentile_band(torch.tensor(run["final"]) / math.sqrt(dim)))
+        record[name] = bands
+        axes[0, 0].semilogy(o["dims"], [b["median"] for b in bands], marker="o", label=name)
+        study.claim(
+            f"App. G ({name}): minimal RMSE after {o['sweep_steps']} steps, d = {o['dims'][0]} … {o['dims'][-1]}",
+            ", ".join(f"{b['median']:.1e}" for b in bands),
+            "recovery in every dimension (RMSE small) for orthogonal centroids; G.2 relaxes orthogonality",
+            None,
+        )
+    study.results["dimension"] = record
+    axes[0, 0].set(xlabel="d", ylabel="minimal RMSE", title="App. G: σ = 0.3, λ = 0.6")
+    axes[0, 0].legend(fontsize=7)
+    study.save(fig, "fig9_10_12_dimension.png")
+
+
+def euclidean_vs_riemannian(study: Study, o: dict[str, Any]) -> None:
+    """App. G.3 / Fig. 13: Euclidean projected SGD against the Riemannian PSGD (init on M, ρ = 0; sphere, ρ)."""
+    fig, axes = new_figure()
+    record = {}
+    sigma, lam = o["sigmas"][0], o["lams"][0]
+    for riemannian in (True, False):
+        for init, rho in (("manifold", 0.0), ("sphere", o["rho"])):
+            key = f"{'riemannian' if riemannian else 'euclidean'}/{init}/rho={rho}"
+            run = _train(o, sigma, lam, rho=rho, init=init, riemannian=riemannian)
+            record[key] = _curve_record(run)
+            _band_plot(axes[0, 0], run, range(o["runs"]), key)
+    study.results["euclidean"] = record
+    axes[0, 0].set(xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=f"Fig. 13: σ = {sigma}")
+    axes[0, 0].legend(fontsize=7)
+    study.save(fig, "fig13_euclidean.png")
+    for init, rho in (("manifold", 0.0), ("sphere", o["rho"])):
+        r = record[f"riemannian/{init}/rho={rho}"]["final"]["median"]
+        e = record[f"euclidean/{init}/rho={rho}"]["final"]["median"]
+        study.claim(
+            f"Fig. 13: Riemannian vs Euclidean projected SGD, init {init}, ρ = {rho} (median final distance)",
+            f"{r:.1e} vs {e:.1e}",
+            "empirically equivalent",
+            max(r, e) < 0.1,
+        )
+
+
+def three_centroids(study: Study, o: dict[str, Any]) -> None:
+    """App. G.4 / Fig. 14: K = 3 in R⁶ (centroids e₁, e₄, e₆), init on the sphere, ρ = 0.2; r⁽¹⁾ against r⁽²⁾."""
+    fig, axes = new_figure()
+    record = {}
+    sigma, lam = o["sigmas"][0], o["lams"][0]
+    for kind in ("pairwise", "product"):
+        run = _train(o, sigma, lam, dim=6, num_clusters=3, rho=o["rho"], init="sphere", regulariser=kind)
+        record[kind] = _curve_record(run)
+        _band_plot(axes[0, 0], run, range(o["runs"]), {"pairwise": "r⁽¹⁾", "product": "r⁽²⁾"}[kind])
+    study.results["k3"] = record
+    axes[0, 0].set(xlabel="PSGD iteration", ylabel="distance (K = 3)", title=f"Fig. 14: K = 3, σ = {sigma}")
+    axes[0, 0].legend()
+    study.save(fig, "fig14_k3.png")
+    study.claim(
+        f"Fig. 14: K = 3, ρ = {o['rho']}, median final distance with r⁽¹⁾ / r⁽²⁾",
+        f"{record['pairwise']['final']['median']:.1e} / {record['product']['final']['median']:.1e}",
+        "r⁽¹⁾ recovers the 3 centroids and outperforms r⁽²⁾",
+        record["pairwise"]["final"]["median"] < min(0.1, record["product"]["final"]["median"]),
+    )
+
+
+def figure15(study: Study, o: dict[str, Any]) -> None:
+    """App. H / Fig. 15: softmax heads, risk (34) + ρ₀ r₀, PSGD_soft from λ = 3, ψ = 2; signed distance (36).
+
+    (a) ρ₀ sweep after `sweep_steps` iterations; (b) ρ₀ = 0.5 over `steps` iterations, σ = 0.3 and σ = 1.
+    """
+    fig, axes = new_figure(ncols=2)
+    record: dict[str, Any] = {"rhos": o["softmax_rhos"]}
+    for sigma in o["sigmas"]:
+        common = dict(predictor="softmax", regulariser=o["softmax_regulariser"], init="sphere", lam=3.0, psi=2.0)
+        sweep = _train(
+            o, sigma, rho=o["softmax_rhos"], steps=o["sweep_steps"], record_every=o["sweep_steps"], **common
+        )
+        finals = torch.tensor(sweep["final"]).reshape(len(o["softmax_rhos"]), o["runs"])
+        bands = [percentile_band(row) for row in finals]
+        axes[0, 0].plot(o["softmax_rhos"], [b["median"] for b in bands], marker="o", label=f"σ = {sigma}")
+        curve = _train(o, sigma, rho=0.5, **common)
+        _band_plot(axes[0, 1], curve, range(o["runs"]), f"σ = {sigma}")
+        final = percentile_band(curve["final"])
+        record[f"sigma={sigma}"] = {
+            "sweep": bands,
+            "curve": _curve_record(curve),
+            "lam": percentile_band(curve["lam"]),
+            "psi": percentile_band(curve["psi"]),
+        }
+        study.claim(
+            f"Fig. 15a: softmax heads, σ = {sigma}, median signed distance at ρ₀ = "
+            + ", ".join(str(r) for r in o["softmax_rhos"]),
+            ", ".join(f"{b['median']:.2f}" for b in bands),
+            "regularisation substantially improves recovery; too large a ρ₀ overrides the risk",
+            None,
+        )
+        study.claim(
+            f"Fig. 15b: softmax heads, ρ₀ = 0.5, σ = {sigma}, r₀ = {o['softmax_regulariser']}; final signed distance "
+            "(Eq. 36), learned λ, ψ",
+            f"median {final['median']:.2f} [{final['low']:.2f}, {final['high']:.2f}]; λ ≈ "
+            f"{record[f'sigma={sigma}']['lam']['median']:.2f}, ψ ≈ {record[f'sigma={sigma}']['psi']['median']:.2f}",
+            "accurate at σ = 0.3; alignment impaired at σ = 1",
+            final["median"] < 0.2 if sigma <= 0.3 else None,
+        )
+    study.results["figure15"] = record
+    axes[0, 0].set(xlabel="ρ₀", ylabel="signed distance (Eq. 36)", title="Fig. 15a")
+    axes[0, 1].set(xlabel="PSGD_soft iteration", ylabel="signed distance (Eq. 36)", title="Fig. 15b: ρ₀ = 0.5")
+    axes[0, 0].legend()
+    axes[0, 1].legend()
+    study.save(fig, "fig15_softmax.png")
+
+
+PART_FUNCTIONS = {
+    "theory": theory_checks,
+    "fig1": figure1,
+    "fig2": figure2,
+    "fig3_4": figures3_4,
+    "appendix_a": appendix_a,
+    "dimension": dimension_sweep,
+    "euclidean": euclidean_vs_riemannian,
+    "k3": three_centroids,
+    "softmax": figure15,
+}
+
+
+def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
+    """The clustering paper's figures and closed forms (`OPTIONS` lists the options and the paper's defaults).
+
+    The paper's full setting (10 runs of 10⁴ iterations, a 30-point ρ grid, d up to 200) takes hours on a laptop
+    (App. F–H); README.md gives the scaled-down command whose results are committed.
+    """
+    o = resolve_options(OPTIONS, options)
+    if len(o["sigmas"]) != len(o["lams"]):
+        raise ValueError(f"`sigmas` and `lams` must have equal lengths, got {o['sigmas']} and {o['lams']}.")
+    study = Study("clustering", TITLE, o, out, spec=OPTIONS)
+    for part in o["parts"]:
+        PART_FUNCTIONS[part](study, o)
+    study.note("Distance: Eq. (11) (signs and order ignored); Eq. (36) for softmax heads (signs count).")
+    study.note("Bands: 2.5–97.5 percentiles over the runs, as the paper's 95% percentile intervals.")
+    return study.finish()

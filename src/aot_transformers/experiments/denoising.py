@@ -11,18 +11,22 @@ with K orthonormal, mutually orthogonal bases `U_k` (d × p). One layer is the r
 computed by `aot_transformers.attention_aot.subspace_attention` with the known `U_k`. The per-cluster
 signal-to-noise ratio (Eq. 6) is ‖U_k U_kᵀ Z_k‖_F / ‖(I − U_k U_kᵀ) Z_k‖_F over the tokens Z_k of cluster k.
 
-Theorem 1 uses φ = h∘softmax with the hard threshold h(x) = τ·1{x > τ} (τ ≤ 1/2) applied to each attention weight.
-Why the SNR then grows by exactly (1 + ητ): when a token's own projection dominates its scores in its own head
-(its softmax weight on itself exceeds τ, every other weight stays below τ) and no weight exceeds τ in the other
-heads, its head-k output is τ·U_k U_kᵀ z_i and every other head outputs 0. The update multiplies the signal part of
-every token by (1 + ητ) and leaves the noise untouched, so the SNR of every cluster is multiplied by (1 + ητ).
+Theorem 1 uses φ = h∘softmax with the hard threshold h(x) = τ·1{x > τ} applied to each attention weight, for
+τ ∈ (1/2, 1/(1 + N·e^(−9p/32))]: since a query's softmax weights sum to 1, with τ > 1/2 at most one of them can
+exceed τ, so h keeps at most one key per query. Why the SNR then grows by exactly (1 + ητ): when a token's own
+projection dominates its scores in its own head (its softmax weight on itself exceeds τ) and no weight exceeds τ in
+the other heads, its head-k output is τ·U_k U_kᵀ z_i and every other head outputs 0. The update multiplies the
+signal part of every token by (1 + ητ) and leaves the noise untouched, so the SNR of every cluster is multiplied
+by (1 + ητ).
 `thresholding_pattern_holds` measures, token by token, whether that event happened; "in the theorem's regime" means
-it held for every token of the layer.
+it held for every token of the layer. `theorem1_hypotheses` reports, for each run, whether the theorem's
+assumptions on (N, K, p, δ, τ) hold (Theorem 1 and Lemma 2, with the constants of the proof in Appendix A).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +34,14 @@ import torch
 
 from ..attention_aot import subspace_attention
 from ._common import (
-    Claim,
+    Option,
+    Study,
     check_choice,
     check_int,
     check_real,
-    format_command,
     make_generator,
     new_figure,
-    output_dir,
-    save_figure,
-    write_json,
-    write_summary,
+    resolve_options,
 )
 
 PHIS = ("softmax", "threshold")
@@ -127,12 +128,14 @@ def hard_threshold(tau: float) -> Callable[[torch.Tensor], torch.Tensor]:
     """The φ of Theorem 1: softmax over the keys, then h(x) = τ·1{x > τ} on every weight.
 
     Args:
-        tau: τ in (0, 1/2]; with τ ≤ 1/2 at most one weight per query can exceed it.
+        tau: τ in (0, 1). Theorem 1 takes τ ∈ (1/2, 1/(1 + N·e^(−9p/32))]: a query's weights sum to 1, so with
+            τ > 1/2 at most one weight per query exceeds τ. Smaller τ are accepted (they may keep several keys);
+            `theorem1_hypotheses` reports whether a run's τ lies in the theorem's range.
 
     Returns:
         A callable for `subspace_attention(phi=...)`, mapping scores (B, K, N, N) to weights.
     """
-    tau = check_real("tau", tau, 0.0, 0.5, open_min=True)
+    tau = check_real("tau", tau, 0.0, 1.0, open_min=True, open_max=True)
 
     def phi(scores: torch.Tensor) -> torch.Tensor:
         weights = torch.softmax(scores, dim=-1)
@@ -164,8 +167,9 @@ def thresholding_pattern_holds(
 ) -> torch.Tensor:
     """Per token, whether the thresholded attention has the pattern the proof of Theorem 1 needs.
 
-    The pattern: in the token's own head its softmax weight on itself exceeds τ (so h keeps exactly that weight,
-    since τ ≤ 1/2 lets no second weight exceed τ); in every other head no weight exceeds τ (so h zeroes the head).
+    The pattern: in the token's own head its softmax weight on itself exceeds τ and no other weight does (for
+    τ > 1/2 the second part is automatic, the weights summing to 1); in every other head no weight exceeds τ (so h
+    zeroes the head).
 
     Returns:
         Boolean tensor (N,).
@@ -180,6 +184,41 @@ def thresholding_pattern_holds(
     only_self = own_kept.sum(-1) == 1
     others_silent = kept.any(-1).sum(0) - kept[own, index].any(-1).to(torch.long) == 0  # no other head keeps a key
     return self_kept & only_self & others_silent
+
+
+def theorem1_hypotheses(
+    num_tokens: int, num_subspaces: int, subspace_dim: int, noise_level: float, tau: float
+) -> dict[str, dict[str, Any]]:
+    """Theorem 1's assumptions for (N, K, p, δ, τ), each with its value and whether it holds.
+
+    - Theorem 1: p ≳ log N (checked as p ≥ log N), δ ≲ √(log N / p) (checked as δ ≤ √(log N / p)),
+      τ ∈ (1/2, 1/(1 + N·e^(−9p/32))].
+    - Lemma 2 (Eq. 11): N ≥ 8πK² log³ N and δ ≤ (1/8)√(log N / p).
+    - The proof (Appendix A, after Eq. 22): p ≥ 64(√log N + 1)².
+
+    The "≳"/"≲" hide unspecified constants; the explicit constants of Lemma 2 and the proof are the sufficient
+    conditions the paper states. A run outside them can still show the (1 + ητ) rate (the theorem is sufficient).
+    """
+    n, k, p = num_tokens, num_subspaces, subspace_dim
+    log_n = math.log(n)
+    tau_max = 1.0 / (1.0 + n * math.exp(-9 * p / 32))
+    checks = {
+        "p >= log N": (p, log_n, p >= log_n),
+        "delta <= sqrt(log N / p)": (noise_level, math.sqrt(log_n / p), noise_level <= math.sqrt(log_n / p)),
+        "delta <= sqrt(log N / p) / 8 (Lemma 2)": (
+            noise_level,
+            math.sqrt(log_n / p) / 8,
+            noise_level <= math.sqrt(log_n / p) / 8,
+        ),
+        "p >= 64 (sqrt(log N) + 1)^2 (proof)": (
+            p,
+            64 * (math.sqrt(log_n) + 1) ** 2,
+            p >= 64 * (math.sqrt(log_n) + 1) ** 2,
+        ),
+        "N >= 8 pi K^2 log^3 N (Lemma 2)": (n, 8 * math.pi * k**2 * log_n**3, n >= 8 * math.pi * k**2 * log_n**3),
+        "tau in (1/2, 1/(1 + N exp(-9p/32))]": (tau, tau_max, 0.5 < tau <= tau_max),
+    }
+    return {name: {"value": value, "bound": bound, "holds": bool(ok)} for name, (value, bound, ok) in checks.items()}
 
 
 def unroll(
@@ -201,7 +240,7 @@ def unroll(
         num_layers: Number of layers.
         step_size: η > 0.
         phi: `"threshold"` (Theorem 1's h∘softmax) or `"softmax"`.
-        tau: τ of the threshold (also used to report the thresholding pattern for softmax runs).
+        tau: τ of the threshold, in (0, 1) (also used to report the thresholding pattern for softmax runs).
         scaling: Factor on the scores Zᵀ U_k U_kᵀ Z (the theorem uses 1).
 
     Returns:
@@ -223,140 +262,123 @@ def unroll(
     return {"snr": snr, "ratio": snr[1:] / snr[:-1], "pattern_fraction": torch.stack(pattern), "tokens": tokens}
 
 
-def run(
-    out: str | Path | None = None,
-    noise_levels: Sequence[float] = (0.2, 0.5),
-    num_subspaces: int = 4,
-    subspace_dim: int = 128,
-    ambient_dim: int | None = None,
-    num_tokens: int = 512,
-    num_layers: int = 8,
-    step_size: float = 0.2,
-    tau: float = 0.5,
-    scaling: float | None = None,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """The denoising study: SNR per layer for each noise level, with Theorem 1's φ and with softmax.
+OPTIONS = (
+    Option("noise_levels", [0.2, 0.5], "δ values (Fig. 4 uses 0.2 and 0.5)", many=True, minimum=0.0),
+    Option("num_subspaces", 4, "K", minimum=1),
+    Option("subspace_dim", 128, "p", minimum=1),
+    Option("ambient_dim", None, "d (default K·p)", kind=int, optional=True, minimum=1),
+    Option("num_tokens", 512, "N", minimum=2),
+    Option("num_layers", 8, "layers unrolled", minimum=1),
+    Option("step_size", 0.2, "η", minimum=0.0, open_min=True),
+    Option(
+        "tau",
+        0.6,
+        "τ of the hard threshold, in (0, 1); Theorem 1 takes (1/2, 1/(1 + N e^(-9p/32))]",
+        minimum=0.0,
+        maximum=1.0,
+        open_min=True,
+        open_max=True,
+    ),
+    Option(
+        "scaling",
+        None,
+        "factor on the scores Zᵀ U_k U_kᵀ Z (default 1/√p, a model's MSSA; Theorem 1 writes 1, which needs "
+        "δ ≤ √(log N / p): at δ = 0.5 the other heads' noise scores then pass the threshold)",
+        kind=float,
+        optional=True,
+        minimum=0.0,
+        open_min=True,
+    ),
+    Option("seed", 0, "random seed", minimum=0),
+)
 
-    Args:
-        out: Output folder (default `out/experiments/denoising`).
-        noise_levels: The δ values (Fig. 4 uses 0.2 and 0.5).
-        num_subspaces: K.
-        subspace_dim: p.
-        ambient_dim: d (default K·p).
-        num_tokens: N.
-        num_layers: Layers unrolled.
-        step_size: η.
-        tau: τ of the threshold.
-        scaling: Factor on the attention scores (default 1/√p, the usual 1/√(head width)).
-        seed: Seed of the subspaces and tokens.
 
-    Returns:
-        The results dictionary also written to `results.json`.
+TITLE = "Denoising by unrolled MSSA (AoT Theorem 1, Fig. 4)"
+
+
+def snr_curves(study: Study, o: dict[str, Any], delta: float, subspaces: torch.Tensor, generator, ax) -> None:
+    """AoT Theorem 1 / Fig. 4 at one noise level δ: per-layer SNR with φ = h∘softmax and with softmax.
+
+    Beside the measured ratio per layer, the claim lists which of Theorem 1's hypotheses (`theorem1_hypotheses`)
+    hold for this (N, K, p, δ, τ), and whether the thresholding pattern of the proof held for every token.
     """
-    options = dict(
-        noise_levels=list(noise_levels),
-        num_subspaces=num_subspaces,
-        subspace_dim=subspace_dim,
-        ambient_dim=ambient_dim,
-        num_tokens=num_tokens,
-        num_layers=num_layers,
-        step_size=step_size,
-        tau=tau,
-        scaling=scaling,
-        seed=seed,
-    )
-    if not noise_levels:
-        raise ValueError("`noise_levels` must list at least one δ >= 0, got an empty list.")
-    for delta in noise_levels:
-        check_real("noise_levels", delta, 0.0)
-    ambient_dim = num_subspaces * subspace_dim if ambient_dim is None else ambient_dim
-    scaling = subspace_dim**-0.5 if scaling is None else check_real("scaling", scaling, 0.0, open_min=True)
-    check_real("tau", tau, 0.0, 0.5, open_min=True)
-    folder = output_dir(out, "denoising")
-    generator = make_generator(seed)
-    subspaces = orthogonal_subspaces(ambient_dim, num_subspaces, subspace_dim, generator)
-    target = 1.0 + step_size * tau
-
-    runs: dict[str, dict[str, Any]] = {}
-    claims = []
-    fig, axes = new_figure(ncols=len(noise_levels))
-    for column, delta in enumerate(noise_levels):
-        tokens, labels = sample_noisy_subspace_mixture(num_tokens, subspaces, delta, generator)
-        ax = axes[0, column]
-        for phi in PHIS:
-            result = unroll(tokens, labels, subspaces, num_layers, step_size, phi, tau, scaling)
-            mean_snr = result["snr"].mean(dim=1)
-            in_regime = result["pattern_fraction"] == 1.0  # (num_layers,)
-            ratios = result["ratio"]  # (num_layers, K)
-            record = {
-                "noise_level": delta,
-                "phi": phi,
-                "snr_per_layer": result["snr"],
-                "mean_snr_per_layer": mean_snr,
-                "ratio_per_layer": ratios,
-                "mean_ratio_per_layer": ratios.mean(dim=1),
-                "pattern_fraction_per_layer": result["pattern_fraction"],
-                "layers_in_regime": int(in_regime.sum()),
-            }
-            if phi == "threshold":
-                deviation = (ratios[in_regime] / target - 1.0).abs()
-                record["max_relative_deviation_in_regime"] = float(deviation.max()) if deviation.numel() else None
-                holds = bool(deviation.numel()) and float(deviation.max()) <= 0.02
-                measured = (
-                    f"{ratios[in_regime].mean():.4f} (max dev {deviation.max():.2%}, "
-                    f"{int(in_regime.sum())}/{num_layers} layers in regime)"
-                    if deviation.numel()
-                    else f"no layer in regime (pattern held for {result['pattern_fraction'][0]:.0%} of tokens)"
-                )
-                claims.append(
-                    Claim(
-                        f"SNR ratio per layer, h∘softmax, δ={delta}", measured, f"1 + ητ = {target:.4f} (±2%)", holds
-                    )
-                )
-            else:
-                per_layer = ratios.mean(1)
-                claims.append(
-                    Claim(
-                        f"SNR ratio per layer, softmax, δ={delta}",
-                        f"{ratios.mean():.4f} (layers: {per_layer.min():.3f}–{per_layer.max():.3f})",
-                        "grows linearly with depth (no exact rate)",
-                        None,
-                    )
-                )
-            runs[f"delta={delta}/phi={phi}"] = record
-            label = "h∘softmax (Thm 1)" if phi == "threshold" else "softmax"
-            ax.semilogy(range(num_layers + 1), mean_snr, marker="o", label=label)
+    num_layers, tau, target = o["num_layers"], o["tau"], 1.0 + o["step_size"] * o["tau"]
+    tokens, labels = sample_noisy_subspace_mixture(o["num_tokens"], subspaces, delta, generator)
+    for phi in PHIS:
+        result = unroll(tokens, labels, subspaces, num_layers, o["step_size"], phi, tau, o["scaling"])
+        mean_snr = result["snr"].mean(dim=1)
+        in_regime = result["pattern_fraction"] == 1.0  # (num_layers,)
+        ratios = result["ratio"]  # (num_layers, K)
+        record = {
+            "noise_level": delta,
+            "phi": phi,
+            "snr_per_layer": result["snr"],
+            "mean_snr_per_layer": mean_snr,
+            "ratio_per_layer": ratios,
+            "mean_ratio_per_layer": ratios.mean(dim=1),
+            "pattern_fraction_per_layer": result["pattern_fraction"],
+            "layers_in_regime": int(in_regime.sum()),
+        }
+        if phi == "threshold":
+            hypotheses = theorem1_hypotheses(o["num_tokens"], o["num_subspaces"], o["subspace_dim"], delta, tau)
+            record["theorem1_hypotheses"] = hypotheses
+            failed = [name for name, h in hypotheses.items() if not h["holds"]]
+            study.claim(
+                f"Theorem 1 / Lemma 2 hypotheses, N={o['num_tokens']}, K={o['num_subspaces']}, "
+                f"p={o['subspace_dim']}, δ={delta}, τ={tau}",
+                "all hold"
+                if not failed
+                else "not met: "
+                + "; ".join(f"{n} ({hypotheses[n]['value']:.3g} vs {hypotheses[n]['bound']:.3g})" for n in failed),
+                "sufficient conditions for the (1 + ητ) rate",
+                None,
+            )
+            deviation = (ratios / target - 1.0).abs()  # every layer, every cluster
+            record["max_relative_deviation"] = float(deviation.max())
+            study.claim(
+                f"SNR ratio per layer, h∘softmax, δ={delta}",
+                f"{ratios.mean():.4f} (max dev {deviation.max():.2%} over {num_layers} layers; the proof's "
+                f"thresholding pattern held for {result['pattern_fraction'].min():.1%}–"
+                f"{result['pattern_fraction'].max():.1%} of tokens)",
+                f"1 + ητ = {target:.4f} (±2%)",
+                float(deviation.max()) <= 0.02,
+            )
+        else:
+            per_layer = ratios.mean(1)
+            study.claim(
+                f"SNR ratio per layer, softmax, δ={delta}",
+                f"{ratios.mean():.4f} (layers: {per_layer.min():.3f}–{per_layer.max():.3f})",
+                "grows linearly with depth (no exact rate)",
+                None,
+            )
+        study.results["runs"][f"delta={delta}/phi={phi}"] = record
         ax.semilogy(
-            range(num_layers + 1),
-            runs[f"delta={delta}/phi=threshold"]["mean_snr_per_layer"][0] * target ** torch.arange(num_layers + 1),
-            "k--",
-            label="(1+ητ)^ℓ · SNR₀",
+            range(num_layers + 1), mean_snr, marker="o", label="h∘softmax (Thm 1)" if phi == "threshold" else "softmax"
         )
-        ax.set_title(f"δ = {delta}")
-        ax.set_xlabel("layer ℓ")
-        ax.set_ylabel("mean per-cluster SNR (Eq. 6)")
-        ax.legend()
-    figure = save_figure(fig, folder / "snr_per_layer.png")
+    first = study.results["runs"][f"delta={delta}/phi=threshold"]["mean_snr_per_layer"][0]
+    ax.semilogy(range(num_layers + 1), first * target ** torch.arange(num_layers + 1), "k--", label="(1+ητ)^ℓ · SNR₀")
+    ax.set(title=f"δ = {delta}", xlabel="layer ℓ", ylabel="mean per-cluster SNR (Eq. 6)")
+    ax.legend()
 
-    results = {
-        "study": "denoising",
-        "options": {**options, "ambient_dim": ambient_dim, "scaling": scaling},
-        "target_ratio": target,
-        "runs": runs,
-        "claims": [c.as_dict() for c in claims],
-    }
-    write_json(folder / "results.json", results)
-    write_summary(
-        folder / "summary.md",
-        "Denoising by unrolled MSSA (AoT Theorem 1, Fig. 4)",
-        claims,
-        command=format_command("denoising", options),
-        figures=[figure],
-        notes=[
-            "Theorem 1: with φ = h∘softmax, h(x) = τ·1{x > τ}, each layer multiplies every cluster's SNR by (1 + ητ).",
-            "A layer is 'in regime' when the thresholding pattern of the proof held for every token "
-            "(own weight > τ in the own head, no weight > τ in the other heads).",
-        ],
+
+def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
+    """The denoising study: SNR per layer for each noise level, with Theorem 1's φ and with softmax (`OPTIONS`)."""
+    o = resolve_options(OPTIONS, options)
+    o["ambient_dim"] = o["num_subspaces"] * o["subspace_dim"] if o["ambient_dim"] is None else o["ambient_dim"]
+    o["scaling"] = o["subspace_dim"] ** -0.5 if o["scaling"] is None else o["scaling"]
+    study = Study("denoising", TITLE, o, out, spec=OPTIONS)
+    generator = make_generator(o["seed"])
+    subspaces = orthogonal_subspaces(o["ambient_dim"], o["num_subspaces"], o["subspace_dim"], generator)
+    study.results.update(target_ratio=1.0 + o["step_size"] * o["tau"], runs={})
+    fig, axes = new_figure(ncols=len(o["noise_levels"]))
+    for column, delta in enumerate(o["noise_levels"]):
+        snr_curves(study, o, delta, subspaces, generator, axes[0, column])
+    study.save(fig, "snr_per_layer.png")
+    study.note(
+        "Theorem 1: with φ = h∘softmax, h(x) = τ·1{x > τ}, each layer multiplies every cluster's SNR by (1 + ητ)."
     )
-    return results
+    study.note(
+        "A layer is 'in regime' when the thresholding pattern of the proof held for every token "
+        "(own weight > τ in the own head, no weight > τ in the other heads)."
+    )
+    return study.finish()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,22 +30,20 @@ from torch import nn
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTModel
 from ._common import (
-    Claim,
+    Option,
     Stopwatch,
+    Study,
     check_choice,
     check_int,
     check_real,
-    format_command,
     make_generator,
     new_figure,
-    output_dir,
-    save_figure,
-    write_json,
-    write_summary,
+    resolve_options,
 )
 
 TASKS = ("linear", "sparse_linear")
-MODELS = ("aot-mssa", "aot-mhsa", "transformer")
+MODELS = ("aot-mssa", "aot-mhsa", "transformer", "aot-hybrid", "aot-full-mlp")
+MSSA_MODELS = ("aot-mssa", "aot-hybrid", "aot-full-mlp")
 TOKEN_LAYOUTS = ("pairs", "garg")
 
 
@@ -119,7 +116,9 @@ def backbone_config(
 
     Args:
         kind: `"aot-mssa"` (AoT: MSSA, no MLP, unit-norm queries as in the causal AoT), `"aot-mhsa"` (AoT with
-            standard attention, no MLP) or `"transformer"` (MHSA with an MLP in every layer, GPT-2-style).
+            standard attention, no MLP), `"transformer"` (MHSA with an MLP in every layer, GPT-2-style), or the
+            earlier version's Fig. 6 variants of AoT-MSSA with MLPs: `"aot-hybrid"` (MLP blocks in the first half
+            of the layers) and `"aot-full-mlp"` (an MLP in every layer).
             AoT-MSSA starts from weights of standard deviation 0.1 instead of 0.02: with unit-norm queries the
             scores are ⟨q/‖q‖, k⟩ ≈ ‖k‖, so small weights make every attention map uniform and, on this task, MSSA
             then never leaves the predict-zero plateau (measured: loss flat at 1.0 for 3,000 steps at 0.02).
@@ -135,10 +134,10 @@ def backbone_config(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         max_position_embeddings=2 * max_points,
-        attention_type="mssa" if kind == "aot-mssa" else "mhsa",
-        normalize_query=kind == "aot-mssa",
-        mlp_layers="all" if kind == "transformer" else "none",
-        initializer_range=0.1 if kind == "aot-mssa" else 0.02,
+        attention_type="mssa" if kind in MSSA_MODELS else "mhsa",
+        normalize_query=kind in MSSA_MODELS,
+        mlp_layers={"transformer": "all", "aot-full-mlp": "all", "aot-hybrid": "first_half"}.get(kind, "none"),
+        initializer_range=0.1 if kind in MSSA_MODELS else 0.02,
         tie_word_embeddings=False,
         use_cache=False,
     )
@@ -289,163 +288,146 @@ def error_curve(errors: torch.Tensor, normaliser: float) -> list[float]:
     return (errors.mean(0) / normaliser).tolist()
 
 
-def run(
-    out: str | Path | None = None,
-    dim: int = 5,
-    num_points: int | None = None,
-    tasks: Sequence[str] = TASKS,
-    models: Sequence[str] = MODELS,
-    hidden_size: int = 64,
-    num_heads: int = 4,
-    aot_layers: int = 4,
-    transformer_layers: int = 2,
-    steps: int = 6000,
-    batch_size: int = 64,
-    lr: float = 3e-3,
-    sparsity: int = 3,
-    lasso_alpha: float = 0.01,
-    eval_prompts: int = 512,
-    time_budget: float = 1800.0,
-    tokens: str = "pairs",
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Train each model on each task and plot the normalised error against the number of in-context examples.
+OPTIONS = (
+    Option("dim", 5, "d of the regression inputs (the paper: 20)", minimum=1),
+    Option(
+        "num_points", None, "examples per prompt (default 2d + 1; the paper: 41)", kind=int, optional=True, minimum=1
+    ),
+    Option("tasks", list(TASKS), "linear and/or sparse_linear", many=True, choices=TASKS),
+    Option(
+        "models",
+        list(MODELS[:3]),
+        "models compared (AoT Fig. 6; aot-hybrid and aot-full-mlp: the earlier version's Fig. 6)",
+        many=True,
+        choices=MODELS,
+    ),
+    Option("hidden_size", 64, "width of every backbone (the paper: 128)", minimum=1),
+    Option("num_heads", 4, "attention heads (the paper: 8)", minimum=1),
+    Option("aot_layers", 4, "layers of the attention-only backbones (the earlier version: 16)", minimum=1),
+    Option(
+        "transformer_layers", 2, "layers of the transformer and of AoT Full-MLP (the earlier version: 16)", minimum=1
+    ),
+    Option(
+        "hybrid_layers",
+        None,
+        "layers of AoT Hybrid (default 1.5x aot_layers, as the earlier version's 24 vs 16)",
+        kind=int,
+        optional=True,
+        minimum=1,
+    ),
+    Option("steps", 6000, "training steps per model and task (the paper: 50,000)", minimum=1),
+    Option("batch_size", 64, "prompts per step (the paper: 64)", minimum=1),
+    Option("lr", 3e-3, "AdamW peak learning rate", minimum=0.0, open_min=True),
+    Option("sparsity", 3, "non-zero coordinates of sparse tasks (the paper: 3)", minimum=1),
+    Option("lasso_alpha", 0.01, "Lasso penalty of the baseline (the paper: 0.01)", minimum=0.0, open_min=True),
+    Option("eval_prompts", 512, "evaluation prompts (the paper: 1280)", minimum=1),
+    Option("time_budget", 1800.0, "seconds for the whole run", minimum=0.0, open_min=True),
+    Option(
+        "tokens", "pairs", "token layout: pairs (y tokens carry their x) or garg (Garg et al.)", choices=TOKEN_LAYOUTS
+    ),
+    Option("seed", 0, "random seed", minimum=0),
+)
 
-    Args:
-        out: Output folder (default `out/experiments/icl`).
-        dim: d.
-        num_points: Examples per prompt (default 2d + 1).
-        tasks: Subset of `("linear", "sparse_linear")`.
-        models: Subset of `("aot-mssa", "aot-mhsa", "transformer")`.
-        hidden_size: Width of every model.
-        num_heads: Heads of every model.
-        aot_layers: Layers of the AoT models (the paper: twice the transformer's, at no MLP).
-        transformer_layers: Layers of the transformer with MLPs.
-        steps: Training steps per model.
-        batch_size: Prompts per step.
-        lr: Peak learning rate.
-        sparsity: Non-zeros of the sparse task.
-        lasso_alpha: Lasso's regularisation.
-        eval_prompts: Prompts of the evaluation curves.
-        time_budget: Seconds for the whole run; each model trains at most its share of it.
-        tokens: Token layout, `"pairs"` or Garg et al.'s `"garg"` (module docstring).
-        seed: Seed.
+TITLE = "In-context regression (AoT Fig. 6, after Garg et al.)"
 
-    Returns:
-        The results dictionary also written to `results.json`.
+
+def _layers(kind: str, o: dict[str, Any]) -> int:
+    """Layers per model: the earlier version matches sizes by depth (transformer, Full MLP 16; Hybrid 24; AoT 16)."""
+    return {
+        "transformer": o["transformer_layers"],
+        "aot-full-mlp": o["transformer_layers"],
+        "aot-hybrid": o["hybrid_layers"] or max(2, round(1.5 * o["aot_layers"])),
+    }.get(kind, o["aot_layers"])
+
+
+def task_curves(study: Study, o: dict[str, Any], task: str, seconds_per_model: float, ax) -> None:
+    """AoT Fig. 6 for one task: normalised squared error against in-context examples, models and baselines.
+
+    Each model is trained on fresh prompts (Garg et al.'s protocol), then evaluated on `eval_prompts` prompts
+    beside least squares and Lasso (the paper's α = 0.01).
     """
-    num_points = 2 * dim + 1 if num_points is None else num_points
-    options = dict(
-        dim=dim,
-        num_points=num_points,
-        tasks=list(tasks),
-        models=list(models),
-        hidden_size=hidden_size,
-        num_heads=num_heads,
-        aot_layers=aot_layers,
-        transformer_layers=transformer_layers,
-        steps=steps,
-        batch_size=batch_size,
-        lr=lr,
-        sparsity=sparsity,
-        lasso_alpha=lasso_alpha,
-        eval_prompts=eval_prompts,
-        time_budget=time_budget,
-        tokens=tokens,
-        seed=seed,
+    dim, num_points, sparsity = o["dim"], o["num_points"], o["sparsity"]
+    normaliser = zero_estimator_error(dim, task, sparsity)
+    xs, ys, _ = sample_prompts(o["eval_prompts"], num_points, dim, task, sparsity, make_generator(o["seed"] + 10_000))
+    curves = {"least squares": error_curve(least_squares_errors(xs, ys), normaliser)}
+    lasso_count = min(o["eval_prompts"], 128)  # Lasso is fitted per prompt and prefix: a subset keeps it quick
+    curves[f"Lasso (α={o['lasso_alpha']})"] = error_curve(
+        lasso_errors(xs[:lasso_count], ys[:lasso_count], o["lasso_alpha"]), normaliser
     )
-    check_int("dim", dim)
-    check_choice("tokens", tokens, TOKEN_LAYOUTS)
-    check_int("num_points", num_points, 2 * dim + 1)
-    for task in tasks:
-        check_choice("tasks", task, TASKS)
-    for kind in models:
-        check_choice("models", kind, MODELS)
-    if not tasks or not models:
-        raise ValueError(f"`tasks` and `models` must be non-empty, got {list(tasks)} and {list(models)}.")
+    training = {}
+    for kind in o["models"]:
+        layers = _layers(kind, o)
+        model = build_model(kind, dim, o["hidden_size"], layers, o["num_heads"], num_points, o["seed"], o["tokens"])
+        history = train_regressor(
+            model,
+            task,
+            num_points,
+            o["steps"],
+            o["batch_size"],
+            o["lr"],
+            sparsity=sparsity,
+            time_limit=seconds_per_model,
+            seed=o["seed"],
+        )
+        curves[kind] = error_curve(model_errors(model, xs, ys), normaliser)
+        training[kind] = {
+            **history,
+            "layers": layers,
+            "parameters": sum(p.numel() for p in model.backbone.parameters()),
+        }
+    study.results["tasks"][task] = {"curves": curves, "training": training, "normaliser": normaliser}
+    for name, curve in curves.items():
+        style = "--" if name == "least squares" or name.startswith("Lasso") else "-"
+        ax.plot(range(num_points), curve, style, label=name)
+    ax.axvline(dim, color="grey", lw=0.5)
+    ax.set(
+        title=f"{task.replace('_', ' ')} regression, d = {dim}",
+        xlabel="in-context examples",
+        ylabel="squared error / zero-estimator error",
+        ylim=(0, 1.25),
+    )
+    ax.legend(fontsize=7)
+    at = 2 * dim if task == "linear" else min(num_points - 1, 2 * dim)
+    baseline = curves["least squares"] if task == "linear" else curves[f"Lasso (α={o['lasso_alpha']})"]
+    for kind in o["models"]:
+        value = curves[kind][at]
+        holds = value <= 0.25 if (kind == "aot-mssa" and task == "linear") else None
+        study.claim(
+            f"{task}: {kind} ({training[kind]['layers']} layers, {training[kind]['parameters']:,} parameters) "
+            f"normalised error at {at} examples ({training[kind]['steps_done']} steps, "
+            f"{training[kind]['seconds']:.0f} s)",
+            f"{value:.3f} (zero estimator 1, {'least squares' if task == 'linear' else 'Lasso'} {baseline[at]:.3f})",
+            "≤ 0.25 (AoT-MSSA, CPU budget); AoT close to GPT-2 (paper, Fig. 6)"
+            if holds is not None
+            else "AoT close to the transformer; adding MLPs does not help AoT (earlier version, Fig. 6)",
+            holds,
+        )
+    study.claim(
+        f"{task}: least squares at {at} examples", f"{curves['least squares'][at]:.3f}", "≈ 0 once N ≥ d", None
+    )
+
+
+def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
+    """AoT Fig. 6 (and the earlier version's Fig. 6 with Hybrid / Full-MLP): in-context linear and sparse regression.
+
+    The paper trains 16-32-layer, width-128 models for 50,000 steps on d = 20 (GPU scale); `OPTIONS` defaults are a
+    CPU-sized version and README.md gives the d = 20 command whose results are committed.
+    """
+    o = resolve_options(OPTIONS, options)
+    dim, tasks, models = o["dim"], o["tasks"], o["models"]
+    o["num_points"] = 2 * dim + 1 if o["num_points"] is None else o["num_points"]
+    check_int("num_points", o["num_points"], 2 * dim + 1)
     if "sparse_linear" in tasks:
-        check_int("sparsity", sparsity, 1, dim)
-    check_real("time_budget", time_budget, 0.0, open_min=True)
-    folder = output_dir(out, "icl")
-    clock = Stopwatch()
-    share = time_budget * 0.9 / (len(tasks) * len(models))  # leave a tenth for evaluation and the baselines
-    results: dict[str, Any] = {"study": "icl", "options": options, "tasks": {}}
-    claims: list[Claim] = []
-    figures = []
+        check_int("sparsity", o["sparsity"], 1, dim)
+    study = Study("icl", TITLE, o, out, spec=OPTIONS)
+    study.results["tasks"] = {}
+    seconds_per_model = o["time_budget"] * 0.9 / (len(tasks) * len(models))  # a tenth for evaluation, baselines
     fig, axes = new_figure(ncols=len(tasks))
     for column, task in enumerate(tasks):
-        normaliser = zero_estimator_error(dim, task, sparsity)
-        xs, ys, _ = sample_prompts(eval_prompts, num_points, dim, task, sparsity, make_generator(seed + 10_000))
-        curves = {"least squares": error_curve(least_squares_errors(xs, ys), normaliser)}
-        lasso_count = min(eval_prompts, 128)  # Lasso is fitted per prompt and prefix: a subset keeps it quick
-        curves[f"Lasso (α={lasso_alpha})"] = error_curve(
-            lasso_errors(xs[:lasso_count], ys[:lasso_count], lasso_alpha), normaliser
-        )
-        training = {}
-        for kind in models:
-            layers = transformer_layers if kind == "transformer" else aot_layers
-            model = build_model(kind, dim, hidden_size, layers, num_heads, num_points, seed, tokens)
-            history = train_regressor(
-                model, task, num_points, steps, batch_size, lr, sparsity=sparsity, time_limit=share, seed=seed
-            )
-            curves[kind] = error_curve(model_errors(model, xs, ys), normaliser)
-            training[kind] = {
-                **history,
-                "layers": layers,
-                "parameters": sum(p.numel() for p in model.backbone.parameters()),
-            }
-        results["tasks"][task] = {"curves": curves, "training": training, "normaliser": normaliser}
-        ax = axes[0, column]
-        for name, curve in curves.items():
-            style = "--" if name in ("least squares",) or name.startswith("Lasso") else "-"
-            ax.plot(range(num_points), curve, style, label=name)
-        ax.axvline(dim, color="grey", lw=0.5)
-        ax.set(
-            title=f"{task.replace('_', ' ')} regression, d = {dim}",
-            xlabel="in-context examples",
-            ylabel="squared error / zero-estimator error",
-            ylim=(0, 1.25),
-        )
-        ax.legend()
-        at = 2 * dim
-        for kind in models:
-            value = curves[kind][at]
-            holds = value <= 0.25 if (kind == "aot-mssa" and task == "linear") else None
-            claims.append(
-                Claim(
-                    f"{task}: {kind} normalised error at 2d = {at} examples "
-                    f"({training[kind]['steps_done']} steps, {training[kind]['seconds']:.0f} s)",
-                    f"{value:.3f}",
-                    "≤ 0.25 (AoT-MSSA, CPU budget); AoT close to GPT-2 (paper, Fig. 6)"
-                    if holds is not None
-                    else "AoT close to the transformer (Fig. 6)",
-                    holds,
-                )
-            )
-        claims.append(
-            Claim(
-                f"{task}: least squares at 2d examples",
-                f"{curves['least squares'][at]:.3f}",
-                "≈ 0 once N ≥ d (noise-free)",
-                None,
-            )
-        )
-    figures.append(save_figure(fig, folder / "icl_error_curves.png"))
-    results["seconds"] = clock.seconds()
-    results["claims"] = [c.as_dict() for c in claims]
-    write_json(folder / "results.json", results)
-    write_summary(
-        folder / "summary.md",
-        "In-context regression (AoT Fig. 6, after Garg et al.)",
-        claims,
-        command=format_command("icl", options),
-        figures=figures,
-        notes=[
-            "Error normalised by the zero estimator's (d for linear, the sparsity for sparse tasks), as Garg et al.",
-            f"Wall time {results['seconds']:.0f} s (budget {time_budget:.0f} s).",
-            "Paper configuration: `aot experiment icl --dim 20 --hidden-size 128 --num-heads 8 --aot-layers 32 "
-            "--transformer-layers 16 --steps 50000 --lr 1e-4 --tokens garg --time-budget 1e9` (GPU-scale; "
-            "Garg et al.'s tokens and learning rate).",
-        ],
+        task_curves(study, o, task, seconds_per_model, axes[0, column])
+    study.save(fig, "icl_error_curves.png")
+    study.note(
+        "Error normalised by the zero estimator's (d for linear, the sparsity for sparse tasks), as Garg et al."
     )
-    return results
+    study.note(f"Time budget {o['time_budget']:.0f} s, shared equally by the (task, model) trainings.")
+    return study.finish()

@@ -22,17 +22,13 @@ from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
 from ._common import (
-    Claim,
-    Stopwatch,
+    Option,
+    Study,
     check_int,
     check_real,
-    format_command,
     make_generator,
     new_figure,
-    output_dir,
-    save_figure,
-    write_json,
-    write_summary,
+    resolve_options,
 )
 
 ARCHITECTURES = ("aot", "vit")
@@ -192,137 +188,109 @@ def training_speed(
     }
 
 
-def run(
-    out: str | Path | None = None,
-    noise_ratios: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
-    num_tokens: int = 128,
-    dim: int = 32,
-    num_trials: int = 32,
-    data_dir: str | Path | None = None,
-    per_class: int = 500,
-    epochs: int = 5,
-    hidden_size: int = 96,
-    num_layers: int = 4,
-    skip_training: bool = False,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Both k-NN studies; writes results.json, two figures and summary.md.
+OPTIONS = (
+    Option("noise_ratios", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], "noise ratios", many=True, minimum=0.0),
+    Option("num_tokens", 128, "tokens per trial", minimum=1),
+    Option("dim", 32, "token dimension", minimum=1),
+    Option("num_trials", 32, "trials per noise ratio", minimum=1),
+    Option("data_dir", None, "folder with vision/cifar10/train_<class>.tar.gz", kind=str, optional=True),
+    Option("per_class", 500, "CIFAR-10 training images per class", minimum=1),
+    Option("epochs", 5, "training epochs", minimum=1),
+    Option("hidden_size", 96, "width of the classifiers", minimum=1),
+    Option("num_layers", 4, "layers of the classifiers", minimum=1),
+    Option("skip_training", False, "only the noise-distillation part"),
+    Option("seed", 0, "random seed", minimum=0),
+)
 
-    Args:
-        out: Output folder (default `out/experiments/knn`).
-        noise_ratios: Noise ratios r of the distillation curve.
-        num_tokens: n of the distillation setting.
-        dim: d of the distillation setting.
-        num_trials: Token sets per noise ratio.
-        data_dir: Folder of the CIFAR-10 files (default: the shared data folder).
-        per_class: CIFAR-10 images per class (80% train, 20% validation).
-        epochs: Training epochs per model.
-        hidden_size: Width of the image models.
-        num_layers: Layers of the image models.
-        skip_training: Only run the distillation study.
-        seed: Seed.
-    """
-    options = dict(
-        noise_ratios=list(noise_ratios),
-        num_tokens=num_tokens,
-        dim=dim,
-        num_trials=num_trials,
-        data_dir=data_dir,
-        per_class=per_class,
-        epochs=epochs,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        skip_training=skip_training,
-        seed=seed,
-    )
-    for ratio in noise_ratios:
-        check_real("noise_ratios", ratio, 0.0, 1.0, open_max=True)
-    folder = output_dir(out, "knn")
-    clock = Stopwatch()
-    claims: list[Claim] = []
-    figures = []
+
+TITLE = "k-NN attention (KVT): noise distillation and training speed"
+
+
+def distillation(study: Study, o: dict[str, Any]) -> None:
+    """KVT's noise-distillation lemma: ‖attention output − μ‖ of dense against top-k attention, per noise ratio."""
+    ratios = o["noise_ratios"]
     ks: list[int | float | None] = [None, 0.5, 0.25]
-    curves = noise_distillation_curve(noise_ratios, ks, num_tokens, dim, num_trials=num_trials, seed=seed)
+    curves = noise_distillation_curve(
+        ratios, ks, o["num_tokens"], o["dim"], num_trials=o["num_trials"], seed=o["seed"]
+    )
     fig, axes = new_figure()
     for label, curve in curves.items():
-        axes[0, 0].plot(noise_ratios, curve, marker="o", label=label)
+        axes[0, 0].plot(ratios, curve, marker="o", label=label)
     axes[0, 0].set(
         xlabel="noise ratio r (fraction of noisy tokens)",
         ylabel="‖attention output − μ‖",
-        title=f"Noise distillation, n = {num_tokens}, d = {dim}",
+        title=f"Noise distillation, n = {o['num_tokens']}, d = {o['dim']}",
     )
     axes[0, 0].legend()
-    figures.append(save_figure(fig, folder / "noise_distillation.png"))
+    study.save(fig, "noise_distillation.png")
     dense, half = curves["dense"], curves[_k_label(0.5)]
-    high = [i for i, r in enumerate(noise_ratios) if r >= 0.5]
-    crossover = next((noise_ratios[i] for i in range(len(noise_ratios)) if half[i] < dense[i]), None)
-    claims.append(
-        Claim(
-            "Noise distillation: ‖output − μ‖, top-k (k = n/2) vs dense, for r ≥ 0.5",
-            ", ".join(f"r={noise_ratios[i]}: {half[i]:.2f} vs {dense[i]:.2f}" for i in high),
-            "k-NN attention distils the noisy tokens: closer to the relevant mean (Lemma 2)",
-            bool(high) and all(half[i] < dense[i] for i in high),
-        )
+    high = [i for i, r in enumerate(ratios) if r >= 0.5]
+    crossover = next((ratios[i] for i in range(len(ratios)) if half[i] < dense[i]), None)
+    study.claim(
+        "Noise distillation: ‖output − μ‖, top-k (k = n/2) vs dense, for r ≥ 0.5",
+        ", ".join(f"r={ratios[i]}: {half[i]:.2f} vs {dense[i]:.2f}" for i in high),
+        "k-NN attention distils the noisy tokens: closer to the relevant mean (Lemma 2)",
+        bool(high) and all(half[i] < dense[i] for i in high),
     )
-    claims.append(
-        Claim(
-            "Noise ratio from which k = n/2 beats dense",
-            "none" if crossover is None else f"{crossover}",
-            "dense averages more relevant tokens at low noise (lower variance); top-k wins as noise grows",
-            None,
-        )
+    study.claim(
+        "Noise ratio from which k = n/2 beats dense",
+        "none" if crossover is None else f"{crossover}",
+        "dense averages more relevant tokens at low noise (lower variance); top-k wins as noise grows",
+        None,
     )
-    results: dict[str, Any] = {
-        "study": "knn",
-        "options": options,
-        "noise_distillation": {"noise_ratios": list(noise_ratios), "curves": curves},
-    }
+    study.results["noise_distillation"] = {"noise_ratios": list(ratios), "curves": curves}
 
-    if not skip_training:
-        speed = training_speed(data_dir, per_class, epochs, hidden_size=hidden_size, num_layers=num_layers, seed=seed)
-        results["training_speed"] = speed
-        fig, axes = new_figure()
-        for name, record in speed["runs"].items():
-            axes[0, 0].plot(
-                range(1, len(record["val_accuracy"]) + 1),
-                record["val_accuracy"],
-                marker="o",
-                linestyle="-" if record["knn_k"] is None else "--",
-                label=name,
-            )
-        axes[0, 0].set(
-            xlabel="epoch",
-            ylabel="validation accuracy",
-            title=f"CIFAR-10 ({speed['num_train']} train images), {speed['tokens_per_image']} tokens",
-        )
-        axes[0, 0].legend()
-        figures.append(save_figure(fig, folder / "training_speed.png"))
-        for architecture in ARCHITECTURES:
-            dense, knn = speed["runs"].get(f"{architecture}/dense"), speed["runs"].get(f"{architecture}/k = 0.5·n")
-            if dense is None or knn is None:
-                continue
-            first = min(len(dense["val_accuracy"]), len(knn["val_accuracy"]))
-            early = sum(knn["val_accuracy"][:first]) / first - sum(dense["val_accuracy"][:first]) / first
-            claims.append(
-                Claim(
-                    f"{architecture}: accuracy per epoch, k = n/2 vs dense",
-                    " / ".join(
-                        f"{a:.3f}|{b:.3f}" for a, b in zip(knn["val_accuracy"], dense["val_accuracy"], strict=False)
-                    )
-                    + f" (mean gap {early:+.3f}; time {knn['seconds']:.0f} s vs {dense['seconds']:.0f} s)",
-                    "k-NN attention trains faster / higher accuracy early (KVT)",
-                    early >= 0,
-                )
-            )
-    results["seconds"] = clock.seconds()
-    results["claims"] = [c.as_dict() for c in claims]
-    write_json(folder / "results.json", results)
-    write_summary(
-        folder / "summary.md",
-        "k-NN attention (KVT): noise distillation and training speed",
-        claims,
-        command=format_command("knn", options),
-        figures=figures,
-        notes=["Accuracy pairs are k-NN|dense per epoch.", f"Wall time {results['seconds']:.0f} s."],
+
+def speed(study: Study, o: dict[str, Any]) -> None:
+    """KVT's faster convergence: CIFAR-10 validation accuracy per epoch, dense against k = n/2, AoT and ViT."""
+    result = training_speed(
+        o["data_dir"],
+        o["per_class"],
+        o["epochs"],
+        hidden_size=o["hidden_size"],
+        num_layers=o["num_layers"],
+        seed=o["seed"],
     )
-    return results
+    study.results["training_speed"] = result
+    fig, axes = new_figure()
+    for name, record in result["runs"].items():
+        axes[0, 0].plot(
+            range(1, len(record["val_accuracy"]) + 1),
+            record["val_accuracy"],
+            marker="o",
+            linestyle="-" if record["knn_k"] is None else "--",
+            label=name,
+        )
+    axes[0, 0].set(
+        xlabel="epoch",
+        ylabel="validation accuracy",
+        title=f"CIFAR-10 ({result['num_train']} train images), {result['tokens_per_image']} tokens",
+    )
+    axes[0, 0].legend()
+    study.save(fig, "training_speed.png")
+    for architecture in ARCHITECTURES:
+        dense, knn = result["runs"].get(f"{architecture}/dense"), result["runs"].get(f"{architecture}/k = 0.5·n")
+        if dense is None or knn is None:
+            continue
+        first = min(len(dense["val_accuracy"]), len(knn["val_accuracy"]))
+        early = sum(knn["val_accuracy"][:first]) / first - sum(dense["val_accuracy"][:first]) / first
+        study.claim(
+            f"{architecture}: accuracy per epoch, k = n/2 vs dense",
+            " / ".join(f"{a:.3f}|{b:.3f}" for a, b in zip(knn["val_accuracy"], dense["val_accuracy"], strict=False))
+            + f" (mean gap {early:+.3f}; time {knn['seconds']:.0f} s vs {dense['seconds']:.0f} s)",
+            "k-NN attention trains faster / higher accuracy early (KVT)",
+            early >= 0,
+        )
+
+
+def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
+    """Both k-NN studies (`OPTIONS`); `skip_training` runs the distillation part alone (seconds)."""
+    o = resolve_options(OPTIONS, options)
+    for ratio in o["noise_ratios"]:
+        check_real("noise_ratios", ratio, 0.0, 1.0, open_max=True)
+    study = Study("knn", TITLE, o, out, spec=OPTIONS)
+    distillation(study, o)
+    if not o["skip_training"]:
+        speed(study, o)
+    study.note("Accuracy pairs are k-NN|dense per epoch.")
+    return study.finish()
