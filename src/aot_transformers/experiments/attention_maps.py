@@ -44,7 +44,14 @@ def cls_attention_maps(model: AoTForImageClassification, pixel_values: torch.Ten
             f"`layer` must be in [{-num_layers}, {num_layers - 1}] for this {num_layers}-layer model, got {layer}."
         )
     model.eval()
-    attentions = model.model(pixel_values, output_attentions=True, return_dict=True).attentions
+    backend = model.config._attn_implementation
+    if backend not in ("eager", "knn"):  # the backends that return attention maps
+        model.set_attn_implementation("eager")
+    try:
+        attentions = model.model(pixel_values, output_attentions=True, return_dict=True).attentions
+    finally:
+        if model.config._attn_implementation != backend:
+            model.set_attn_implementation(backend)
     grid = model.config.image_size // model.config.patch_size
     cls_to_patches = attentions[layer][:, :, 0, 1:]  # (B, H, N)
     return cls_to_patches.reshape(*cls_to_patches.shape[:2], grid, grid)
