@@ -9,6 +9,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 import yaml
@@ -23,24 +24,82 @@ from aot_transformers.hub import (
 )
 from conftest import tiny_config
 
+# What the Hub's metadata validation accepts (a subset of its license list; the checks it makes on a model card).
+HUB_LICENSES = {
+    "apache-2.0", "mit", "bsd-3-clause", "bsd-2-clause", "cc-by-4.0", "cc-by-sa-4.0", "cc-by-nc-4.0", "gpl-3.0",
+    "lgpl-3.0", "agpl-3.0", "openrail", "llama2", "llama3", "gemma", "other", "unknown",
+}  # fmt: skip
+
+
+def hub_metadata_errors(readme: str) -> list[str]:
+    """The errors the Hub reports for a README's metadata: YAML front matter that parses to a mapping, `license`
+    from its list, `base_model` as repository ids, `model-index` with name, task type, dataset and metrics."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not readme.startswith("---\n"):
+        return []  # no metadata at all is allowed
+    try:
+        front, _ = readme[4:].split("\n---", 1)
+        metadata = yaml.safe_load(front) or {}
+    except (ValueError, yaml.YAMLError) as error:
+        return [f"Invalid YAML front matter: {error}"]
+    if not isinstance(metadata, dict):
+        return ["Metadata must be a mapping"]
+    errors = []
+    license_ = metadata.get("license")
+    if license_ is not None and license_ not in HUB_LICENSES:
+        errors.append(f'"license" with value "{license_}" is not valid')
+    bases = metadata.get("base_model")
+    for base in [bases] if isinstance(bases, str) else bases or []:
+        try:
+            if not isinstance(base, str) or base.startswith((".", "/", "~")):
+                raise HFValidationError(str(base))
+            validate_repo_id(base)
+        except HFValidationError:
+            errors.append(f'"base_model" with value "{base}" is not valid. Use a model id from https://hf.co/models.')
+    index = metadata.get("model-index")
+    if index is not None:
+        if not isinstance(index, list):
+            errors.append('"model-index" must be an array')
+        for model in index if isinstance(index, list) else []:
+            if not isinstance(model, dict) or not isinstance(model.get("name"), str):
+                errors.append('"model-index[].name" is required')
+                continue
+            for result in model.get("results") or []:
+                task, dataset, metrics = result.get("task"), result.get("dataset"), result.get("metrics")
+                if not isinstance(task, dict) or not isinstance(task.get("type"), str):
+                    errors.append('"model-index[].results[].task.type" is required')
+                if not isinstance(dataset, dict) or not all(isinstance(dataset.get(k), str) for k in ("type", "name")):
+                    errors.append('"model-index[].results[].dataset" needs "type" and "name"')
+                if not isinstance(metrics, list) or not metrics:
+                    errors.append('"model-index[].results[].metrics" must be a non-empty array')
+                for metric in metrics or []:
+                    if not isinstance(metric.get("type"), str) or not isinstance(metric.get("value"), (int, float)):
+                        errors.append('"model-index[].results[].metrics[]" needs "type" and a numeric "value"')
+    return errors
+
 
 class StandInHub:
-    """A minimal Hub on 127.0.0.1: create repo, validate card YAML, preupload (every file 'regular'), commit.
+    """A minimal Hub on 127.0.0.1 that keeps repositories: create repo and branch, preupload (every file
+    'regular'), commit (adds and deletions, refused with 400 when README.md's metadata fails the Hub's validation),
+    list the tree.
 
     Records every request as `(method, path, headers, body)`; `fail` maps a path fragment to an HTTP status to
-    answer with instead (e.g. `{"/commit/": 500}`).
+    answer with instead (e.g. `{"/commit/": 500}`). `repos[(repo, branch)]` maps paths to contents.
     """
 
     def __init__(self, fail: dict[str, int] | None = None):
         self.requests: list[tuple[str, str, dict, bytes]] = []
         self.fail = dict(fail or {})
+        self.repos: dict[tuple[str, str], dict[str, bytes]] = {}
+        self.private: dict[str, bool] = {}
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
-            def _reply(self, status: int, payload: dict):
+            def _reply(self, status: int, payload):
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -50,6 +109,12 @@ class StandInHub:
 
             def do_GET(self):
                 hub.requests.append(("GET", self.path, dict(self.headers), b""))
+                if "/tree/" in self.path:
+                    repo, rest = self.path.split("/api/models/")[1].split("/tree/")
+                    branch = unquote(rest.split("?")[0].split("/")[0])
+                    files = hub.repos.get((repo, branch), {})
+                    listing = [{"type": "file", "path": p, "size": len(c), "oid": "0" * 40} for p, c in files.items()]
+                    return self._reply(200, listing)
                 self._reply(404, {"error": "not found"})
 
             def do_POST(self):
@@ -61,9 +126,18 @@ class StandInHub:
                         return self._reply(status, {"error": f"stand-in failure on {fragment}"})
                 if self.path == "/api/repos/create":
                     request = json.loads(body)
-                    return self._reply(200, {"url": f"{hub.url}/{request['organization']}/{request['name']}"})
+                    repo = f"{request['organization']}/{request['name']}"
+                    hub.repos.setdefault((repo, "main"), {})
+                    hub.private[repo] = bool(request.get("private"))
+                    return self._reply(200, {"url": f"{hub.url}/{repo}"})
                 if self.path == "/api/validate-yaml":
-                    return self._reply(200, {"errors": [], "warnings": []})
+                    errors = hub_metadata_errors(json.loads(body)["content"])
+                    payload = {"errors": [{"message": e} for e in errors], "warnings": []}
+                    return self._reply(400 if errors else 200, payload)
+                if "/branch/" in self.path:
+                    repo, branch = self.path.split("/api/models/")[1].split("/branch/")
+                    hub.repos.setdefault((repo, unquote(branch)), dict(hub.repos.get((repo, "main"), {})))
+                    return self._reply(200, {})
                 if "/preupload/" in self.path:
                     files = json.loads(body)["files"]
                     return self._reply(
@@ -75,7 +149,24 @@ class StandInHub:
                         },
                     )
                 if "/commit/" in self.path:
-                    repo = self.path.split("/api/models/")[1].split("/commit/")[0]
+                    repo, branch = self.path.split("/api/models/")[1].split("/commit/")
+                    branch = unquote(branch.split("?")[0])
+                    added, deleted = {}, []
+                    for line in body.decode().splitlines():
+                        entry = json.loads(line)
+                        if entry["key"] == "file":
+                            added[entry["value"]["path"]] = base64.b64decode(entry["value"]["content"])
+                        elif entry["key"] in ("deletedFile", "deletedFolder"):
+                            deleted.append(entry["value"]["path"])
+                    if "README.md" in added:
+                        errors = hub_metadata_errors(added["README.md"].decode())
+                        if errors:
+                            message = "Invalid metadata in README.md.\n" + "\n".join(f"- {e}" for e in errors)
+                            return self._reply(400, {"error": message})
+                    files = hub.repos.setdefault((repo, branch), {})
+                    for path in deleted:
+                        files.pop(path, None)
+                    files.update(added)
                     oid = hashlib.sha1(body).hexdigest()
                     return self._reply(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid})
                 return self._reply(404, {"error": "unknown route"})
@@ -92,15 +183,13 @@ class StandInHub:
     def paths(self) -> list[str]:
         return [path for _, path, _, _ in self.requests]
 
-    def committed_files(self) -> dict[str, bytes]:
-        """Files of the last commit: path -> content."""
-        body = next(body for _, path, _, body in reversed(self.requests) if "/commit/" in path)
-        files = {}
-        for line in body.decode().splitlines():
-            entry = json.loads(line)
-            if entry["key"] == "file":
-                files[entry["value"]["path"]] = base64.b64decode(entry["value"]["content"])
-        return files
+    def committed_files(self, repo: str | None = None, branch: str = "main") -> dict[str, bytes]:
+        """Files of a repository branch (default: the one committed to last): path -> content."""
+        if repo is None:
+            path = next(path for _, path, _, _ in reversed(self.requests) if "/commit/" in path)
+            repo, branch = path.split("/api/models/")[1].split("/commit/")
+            branch = unquote(branch.split("?")[0])
+        return dict(self.repos.get((repo, branch), {}))
 
 
 @pytest.fixture
@@ -298,8 +387,9 @@ def test_push_command(hub, exported, capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "commit:" in out and "revision=" in out
-    header = json.loads(hub.requests[-1][3].decode().splitlines()[0])
-    assert header["value"]["summary"] == "first"
+    commits = [json.loads(body.decode().splitlines()[0]) for _, path, _, body in hub.requests if "/commit/" in path]
+    # the folder in one commit with the given message, then the card rendered from memory (the folder had none)
+    assert [c["value"]["summary"] for c in commits] == ["first", "Add the model card"]
     failing = StandInHub(fail={"/commit/": 403})
     try:
         args = parser.parse_args(["push", str(exported), "--repo-id", "someone/tiny", "--endpoint", failing.url])
@@ -313,7 +403,7 @@ def test_training_with_push_to_hub_uploads_the_final_folder(hub, tmp_path):
     pytest.importorskip("datasets")
     from transformers import TrainingArguments
 
-    from aot_transformers.training.common import PublishArguments
+    from aot_transformers.training.arguments import PublishArguments
     from aot_transformers.training.lm import LMModelArguments, train_lm
     from aot_transformers.training.text_data import TextDataArguments
 

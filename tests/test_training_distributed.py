@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent(
     from safetensors.torch import save_file
     from aot_transformers.training.lm import parse_lm_arguments, prepare_lm_training, run_lm_training
 
-    model_args, data_args, publish_args, training_args = parse_lm_arguments()
+    model_args, data_args, publish_args, lora, optim, training_args = parse_lm_arguments()
     run = prepare_lm_training(model_args, data_args, training_args, publish_args)
     run_lm_training(run)
     model = run.trainer.accelerator.unwrap_model(run.trainer.model)
