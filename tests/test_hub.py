@@ -128,7 +128,9 @@ class StandInHub:
                     request = json.loads(body)
                     repo = f"{request['organization']}/{request['name']}"
                     hub.repos.setdefault((repo, "main"), {})
-                    hub.private[repo] = bool(request.get("private"))
+                    hub.private[repo] = (
+                        request.get("visibility", "private" if request.get("private") else "public") == "private"
+                    )
                     return self._reply(200, {"url": f"{hub.url}/{repo}"})
                 if self.path == "/api/validate-yaml":
                     errors = hub_metadata_errors(json.loads(body)["content"])
@@ -451,3 +453,145 @@ def test_failed_push_after_training_keeps_the_final_folder(tmp_path, capsys):
     assert status == 1
     assert "local folder is unchanged" in capsys.readouterr().err
     check_export_folder(tmp_path / "run" / "model")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# what the Hub accepts
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "metadata, error",
+    [
+        ("base_model: runs/lm/model", '"base_model" with value "runs/lm/model" is not valid'),
+        ("license: apache", '"license" with value "apache" is not valid'),
+        ("model-index:\n- name: x\n  results:\n  - task: {}\n    metrics: []", "task.type"),
+        ("tags: [a\n", "Invalid YAML"),
+    ],
+)
+def test_stand_in_hub_refuses_a_card_the_hub_refuses(hub, exported, metadata, error):
+    (exported / "README.md").write_text(f"---\n{metadata}\n---\n# card\n")
+    with pytest.raises(HubPushError, match="Invalid metadata in README.md") as raised:
+        push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=hub.url)
+    assert error in str(raised.value)
+    assert hub.committed_files("someone/tiny") == {}  # nothing was committed
+
+
+def test_rendered_cards_pass_the_hubs_validation():
+    for card in (lm_card(), lm_card(base_model="openai-community/gpt2"), lm_card(base_model_description="runs/a/m")):
+        assert hub_metadata_errors(str(card)) == []
+    assert "base_model: openai-community/gpt2" in str(lm_card(base_model="openai-community/gpt2"))
+    local = str(lm_card(base_model_description="runs/lm/model"))
+    assert "base_model" not in local.split("---")[1] and "a local checkpoint (`model`)" in local
+    with pytest.raises(ValueError, match="not a Hub repository id"):
+        lm_card(base_model="runs/lm/model")
+
+
+def test_push_uploads_eval_results_and_leaves_local_state_behind(hub, exported):
+    (exported / ".eval_results").mkdir()
+    (exported / ".eval_results" / "aot-eval.yaml").write_text("- dataset: {id: a/b, task_id: t}\n  value: 1.0\n")
+    (exported / ".cache").mkdir()
+    (exported / ".cache" / "x").write_text("local")
+    (exported / "checkpoint-2").mkdir()
+    (exported / "checkpoint-2" / "optimizer.pt").write_bytes(b"pickle")
+    (exported / "training_args.bin").write_bytes(b"pickle")
+    (exported / "notes.pkl").write_bytes(b"pickle")
+    (exported / "sub").mkdir()
+    (exported / "sub" / ".hidden").write_text("x")
+    result = push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=hub.url)
+    files = set(hub.committed_files("someone/tiny"))
+    assert ".eval_results/aot-eval.yaml" in files and "model.safetensors" in files
+    left_out = {".cache/x", "checkpoint-2/optimizer.pt", "training_args.bin", "notes.pkl", "sub/.hidden"}
+    assert not files & left_out and not set(result.files) & left_out
+
+
+def test_push_to_a_branch_of_a_private_repo(hub, exported):
+    push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=hub.url, private=True, revision="v1")
+    assert hub.private["someone/tiny"] is True
+    assert "config.json" in hub.committed_files("someone/tiny", "v1")
+    assert hub.committed_files("someone/tiny", "main") == {}
+
+
+def _train_with_hub(tmp_path, hub, **overrides):
+    from transformers import TrainingArguments
+
+    from aot_transformers.training.arguments import PublishArguments
+    from aot_transformers.training.lm import LMModelArguments, train_lm
+    from aot_transformers.training.text_data import TextDataArguments
+
+    fields = dict(
+        output_dir=str(tmp_path / "run"), max_steps=4, save_strategy="steps", save_steps=2, report_to="none",
+        use_cpu=True, disable_tqdm=True, push_to_hub=True, hub_model_id="someone/trained", hub_token="hf_test",
+    )  # fmt: skip
+    fields.update(overrides)
+    train_lm(
+        LMModelArguments(
+            preset="aot-mssa-l-tiny", config_overrides="hidden_size=32,num_hidden_layers=1,vocab_size=300",
+            tokenizer_vocab_size=300,
+        ),
+        TextDataArguments(block_size=32),
+        TrainingArguments(**fields),
+        PublishArguments(hub_endpoint=hub.url, make_plots=False),
+    )  # fmt: skip
+    return [
+        json.loads(body.decode().splitlines()[0])["value"]["summary"]
+        for _, p, _, body in hub.requests
+        if "/commit/" in p
+    ]
+
+
+@pytest.mark.parametrize("strategy", ["end", "every_save", "checkpoint", "all_checkpoints"])
+def test_hub_strategy_is_honoured(hub, tmp_path, strategy):
+    pytest.importorskip("datasets")
+    commits = _train_with_hub(tmp_path, hub, hub_strategy=strategy, hub_private_repo=True, hub_revision="dev")
+    files = hub.committed_files("someone/trained", "dev")
+    assert hub.private["someone/trained"] is True and hub.committed_files("someone/trained", "main") == {}
+    assert commits[-1] == "End of training" and "README.md" in files and "model.safetensors" in files
+    saves = [c for c in commits if c.startswith("Training in progress")]
+    if strategy == "end":
+        assert saves == []
+    else:
+        assert saves == ["Training in progress, step 2", "Training in progress, step 4"]
+    if strategy == "checkpoint":
+        assert {"last-checkpoint/optimizer.pt", "last-checkpoint/trainer_state.json"} <= set(files)
+        state = json.loads(files["last-checkpoint/trainer_state.json"])
+        assert state["global_step"] == 4  # the previous checkpoint was replaced
+    if strategy == "all_checkpoints":
+        assert {"checkpoint-2/model.safetensors", "checkpoint-4/optimizer.pt"} <= set(files)
+    if strategy == "every_save":
+        assert not any(name.startswith(("optimizer", "last-checkpoint", "checkpoint-")) for name in files)
+
+
+def test_unknown_hub_strategy_and_bad_repo_id_are_refused(tmp_path, capsys):
+    pytest.importorskip("datasets")
+    from aot_transformers.training.lm import main
+
+    base = ["--preset", "aot-mssa-l-tiny", "--max_steps", "1", "--use_cpu", "--report_to", "none",
+            "--output_dir", str(tmp_path / "run"), "--push_to_hub"]  # fmt: skip
+    assert main([*base, "--hub_model_id", "a/b/c"]) == 2
+    assert "--hub_model_id 'a/b/c': not a Hub repository id" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_evaluation_results_go_to_model_index_and_eval_results(tmp_path):
+    from aot_transformers.evaluation.model_card import update_model_card
+    from aot_transformers.evaluation.runner import EvaluationReport
+
+    report = EvaluationReport(
+        model="m",
+        results={
+            "wikitext": {"loss": 4.2, "perplexity": 66.7, "source": {"type": "hub", "path": "Salesforce/wikitext",
+                                                                    "name": "wikitext-103-raw-v1", "split": "test"}},
+            "ptb": {"loss": 5.1, "source": {"type": "file", "path": "/data/ptb.valid.txt"}},
+        },
+        settings={"max_length": 1024, "stride": 1024},
+        date="2026-01-01T00:00:00Z",
+    )  # fmt: skip
+    card = update_model_card(tmp_path, report)
+    assert hub_metadata_errors(card.read_text()) == []
+    entries = yaml.safe_load((tmp_path / ".eval_results" / "aot-eval.yaml").read_text())
+    assert {(e["dataset"]["id"], e["dataset"]["task_id"], e["value"]) for e in entries} == {
+        ("Salesforce/wikitext", "wikitext", 4.2),
+        ("Salesforce/wikitext", "wikitext", 66.7),
+    }  # local files have no Hub benchmark id: model-index only
+    assert all(e["notes"].startswith(("loss;", "perplexity;")) for e in entries)

@@ -176,17 +176,16 @@ def _parse_file_with_overrides(parser, path: str, argv: list[str]) -> tuple[Any,
     values = json.loads(file.read_text()) if file.suffix == ".json" else yaml.safe_load(file.read_text())
     if not isinstance(values, dict):
         raise TrainingSetupError("must hold a mapping of argument names to values", argument=path)
-    from_file: list[str] = []
-    for name, value in values.items():
-        if isinstance(value, bool):
-            from_file += [f"--{name}", str(value).lower()]
-        elif isinstance(value, list):
-            from_file += [f"--{name}", *map(str, value)]
-        elif isinstance(value, dict):
-            from_file += [f"--{name}", json.dumps(value)]
-        elif value is not None:
-            from_file += [f"--{name}", str(value)]
-    return parser.parse_args_into_dataclasses(args=from_file + argv)  # later flags win in argparse
+    # The file's values become the parser's defaults (kept as the YAML typed them: booleans, mappings), so flags on
+    # the command line override them; an unknown name is left over and reported like an unknown flag.
+    import dataclasses
+
+    known = {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TrainingSetupError(f"{path}: unknown argument names {unknown} (see `aot train --help`)")
+    parser.set_defaults(**values)
+    return parser.parse_args_into_dataclasses(args=argv)
 
 
 def run_with_clear_errors(job: Callable[[], Any], prog: str = "aot train") -> int:

@@ -185,15 +185,26 @@ def training_summary(training_args, trainer, extra: dict[str, Any] | None = None
         "schedule": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
         "warmup": training_args.warmup_steps or 0,
         "weight decay": training_args.weight_decay,
-        "optimizer": str(getattr(training_args.optim, "value", training_args.optim)),
+        "optimizer": _optimizer_name(training_args, trainer),
         "seed": training_args.seed,
     }
     if getattr(training_args, "fsdp", None):
-        summary["parallelism"] = "FSDP " + " ".join(str(getattr(o, "value", o)) for o in training_args.fsdp)
+        config = getattr(training_args, "fsdp_config", None) or {}
+        version = config.get("version", config.get("fsdp_version", 2))
+        summary["parallelism"] = f"FSDP{version} (sharded by AoTLayer)"
     elif world > 1:
         summary["parallelism"] = "DDP"
     summary.update(extra or {})
     return summary
+
+
+def _optimizer_name(training_args, trainer) -> str:
+    custom = getattr(trainer, "optimizer_cls_and_kwargs", None)
+    if custom:
+        cls, kwargs = custom
+        betas = kwargs.get("betas")
+        return f"{cls.__name__} ({cls.__module__.split('.')[0]}" + (f", betas {tuple(betas)})" if betas else ")")
+    return str(getattr(training_args.optim, "value", training_args.optim))
 
 
 def _full_state_model(trainer):
