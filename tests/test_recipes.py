@@ -171,6 +171,9 @@ def test_fsdp_loss_curve_equals_ddp_and_exports_a_plain_folder(dry_runs):
         rtol=1e-5,
         atol=1e-5,
     )
+    # really sharded: the checkpoints are FSDP distributed checkpoints (one shard per rank), not a DDP state dict
+    checkpoint = root / "aot-mssa-l-large-openwebtext" / "train" / "checkpoint-4"
+    assert (checkpoint / "pytorch_model_fsdp_0").is_dir() and not list(checkpoint.glob("*.safetensors"))
     folder = root / "aot-mssa-l-large-openwebtext" / "train" / "model"
     assert [p.name for p in folder.glob("*.safetensors")] == ["model.safetensors"]
     assert not list(folder.glob("pytorch_model_fsdp*")) and "auto_map" in json.loads(

@@ -182,3 +182,39 @@ def test_training_with_lion_learns(tmp_path, text_file):
     assert results["settings"]["optimizer"].startswith("Lion (lion_pytorch")
     assert metrics["train_loss"] < math.log(300)  # below the loss of a uniform guess over the vocabulary
     assert "| optimizer | Lion (lion_pytorch" in (tmp_path / "run" / "model" / "README.md").read_text()
+
+
+def readme_commands(section: str) -> list[list[str]]:
+    """The `aot ...` commands of a README section's bash block, as argument lists."""
+    import re
+    import shlex
+
+    from conftest import REPO_ROOT
+
+    text = (REPO_ROOT / "README.md").read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", text, re.S).group(1).replace("\\\n", " ")
+    return [shlex.split(line) for line in block.splitlines() if line.startswith("aot ")]
+
+
+def test_readme_lora_commands_run(tmp_path, monkeypatch):
+    """README "Fine-tuning with LoRA", as written, with 2 steps per run."""
+    from aot_transformers.cli import main as aot
+    from conftest import REPO_ROOT
+
+    data = REPO_ROOT.parent / "shared" / "data"
+    if not data.is_dir():
+        pytest.skip("../shared/data is not present")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    (tmp_path / "shared").symlink_to(data.parent)  # ../shared/data from the working folder
+    commands = readme_commands("Fine-tuning with LoRA")
+    assert len(commands) == 3 and all("--lora_r" in c for c in commands[1:])
+    for command in commands:
+        steps = command.index("--max_steps")
+        command[steps + 1] = "2"
+        assert aot(command[1:] + ["--report_to", "none", "--make_plots", "false"]) == 0, command
+    assert (tmp_path / "work" / "runs" / "lora" / "model" / "adapter_config.json").is_file()
+    assert (tmp_path / "work" / "runs" / "lora-merged" / "model" / "model.safetensors").is_file()
+    base = AutoModelForCausalLM.from_pretrained("runs/base/model", trust_remote_code=True)
+    peft.PeftModel.from_pretrained(base, "runs/lora/model")

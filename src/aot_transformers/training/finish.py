@@ -208,14 +208,33 @@ def _optimizer_name(training_args, trainer) -> str:
 
 
 def _full_state_model(trainer):
-    """The trained model with full (unsharded) weights: under FSDP the parameters are gathered first (every rank
-    must take part), otherwise the unwrapped model."""
+    """The trained model with full (unsharded) weights, and whether it was gathered. Under FSDP every rank must call
+    this (the shards are gathered on the main process, a collective); the main process then loads them into a fresh,
+    unsharded copy of the model, since the trained one holds only its shard of each parameter (DTensors)."""
     accelerator = trainer.accelerator
     model = accelerator.unwrap_model(trainer.model)
     if not getattr(trainer, "is_fsdp_enabled", False):
-        return model, None
-    state_dict = accelerator.get_state_dict(trainer.model)  # collective: gathers the shards on rank 0
-    return model, state_dict
+        return model, False
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # Full tensors whatever the checkpoints' state_dict_type (a collective; with cpu_offload only rank 0 keeps them).
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state_dict = get_model_state_dict(trainer.model, options=options)
+    if not trainer.is_world_process_zero():
+        return model, True
+    from ..modeling_aot import AoTPreTrainedModel
+
+    # FSDP2 swaps the class for a generated subclass (FSDPAoTForCausalLM): build the AoT class it came from.
+    cls = next(
+        c for c in type(model).__mro__ if issubclass(c, AoTPreTrainedModel) and not c.__name__.startswith("FSDP")
+    )
+    full = cls(model.config)
+    missing, unexpected = full.load_state_dict(state_dict, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"gathered FSDP weights do not fit the model: missing {missing}, unexpected {unexpected}")
+    full.tie_weights()
+    return full.eval(), True
 
 
 def finish_run(
@@ -242,13 +261,11 @@ def finish_run(
     from ..hub import export_model, push_to_hub
 
     final_dir = Path(publish_args.final_model_dir or Path(training_args.output_dir) / "model")
-    model, state_dict = _full_state_model(trainer)
+    model, _ = _full_state_model(trainer)
     written = None
     if trainer.is_world_process_zero():
         model_name = publish_args.model_name or training_args.hub_model_id or final_dir.name
         num_parameters = sum(p.numel() for p in model.parameters())
-        if state_dict is not None:
-            num_parameters = sum(v.numel() for k, v in state_dict.items() if k != "lm_head.weight")
         extra_files: dict[str, Any] = {
             RESULTS_FILE: training_results_json(
                 model_name, task=task, results=results, training=training, metrics=metrics,
@@ -295,7 +312,6 @@ def finish_run(
                 image_processor=processor if task != "text-generation" else None,
                 model_card=card,
                 extra_files=extra_files,
-                state_dict=state_dict,
             )
         logger.info("Final model written to %s", final_dir)
         written = final_dir

@@ -15,6 +15,7 @@ from typing import Any
 
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError
 from .checkpoints import resolve_resume
+from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
 from .lora import LoraArguments
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
@@ -115,6 +116,8 @@ def prepare_image_training(
         lora.check()
         lora = lora if lora.enabled else None
     optimizer = optimizer_cls_and_kwargs(optim, training_args)
+    if lora is not None and training_args.fsdp:
+        raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
     hub = take_over_hub_options(training_args, publish_args)
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
     training_args.resume_from_checkpoint = resume
@@ -173,6 +176,7 @@ def prepare_image_training(
         optimizer_cls_and_kwargs=optimizer,
         callbacks=[*(callbacks or []), *([hub_callback] if (hub_callback := hub_checkpoint_callback(hub)) else [])],
     )
+    enable_fsdp_on_cpu(trainer)
     trainer.train_data_collator = ImageBatchCollator(processor, augment=augment, crop_padding=data_args.crop_padding)
     return ImageRun(
         trainer, processor, resume, hub, source, augment, model_args, data_args, training_args, publish_args, lora

@@ -18,6 +18,7 @@ from typing import Any
 
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError
 from .checkpoints import resolve_resume
+from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, perplexity, take_over_hub_options, training_summary
 from .lora import LoraArguments
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
@@ -171,6 +172,8 @@ def prepare_lm_training(
         lora.check()
         lora = lora if lora.enabled else None
     optimizer = optimizer_cls_and_kwargs(optim, training_args)
+    if lora is not None and training_args.fsdp:
+        raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
     hub = take_over_hub_options(training_args, publish_args)
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
     training_args.resume_from_checkpoint = resume
@@ -255,6 +258,7 @@ def prepare_lm_training(
         optimizer_cls_and_kwargs=optimizer,
         callbacks=[*(callbacks or []), *([hub_callback] if hub_callback else [])],
     )
+    enable_fsdp_on_cpu(trainer)
     return LMRun(
         trainer,
         tokenizer,
