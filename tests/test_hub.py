@@ -392,13 +392,18 @@ def test_push_command(hub, exported, capsys):
     commits = [json.loads(body.decode().splitlines()[0]) for _, path, _, body in hub.requests if "/commit/" in path]
     # the folder in one commit with the given message, then the card rendered from memory (the folder had none)
     assert [c["value"]["summary"] for c in commits] == ["first", "Add the model card"]
+    from aot_transformers.cli import main as aot
+
     failing = StandInHub(fail={"/commit/": 403})
-    try:
-        args = parser.parse_args(["push", str(exported), "--repo-id", "someone/tiny", "--endpoint", failing.url])
-        assert args.func(args) == 1
-        assert "local folder is unchanged" in capsys.readouterr().err
+    try:  # a push the server refuses: a failed run (exit 1), one line
+        assert aot(["push", str(exported), "--repo-id", "someone/tiny", "--endpoint", failing.url]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("aot push: error: ") and "local folder is unchanged" in err and err.count("\n") == 1
     finally:
         failing.close()
+    # bad input: exit 2, nothing sent
+    assert aot(["push", str(exported), "--repo-id", "a/b/c", "--endpoint", hub.url]) == 2
+    assert "Invalid repo id 'a/b/c'" in capsys.readouterr().err
 
 
 def test_training_with_push_to_hub_uploads_the_final_folder(hub, tmp_path):
