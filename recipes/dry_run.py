@@ -4,7 +4,9 @@
 1. the training loss falls;
 2. a second launch of the same command with more steps resumes from the first one's checkpoint (the recipes set
    `resume_from_checkpoint: auto`) instead of starting over;
-3. the exported folder loads through the Auto classes (`trust_remote_code=True`) and gives finite outputs.
+3. the exported folder loads through the Auto classes (`trust_remote_code=True`) and gives finite outputs;
+4. (language models) the recipe's zero-shot evaluation, `aot eval lm … --update-card`, runs on the export (local
+   PTB and LAMBADA excerpts) and writes its results into the model card.
 
     python recipes/dry_run.py recipes/aot-mssa-l-large-openwebtext
     python recipes/dry_run.py recipes/aot-v-base-imagenet --data-dir /data/shared --steps 6
@@ -138,7 +140,7 @@ def dry_run(
     entry = spec["entry"]
     module = MODULES[entry]
     output_dir.mkdir(parents=True, exist_ok=True)
-    places = {"data": str(data_dir), "previous": ""}
+    places = {"data": str(data_dir), "previous": "", "output": str(output_dir)}
     if entry == "image":
         places["imagefolder"] = str(write_imagefolder(data_dir, output_dir / "imagefolder"))
     summary: dict = {"recipe": recipe.name, "processes": processes, "stages": []}
@@ -171,6 +173,22 @@ def dry_run(
         if not tail < head:
             raise SystemExit(f"{stage_dir}: the loss did not fall ({head:.4f} -> {tail:.4f})")
         export = check_export(stage_dir / "model", entry)
+        if stage.get("evaluate"):  # the recipe's zero-shot evaluation, on local data, writing into the model card
+            arguments = [fill(value, places) for value in stage["evaluate"]]
+            command = [
+                sys.executable,
+                "-m",
+                "aot_transformers.cli",
+                "eval",
+                "lm",
+                str(stage_dir / "model"),
+                *arguments,
+            ]
+            run(command, stage_dir.with_name(f"{stage['name']}-eval.log"))
+            card = (stage_dir / "model" / "README.md").read_text()
+            if "aot-eval:start" not in card or "Zero-shot evaluation" not in card:
+                raise SystemExit(f"{stage_dir / 'model'}: `aot eval lm --update-card` did not write the card")
+            export["evaluated"] = True
         places["previous"] = str(stage_dir / "model")
         summary["stages"].append(
             {

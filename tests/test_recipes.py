@@ -154,6 +154,8 @@ def test_dry_run(dry_runs, recipe):
     assert summary["stages"][0]["resumed"] == (recipe != "aot-mhsa-l-base-openwebtext")
     expected = "AoTForCausalLM" if "openwebtext" in recipe else "AoTForImageClassification"
     assert {stage["export"]["class"] for stage in summary["stages"]} == {expected}
+    if "openwebtext" in recipe:  # the recipe's zero-shot evaluation ran and wrote into the card
+        assert summary["stages"][0]["export"]["evaluated"]
 
 
 @needs_data
