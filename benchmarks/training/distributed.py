@@ -11,9 +11,10 @@ Trainer's samples per second over `--max-steps` optimizer steps. Rounds alternat
 users of the machine falls on all of them.
 
 Memory: AoT-MSSA-L Base (102M parameters, GPT-2 vocabulary) for a few AdamW steps with 2 processes, DDP against
-FSDP2; every rank reports its peak resident memory (`ru_maxrss`) and its resident memory before the model was built,
-so the difference is what the model, its gradients and AdamW's state took. With DDP each rank holds all of them;
-with FSDP each holds a half (plus one gathered layer at a time).
+FSDP2; every rank reports its peak resident memory (`ru_maxrss`) at the end of training and its resident memory
+before the model was built, so the difference is what the model, its gradients and AdamW's state took (and, after
+the final export, which gathers the full weights on rank 0, the peak including it). With DDP each rank holds all of
+them; with FSDP each holds a half (plus one gathered layer at a time).
 """
 
 from __future__ import annotations
@@ -41,18 +42,27 @@ def _rss_mb() -> float:
 def worker(argv: list[str]) -> int:
     """One rank of a memory run: train with the library's entry points, then write this rank's memory."""
     sys.path.insert(0, str(ROOT / "src"))
+    from transformers import TrainerCallback
+
     from aot_transformers.training.lm import parse_lm_arguments, prepare_lm_training, run_lm_training
 
     before = _rss_mb()
+    record: dict = {"rank": int(os.environ.get("RANK", 0)), "rss_before_model_mb": round(before, 1)}
+
+    class PeakAtTrainEnd(TrainerCallback):
+        """The peak of training itself, read before the final export (which gathers the full weights on rank 0)."""
+
+        def on_train_end(self, args, state, control, **kwargs):
+            record["peak_rss_mb"] = round(_rss_mb(), 1)
+
     model_args, data_args, publish_args, lora, optim, training_args = parse_lm_arguments(argv)
-    run = prepare_lm_training(model_args, data_args, training_args, publish_args, lora=lora, optim=optim)
-    model = run.trainer.model
-    parameters = sum(p.numel() for p in model.parameters())
+    run = prepare_lm_training(
+        model_args, data_args, training_args, publish_args, [PeakAtTrainEnd()], lora=lora, optim=optim
+    )
+    record["parameters"] = sum(p.numel() for p in run.trainer.model.parameters())
     run_lm_training(run)
-    rank = int(os.environ.get("RANK", 0))
-    record = {"rank": rank, "rss_before_model_mb": round(before, 1), "peak_rss_mb": round(_rss_mb(), 1)}
-    record["parameters"] = parameters
-    Path(training_args.output_dir, f"memory-rank{rank}.json").write_text(json.dumps(record))
+    record["peak_rss_with_export_mb"] = round(_rss_mb(), 1)
+    Path(training_args.output_dir, f"memory-rank{record['rank']}.json").write_text(json.dumps(record))
     return 0
 
 
@@ -116,9 +126,11 @@ def memory(args, root: Path) -> dict:
         ]  # fmt: skip
         _launch(2, ["--worker", *arguments], folder, script=[str(Path(__file__).resolve())])
         ranks = [json.loads((folder / f"memory-rank{r}.json").read_text()) for r in range(2)]
+        shutil.rmtree(folder / "model", ignore_errors=True)
         results[kind] = {
             "ranks": ranks,
             "peak_rss_mb": [r["peak_rss_mb"] for r in ranks],
+            "peak_rss_with_export_mb": [r["peak_rss_with_export_mb"] for r in ranks],
             "model_state_mb": [round(r["peak_rss_mb"] - r["rss_before_model_mb"], 1) for r in ranks],
         }
     results["parameters"] = results["DDP"]["ranks"][0]["parameters"]
@@ -142,11 +154,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-overrides", default="hidden_size=256,num_hidden_layers=4,num_attention_heads=4")
     parser.add_argument("--memory-steps", type=int, default=3)
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument(
+        "--memory-only", action="store_true", help="rerun the memory part into the existing results file"
+    )
     args = parser.parse_args(argv)
 
     from ._results import write_summary
 
     root = Path(args.output_dir)
+    if args.memory_only:
+        from ._results import RESULTS
+
+        summary = json.loads((RESULTS / "distributed_ddp_fsdp.json").read_text())
+        summary["memory"] = memory(args, root)
+        summary["memory_note"] = "memory rerun separately (--memory-only) after the throughput run of the same day"
+        write_summary(summary, root / "summary.json", "distributed_ddp_fsdp.json")
+        print(json.dumps(summary["memory"], indent=2))
+        return 0
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     summary = {"throughput": throughput(args, root), "note": "2-core machine shared with other engineers' jobs"}
