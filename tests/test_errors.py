@@ -17,11 +17,19 @@ def test_usage_error_names_argument_value_and_what_is_allowed():
 
 
 def test_argparse_errors_are_one_line_with_exit_2(capsys):
-    assert cli.main(["verify"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("aot verify: error: the following arguments are required: folder")
-    assert cli.main(["no-such-command"]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    for argv in (["verify"], ["no-such-command"]):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(argv)
+        assert exited.value.code == 2
+        assert capsys.readouterr().err.count("\n") == 1
+    with pytest.raises(SystemExit):
+        cli.main(["verify"])
+    assert capsys.readouterr().err.startswith("aot verify: error: the following arguments are required: folder")
+
+
+def test_a_value_the_library_rejects_is_bad_input(capsys):
+    assert run_command(lambda: (_ for _ in ()).throw(ValueError("knn_k must be positive, got -1"))) == 2
+    assert capsys.readouterr().err == "aot: error: knn_k must be positive, got -1\n"
 
 
 def test_a_missing_folder_is_bad_input(tmp_path, capsys):
@@ -32,7 +40,7 @@ def test_a_missing_folder_is_bad_input(tmp_path, capsys):
 @pytest.mark.parametrize("debug", [False, True])
 def test_a_failed_run_is_exit_1_with_the_traceback_in_a_log_or_behind_debug(tmp_path, capsys, monkeypatch, debug):
     monkeypatch.setenv("AOT_LOG_DIR", str(tmp_path / "logs"))
-    monkeypatch.delenv("AOT_DEBUG", raising=False)
+    monkeypatch.setenv("AOT_DEBUG", "")  # recorded, so the "1" that `--debug` sets is undone after the test
 
     def broken(args):
         raise RuntimeError("disk on fire")

@@ -83,12 +83,8 @@ def _subcommand_registrars():
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `aot` console script: parse, then run the subcommand under the error contract."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help (0) or a one-line usage error (2)
-        return exit_.code if isinstance(exit_.code, int) else 0
-    if args.debug:
+    args = build_parser().parse_args(argv)  # --help exits 0; a bad option: one line, SystemExit(2)
+    if vars(args).pop("debug", False):  # popped: subcommands pass their namespace on as options
         os.environ[DEBUG_ENV] = "1"  # also reaches processes the command starts
     return run_command(lambda: args.func(args), prog=f"aot {args.command}")
 

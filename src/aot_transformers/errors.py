@@ -1,7 +1,8 @@
 """The one error contract of every `aot` command.
 
-- **Bad input** (`UsageError` and its subclasses, and argparse's own errors): one line on stderr naming the argument,
-  the value and what is allowed; exit code 2; nothing has run and nothing already saved was touched.
+- **Bad input** (`UsageError` and its subclasses, argparse's own errors, and the `ValueError`/`TypeError` with which
+  this project's boundaries reject a value — a config field, a study option): one line on stderr naming the
+  argument, the value and what is allowed; exit code 2; nothing already saved is touched.
 - **A failed run** (`RunError`, or any other exception): one line on stderr saying what failed; exit code 1. The
   traceback is printed only with `aot --debug …` (or `AOT_DEBUG=1`); otherwise it goes to a log file whose path the
   line names, so an unattended run keeps it without flooding the terminal.
@@ -84,7 +85,7 @@ def report_error(error: BaseException, prog: str = "aot") -> int:
     if isinstance(error, KeyboardInterrupt):
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if isinstance(error, UsageError):
+    if isinstance(error, (UsageError, ValueError, TypeError)):
         if debug_enabled():
             traceback.print_exception(error)
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
