@@ -9,6 +9,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 import yaml
@@ -23,24 +24,82 @@ from aot_transformers.hub import (
 )
 from conftest import tiny_config
 
+# What the Hub's metadata validation accepts (a subset of its license list; the checks it makes on a model card).
+HUB_LICENSES = {
+    "apache-2.0", "mit", "bsd-3-clause", "bsd-2-clause", "cc-by-4.0", "cc-by-sa-4.0", "cc-by-nc-4.0", "gpl-3.0",
+    "lgpl-3.0", "agpl-3.0", "openrail", "llama2", "llama3", "gemma", "other", "unknown",
+}  # fmt: skip
+
+
+def hub_metadata_errors(readme: str) -> list[str]:
+    """The errors the Hub reports for a README's metadata: YAML front matter that parses to a mapping, `license`
+    from its list, `base_model` as repository ids, `model-index` with name, task type, dataset and metrics."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not readme.startswith("---\n"):
+        return []  # no metadata at all is allowed
+    try:
+        front, _ = readme[4:].split("\n---", 1)
+        metadata = yaml.safe_load(front) or {}
+    except (ValueError, yaml.YAMLError) as error:
+        return [f"Invalid YAML front matter: {error}"]
+    if not isinstance(metadata, dict):
+        return ["Metadata must be a mapping"]
+    errors = []
+    license_ = metadata.get("license")
+    if license_ is not None and license_ not in HUB_LICENSES:
+        errors.append(f'"license" with value "{license_}" is not valid')
+    bases = metadata.get("base_model")
+    for base in [bases] if isinstance(bases, str) else bases or []:
+        try:
+            if not isinstance(base, str) or base.startswith((".", "/", "~")):
+                raise HFValidationError(str(base))
+            validate_repo_id(base)
+        except HFValidationError:
+            errors.append(f'"base_model" with value "{base}" is not valid. Use a model id from https://hf.co/models.')
+    index = metadata.get("model-index")
+    if index is not None:
+        if not isinstance(index, list):
+            errors.append('"model-index" must be an array')
+        for model in index if isinstance(index, list) else []:
+            if not isinstance(model, dict) or not isinstance(model.get("name"), str):
+                errors.append('"model-index[].name" is required')
+                continue
+            for result in model.get("results") or []:
+                task, dataset, metrics = result.get("task"), result.get("dataset"), result.get("metrics")
+                if not isinstance(task, dict) or not isinstance(task.get("type"), str):
+                    errors.append('"model-index[].results[].task.type" is required')
+                if not isinstance(dataset, dict) or not all(isinstance(dataset.get(k), str) for k in ("type", "name")):
+                    errors.append('"model-index[].results[].dataset" needs "type" and "name"')
+                if not isinstance(metrics, list) or not metrics:
+                    errors.append('"model-index[].results[].metrics" must be a non-empty array')
+                for metric in metrics or []:
+                    if not isinstance(metric.get("type"), str) or not isinstance(metric.get("value"), (int, float)):
+                        errors.append('"model-index[].results[].metrics[]" needs "type" and a numeric "value"')
+    return errors
+
 
 class StandInHub:
-    """A minimal Hub on 127.0.0.1: create repo, validate card YAML, preupload (every file 'regular'), commit.
+    """A minimal Hub on 127.0.0.1 that keeps repositories: create repo and branch, preupload (every file
+    'regular'), commit (adds and deletions, refused with 400 when README.md's metadata fails the Hub's validation),
+    list the tree.
 
     Records every request as `(method, path, headers, body)`; `fail` maps a path fragment to an HTTP status to
-    answer with instead (e.g. `{"/commit/": 500}`).
+    answer with instead (e.g. `{"/commit/": 500}`). `repos[(repo, branch)]` maps paths to contents.
     """
 
     def __init__(self, fail: dict[str, int] | None = None):
         self.requests: list[tuple[str, str, dict, bytes]] = []
         self.fail = dict(fail or {})
+        self.repos: dict[tuple[str, str], dict[str, bytes]] = {}
+        self.private: dict[str, bool] = {}
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
-            def _reply(self, status: int, payload: dict):
+            def _reply(self, status: int, payload):
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -50,6 +109,12 @@ class StandInHub:
 
             def do_GET(self):
                 hub.requests.append(("GET", self.path, dict(self.headers), b""))
+                if "/tree/" in self.path:
+                    repo, rest = self.path.split("/api/models/")[1].split("/tree/")
+                    branch = unquote(rest.split("?")[0].split("/")[0])
+                    files = hub.repos.get((repo, branch), {})
+                    listing = [{"type": "file", "path": p, "size": len(c), "oid": "0" * 40} for p, c in files.items()]
+                    return self._reply(200, listing)
                 self._reply(404, {"error": "not found"})
 
             def do_POST(self):
@@ -61,9 +126,20 @@ class StandInHub:
                         return self._reply(status, {"error": f"stand-in failure on {fragment}"})
                 if self.path == "/api/repos/create":
                     request = json.loads(body)
-                    return self._reply(200, {"url": f"{hub.url}/{request['organization']}/{request['name']}"})
+                    repo = f"{request['organization']}/{request['name']}"
+                    hub.repos.setdefault((repo, "main"), {})
+                    hub.private[repo] = (
+                        request.get("visibility", "private" if request.get("private") else "public") == "private"
+                    )
+                    return self._reply(200, {"url": f"{hub.url}/{repo}"})
                 if self.path == "/api/validate-yaml":
-                    return self._reply(200, {"errors": [], "warnings": []})
+                    errors = hub_metadata_errors(json.loads(body)["content"])
+                    payload = {"errors": [{"message": e} for e in errors], "warnings": []}
+                    return self._reply(400 if errors else 200, payload)
+                if "/branch/" in self.path:
+                    repo, branch = self.path.split("/api/models/")[1].split("/branch/")
+                    hub.repos.setdefault((repo, unquote(branch)), dict(hub.repos.get((repo, "main"), {})))
+                    return self._reply(200, {})
                 if "/preupload/" in self.path:
                     files = json.loads(body)["files"]
                     return self._reply(
@@ -75,7 +151,24 @@ class StandInHub:
                         },
                     )
                 if "/commit/" in self.path:
-                    repo = self.path.split("/api/models/")[1].split("/commit/")[0]
+                    repo, branch = self.path.split("/api/models/")[1].split("/commit/")
+                    branch = unquote(branch.split("?")[0])
+                    added, deleted = {}, []
+                    for line in body.decode().splitlines():
+                        entry = json.loads(line)
+                        if entry["key"] == "file":
+                            added[entry["value"]["path"]] = base64.b64decode(entry["value"]["content"])
+                        elif entry["key"] in ("deletedFile", "deletedFolder"):
+                            deleted.append(entry["value"]["path"])
+                    if "README.md" in added:
+                        errors = hub_metadata_errors(added["README.md"].decode())
+                        if errors:
+                            message = "Invalid metadata in README.md.\n" + "\n".join(f"- {e}" for e in errors)
+                            return self._reply(400, {"error": message})
+                    files = hub.repos.setdefault((repo, branch), {})
+                    for path in deleted:
+                        files.pop(path, None)
+                    files.update(added)
                     oid = hashlib.sha1(body).hexdigest()
                     return self._reply(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid})
                 return self._reply(404, {"error": "unknown route"})
@@ -92,15 +185,13 @@ class StandInHub:
     def paths(self) -> list[str]:
         return [path for _, path, _, _ in self.requests]
 
-    def committed_files(self) -> dict[str, bytes]:
-        """Files of the last commit: path -> content."""
-        body = next(body for _, path, _, body in reversed(self.requests) if "/commit/" in path)
-        files = {}
-        for line in body.decode().splitlines():
-            entry = json.loads(line)
-            if entry["key"] == "file":
-                files[entry["value"]["path"]] = base64.b64decode(entry["value"]["content"])
-        return files
+    def committed_files(self, repo: str | None = None, branch: str = "main") -> dict[str, bytes]:
+        """Files of a repository branch (default: the one committed to last): path -> content."""
+        if repo is None:
+            path = next(path for _, path, _, _ in reversed(self.requests) if "/commit/" in path)
+            repo, branch = path.split("/api/models/")[1].split("/commit/")
+            branch = unquote(branch.split("?")[0])
+        return dict(self.repos.get((repo, branch), {}))
 
 
 @pytest.fixture
@@ -298,22 +389,28 @@ def test_push_command(hub, exported, capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "commit:" in out and "revision=" in out
-    header = json.loads(hub.requests[-1][3].decode().splitlines()[0])
-    assert header["value"]["summary"] == "first"
+    commits = [json.loads(body.decode().splitlines()[0]) for _, path, _, body in hub.requests if "/commit/" in path]
+    # the folder in one commit with the given message, then the card rendered from memory (the folder had none)
+    assert [c["value"]["summary"] for c in commits] == ["first", "Add the model card"]
+    from aot_transformers.cli import main as aot
+
     failing = StandInHub(fail={"/commit/": 403})
-    try:
-        args = parser.parse_args(["push", str(exported), "--repo-id", "someone/tiny", "--endpoint", failing.url])
-        assert args.func(args) == 1
-        assert "local folder is unchanged" in capsys.readouterr().err
+    try:  # a push the server refuses: a failed run (exit 1), one line
+        assert aot(["push", str(exported), "--repo-id", "someone/tiny", "--endpoint", failing.url]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("aot push: error: ") and "local folder is unchanged" in err and err.count("\n") == 1
     finally:
         failing.close()
+    # bad input: exit 2, nothing sent
+    assert aot(["push", str(exported), "--repo-id", "a/b/c", "--endpoint", hub.url]) == 2
+    assert "Invalid repo id 'a/b/c'" in capsys.readouterr().err
 
 
 def test_training_with_push_to_hub_uploads_the_final_folder(hub, tmp_path):
     pytest.importorskip("datasets")
     from transformers import TrainingArguments
 
-    from aot_transformers.training.common import PublishArguments
+    from aot_transformers.training.arguments import PublishArguments
     from aot_transformers.training.lm import LMModelArguments, train_lm
     from aot_transformers.training.text_data import TextDataArguments
 
@@ -361,3 +458,145 @@ def test_failed_push_after_training_keeps_the_final_folder(tmp_path, capsys):
     assert status == 1
     assert "local folder is unchanged" in capsys.readouterr().err
     check_export_folder(tmp_path / "run" / "model")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# what the Hub accepts
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "metadata, error",
+    [
+        ("base_model: runs/lm/model", '"base_model" with value "runs/lm/model" is not valid'),
+        ("license: apache", '"license" with value "apache" is not valid'),
+        ("model-index:\n- name: x\n  results:\n  - task: {}\n    metrics: []", "task.type"),
+        ("tags: [a\n", "Invalid YAML"),
+    ],
+)
+def test_stand_in_hub_refuses_a_card_the_hub_refuses(hub, exported, metadata, error):
+    (exported / "README.md").write_text(f"---\n{metadata}\n---\n# card\n")
+    with pytest.raises(HubPushError, match="Invalid metadata in README.md") as raised:
+        push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=hub.url)
+    assert error in str(raised.value)
+    assert hub.committed_files("someone/tiny") == {}  # nothing was committed
+
+
+def test_rendered_cards_pass_the_hubs_validation():
+    for card in (lm_card(), lm_card(base_model="openai-community/gpt2"), lm_card(base_model_description="runs/a/m")):
+        assert hub_metadata_errors(str(card)) == []
+    assert "base_model: openai-community/gpt2" in str(lm_card(base_model="openai-community/gpt2"))
+    local = str(lm_card(base_model_description="runs/lm/model"))
+    assert "base_model" not in local.split("---")[1] and "a local checkpoint (`model`)" in local
+    with pytest.raises(ValueError, match="not a Hub repository id"):
+        lm_card(base_model="runs/lm/model")
+
+
+def test_push_uploads_eval_results_and_leaves_local_state_behind(hub, exported):
+    (exported / ".eval_results").mkdir()
+    (exported / ".eval_results" / "aot-eval.yaml").write_text("- dataset: {id: a/b, task_id: t}\n  value: 1.0\n")
+    (exported / ".cache").mkdir()
+    (exported / ".cache" / "x").write_text("local")
+    (exported / "checkpoint-2").mkdir()
+    (exported / "checkpoint-2" / "optimizer.pt").write_bytes(b"pickle")
+    (exported / "training_args.bin").write_bytes(b"pickle")
+    (exported / "notes.pkl").write_bytes(b"pickle")
+    (exported / "sub").mkdir()
+    (exported / "sub" / ".hidden").write_text("x")
+    result = push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=hub.url)
+    files = set(hub.committed_files("someone/tiny"))
+    assert ".eval_results/aot-eval.yaml" in files and "model.safetensors" in files
+    left_out = {".cache/x", "checkpoint-2/optimizer.pt", "training_args.bin", "notes.pkl", "sub/.hidden"}
+    assert not files & left_out and not set(result.files) & left_out
+
+
+def test_push_to_a_branch_of_a_private_repo(hub, exported):
+    push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=hub.url, private=True, revision="v1")
+    assert hub.private["someone/tiny"] is True
+    assert "config.json" in hub.committed_files("someone/tiny", "v1")
+    assert hub.committed_files("someone/tiny", "main") == {}
+
+
+def _train_with_hub(tmp_path, hub, **overrides):
+    from transformers import TrainingArguments
+
+    from aot_transformers.training.arguments import PublishArguments
+    from aot_transformers.training.lm import LMModelArguments, train_lm
+    from aot_transformers.training.text_data import TextDataArguments
+
+    fields = dict(
+        output_dir=str(tmp_path / "run"), max_steps=4, save_strategy="steps", save_steps=2, report_to="none",
+        use_cpu=True, disable_tqdm=True, push_to_hub=True, hub_model_id="someone/trained", hub_token="hf_test",
+    )  # fmt: skip
+    fields.update(overrides)
+    train_lm(
+        LMModelArguments(
+            preset="aot-mssa-l-tiny", config_overrides="hidden_size=32,num_hidden_layers=1,vocab_size=300",
+            tokenizer_vocab_size=300,
+        ),
+        TextDataArguments(block_size=32),
+        TrainingArguments(**fields),
+        PublishArguments(hub_endpoint=hub.url, make_plots=False),
+    )  # fmt: skip
+    return [
+        json.loads(body.decode().splitlines()[0])["value"]["summary"]
+        for _, p, _, body in hub.requests
+        if "/commit/" in p
+    ]
+
+
+@pytest.mark.parametrize("strategy", ["end", "every_save", "checkpoint", "all_checkpoints"])
+def test_hub_strategy_is_honoured(hub, tmp_path, strategy):
+    pytest.importorskip("datasets")
+    commits = _train_with_hub(tmp_path, hub, hub_strategy=strategy, hub_private_repo=True, hub_revision="dev")
+    files = hub.committed_files("someone/trained", "dev")
+    assert hub.private["someone/trained"] is True and hub.committed_files("someone/trained", "main") == {}
+    assert commits[-1] == "End of training" and "README.md" in files and "model.safetensors" in files
+    saves = [c for c in commits if c.startswith("Training in progress")]
+    if strategy == "end":
+        assert saves == []
+    else:
+        assert saves == ["Training in progress, step 2", "Training in progress, step 4"]
+    if strategy == "checkpoint":
+        assert {"last-checkpoint/optimizer.pt", "last-checkpoint/trainer_state.json"} <= set(files)
+        state = json.loads(files["last-checkpoint/trainer_state.json"])
+        assert state["global_step"] == 4  # the previous checkpoint was replaced
+    if strategy == "all_checkpoints":
+        assert {"checkpoint-2/model.safetensors", "checkpoint-4/optimizer.pt"} <= set(files)
+    if strategy == "every_save":
+        assert not any(name.startswith(("optimizer", "last-checkpoint", "checkpoint-")) for name in files)
+
+
+def test_unknown_hub_strategy_and_bad_repo_id_are_refused(tmp_path, capsys):
+    pytest.importorskip("datasets")
+    from aot_transformers.training.lm import main
+
+    base = ["--preset", "aot-mssa-l-tiny", "--max_steps", "1", "--use_cpu", "--report_to", "none",
+            "--output_dir", str(tmp_path / "run"), "--push_to_hub"]  # fmt: skip
+    assert main([*base, "--hub_model_id", "a/b/c"]) == 2
+    assert "--hub_model_id 'a/b/c': not a Hub repository id" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_evaluation_results_go_to_model_index_and_eval_results(tmp_path):
+    from aot_transformers.evaluation.model_card import update_model_card
+    from aot_transformers.evaluation.runner import EvaluationReport
+
+    report = EvaluationReport(
+        model="m",
+        results={
+            "wikitext": {"loss": 4.2, "perplexity": 66.7, "source": {"type": "hub", "path": "Salesforce/wikitext",
+                                                                    "name": "wikitext-103-raw-v1", "split": "test"}},
+            "ptb": {"loss": 5.1, "source": {"type": "file", "path": "/data/ptb.valid.txt"}},
+        },
+        settings={"max_length": 1024, "stride": 1024},
+        date="2026-01-01T00:00:00Z",
+    )  # fmt: skip
+    card = update_model_card(tmp_path, report)
+    assert hub_metadata_errors(card.read_text()) == []
+    entries = yaml.safe_load((tmp_path / ".eval_results" / "aot-eval.yaml").read_text())
+    assert {(e["dataset"]["id"], e["dataset"]["task_id"], e["value"]) for e in entries} == {
+        ("Salesforce/wikitext", "wikitext", 4.2),
+        ("Salesforce/wikitext", "wikitext", 66.7),
+    }  # local files have no Hub benchmark id: model-index only
+    assert all(e["notes"].startswith(("loss;", "perplexity;")) for e in entries)

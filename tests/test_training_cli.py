@@ -9,9 +9,11 @@ import pytest
 
 pytest.importorskip("datasets")
 
+from aot_transformers.training.arguments import (
+    PublishArguments,  # noqa: E402
+    parse_dataclasses,  # noqa: E402
+)
 from aot_transformers.training.cli import register  # noqa: E402
-from aot_transformers.training.cli_args import parse_dataclasses  # noqa: E402
-from aot_transformers.training.common import PublishArguments  # noqa: E402
 from aot_transformers.training.lm import LMModelArguments  # noqa: E402
 from aot_transformers.training.text_data import TextDataArguments  # noqa: E402
 
@@ -69,7 +71,8 @@ def test_setup_errors_exit_2_with_one_line(parser, capsys, tmp_path, kind, argum
     args = parser.parse_args(["train", kind, "--output_dir", str(tmp_path / "out"), *arguments])
     assert args.func(args) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err
+    assert err.startswith(f"aot train {kind}: error: ") and message in err
+    assert err.count("\n") == 1  # one line, no traceback
     assert not (tmp_path / "out" / "model").exists()
 
 

@@ -31,11 +31,16 @@ SCRIPT = textwrap.dedent(
     from safetensors.torch import save_file
     from aot_transformers.training.lm import parse_lm_arguments, prepare_lm_training, run_lm_training
 
-    model_args, data_args, publish_args, training_args = parse_lm_arguments()
+    model_args, data_args, publish_args, lora, optim, training_args = parse_lm_arguments()
     run = prepare_lm_training(model_args, data_args, training_args, publish_args)
     run_lm_training(run)
-    model = run.trainer.accelerator.unwrap_model(run.trainer.model)
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    if run.trainer.is_fsdp_enabled:  # really sharded (DTensors): gather the full weights on every rank
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(run.trainer.model, options=StateDictOptions(full_state_dict=True))
+    else:
+        full = run.trainer.accelerator.unwrap_model(run.trainer.model).state_dict()
+    state = {k: v.detach().clone().contiguous() for k, v in full.items() if k != "lm_head.weight"}
     rank = int(os.environ.get("RANK", 0))
     save_file(state, os.path.join(training_args.output_dir, f"rank{rank}.safetensors"))
     assert training_args.world_size == int(os.environ.get("WORLD_SIZE", 1))
@@ -107,5 +112,5 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, la
 @pytest.mark.slow
 def test_fsdp_two_processes_match_one_process(tmp_path):
     """FSDP (version 2, one shard per AoTLayer) on CPU: `pytest -m slow tests/test_training_distributed.py`."""
-    config = '{"transformer_layer_cls_to_wrap": ["AoTLayer"], "fsdp_version": 2}'
-    _two_vs_one(tmp_path, ["--fsdp", "full_shard auto_wrap", "--fsdp_config", config])
+    config = '{"transformer_layer_cls_to_wrap": ["AoTLayer"], "version": 2}'
+    _two_vs_one(tmp_path, ["--fsdp", "full_shard", "--fsdp_config", config])

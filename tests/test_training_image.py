@@ -18,7 +18,7 @@ pytest.importorskip("evaluate")
 from PIL import Image  # noqa: E402
 from transformers import AutoImageProcessor, TrainingArguments, pipeline  # noqa: E402
 
-from aot_transformers.training.common import PublishArguments, TrainingSetupError  # noqa: E402
+from aot_transformers.training.arguments import PublishArguments, TrainingSetupError  # noqa: E402
 from aot_transformers.training.image import ImageModelArguments, prepare_image_training, train_image  # noqa: E402
 from aot_transformers.training.metrics import load_metric, metric_path  # noqa: E402
 from aot_transformers.training.vision_data import (  # noqa: E402

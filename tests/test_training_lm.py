@@ -18,12 +18,8 @@ pytest.importorskip("tokenizers")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments  # noqa: E402
 
-from aot_transformers.training.common import (  # noqa: E402
-    PublishArguments,
-    TrainingSetupError,
-    last_complete_checkpoint,
-    resolve_resume,
-)
+from aot_transformers.training.arguments import PublishArguments, TrainingSetupError  # noqa: E402
+from aot_transformers.training.checkpoints import last_complete_checkpoint, resolve_resume  # noqa: E402
 from aot_transformers.training.lm import (  # noqa: E402
     LMModelArguments,
     prepare_lm_training,
@@ -297,7 +293,9 @@ def test_checkpoints_are_loadable_models_and_fine_tuning_works(tmp_path, text_di
         training_args(tmp_path, output_dir=str(tmp_path / "finetune"), max_steps=2),
     )
     card = (tmp_path / "finetune" / "model" / "README.md").read_text()
-    assert "base_model" in card
+    # A local base is named in the text, never as `base_model` metadata (the Hub accepts only repository ids there).
+    assert "base_model" not in card.split("---")[1]
+    assert f"fine-tuned from a local checkpoint (`{checkpoint.name}`)" in card
     assert metrics["final_model_dir"].endswith("model")
 
 
@@ -330,8 +328,8 @@ KILLER = textwrap.dedent(
 
     import aot_transformers.training.lm as lm
     original = lm.prepare_lm_training
-    lm.prepare_lm_training = lambda model, data, training, publish=None, callbacks=None: original(
-        model, data, training, publish, [Kill()]
+    lm.prepare_lm_training = lambda model, data, training, publish=None, callbacks=None, **kwargs: original(
+        model, data, training, publish, [Kill()], **kwargs
     )
     sys.exit(main(sys.argv[1:]))
     """

@@ -1,9 +1,24 @@
-"""The `aot` command. Subcommands register themselves here; each parses arguments and calls the library."""
+"""The `aot` command. Subcommands register themselves here; each parses arguments and calls the library.
+
+Every subcommand runs under the one error contract of `aot_transformers.errors`: bad input is one line and exit
+code 2, a failed run one line and exit code 1 (the traceback behind `aot --debug` or in a log file).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from .errors import DEBUG_ENV, EXIT_USAGE, UsageError, run_command
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """An `ArgumentParser` whose errors follow the contract: one line naming the command, exit code 2 (argparse's
+    default prints the whole usage block first)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -26,6 +41,8 @@ def _info(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from .verify import verify_folder
 
+    if not os.path.isdir(args.folder):
+        raise UsageError("no such folder", argument="folder", value=args.folder)
     report = verify_folder(args.folder)
     print("\n".join(report.lines()))
     return 0 if report.ok else 1
@@ -33,8 +50,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `aot` with every subcommand."""
-    parser = argparse.ArgumentParser(prog="aot", description="Attention-only transformers for Hugging Face.")
-    subcommands = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineArgumentParser(prog="aot", description="Attention-only transformers for Hugging Face.")
+    parser.add_argument(
+        "--debug", action="store_true", help="print the traceback of a failed command (sets AOT_DEBUG=1 for workers)"
+    )
+    subcommands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineArgumentParser)
     info = subcommands.add_parser("info", help="version and presets")
     info.set_defaults(func=_info)
     verify = subcommands.add_parser("verify", help="check a saved model folder's code files against their hashes")
@@ -65,9 +85,11 @@ def _subcommand_registrars():
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `aot` console script."""
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    """Entry point of the `aot` console script: parse, then run the subcommand under the error contract."""
+    args = build_parser().parse_args(argv)  # --help exits 0; a bad option: one line, SystemExit(2)
+    if vars(args).pop("debug", False):  # popped: subcommands pass their namespace on as options
+        os.environ[DEBUG_ENV] = "1"  # also reaches processes the command starts
+    return run_command(lambda: args.func(args), prog=f"aot {args.command}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
 """Results files: `results.json` and a markdown table in the layout of the AoT paper's Table 3.
 
+One `results.json` format for every folder the package writes: `aot eval lm` writes an `EvaluationReport`, and a
+training run writes the same keys (`model`, `model_info`, `settings` = the training settings, `results` = split ->
+metrics and data source, `versions`, `date`) plus Trainer's `metrics`; `read_results` reads both.
+
 Files are written to a temporary name and renamed into place, so an interrupted run never leaves a partial file
 and an earlier results file survives a failed one.
 """
@@ -10,8 +14,10 @@ import json
 import math
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .data import EvaluationError
 from .runner import EvaluationReport
@@ -108,4 +114,81 @@ def read_results(path: str | os.PathLike) -> EvaluationReport:
         raise EvaluationError(f"{path}, line {error.lineno}: not JSON ({error.msg}).") from None
 
 
-__all__ = ["TABLE_COLUMNS", "markdown_table", "read_results", "write_results"]
+TRAINING_SOURCE = "training"
+
+
+def training_results_json(
+    model_name: str,
+    *,
+    task: str,
+    results: list[dict[str, Any]],
+    training: dict[str, Any],
+    metrics: dict[str, Any],
+    num_parameters: int | None = None,
+) -> str:
+    """The `results.json` of a training run, in the `EvaluationReport` layout.
+
+    Args:
+        model_name: Name of the model.
+        task: `"text-generation"` or `"image-classification"`.
+        results: The run's evaluation results, each `{"metric", "value", "split", "dataset"}`.
+        training: The training settings (as shown in the card).
+        metrics: Trainer's metrics (numbers only are kept).
+        num_parameters: Parameter count.
+    """
+    import torch
+    import transformers
+
+    from .. import __version__
+
+    by_split: dict[str, dict[str, Any]] = {}
+    for result in results:
+        entry = by_split.setdefault(
+            result.get("split") or "validation",
+            {
+                "task_type": task,
+                "source": {"type": TRAINING_SOURCE, "path": result.get("dataset"), "split": result.get("split")},
+            },
+        )
+        entry[result["metric"]] = result["value"]
+    report = EvaluationReport(
+        model=model_name,
+        results=by_split,
+        settings=dict(training),
+        model_info={"num_parameters": num_parameters, "task": task},
+        versions={
+            "aot-transformers": __version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        },
+        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    payload = report.to_dict()
+    payload["metrics"] = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) or v is None}
+    return json.dumps(payload, indent=2, default=str) + "\n"
+
+
+def card_results(report: EvaluationReport) -> list[dict[str, Any]]:
+    """The training results of a report as the card's result entries (`aot eval` tasks become `model-index` through
+    `model_card.eval_results`)."""
+    entries = []
+    for split, result in report.results.items():
+        source = result.get("source", {})
+        if source.get("type") != TRAINING_SOURCE:
+            continue
+        for metric, value in result.items():
+            if metric in ("source", "task_type") or not isinstance(value, (int, float)):
+                continue
+            name = source.get("path") or "custom"
+            entries.append({"metric": metric, "value": value, "split": split, "dataset": name, "dataset_type": name})
+    return entries
+
+
+__all__ = [
+    "TABLE_COLUMNS",
+    "card_results",
+    "markdown_table",
+    "read_results",
+    "training_results_json",
+    "write_results",
+]

@@ -90,7 +90,9 @@ def load_model_and_tokenizer(
         raise EvaluationError(f"model folder not found: {local} (and it is not a Hub id like 'owner/name')")
     tokenizer_name = os.fspath(tokenizer) if tokenizer is not None else name
     try:
-        tok = AutoTokenizer.from_pretrained(tokenizer_name)
+        # Explicitly no remote code: AutoTokenizer reads config.json first, whose auto_map would otherwise make
+        # transformers ask interactively (a 15 s prompt) for any folder of an unregistered model type.
+        tok = AutoTokenizer.from_pretrained(tokenizer_name, trust_remote_code=False)
     except Exception as error:  # transformers raises OSError, ValueError or KeyError depending on what is missing
         raise EvaluationError(
             f"no tokenizer could be loaded from {tokenizer_name} ({type(error).__name__}: {str(error)[:200]}). Save "
@@ -165,7 +167,7 @@ def evaluate_model(
                 raise EvaluationError("a loaded model needs its tokenizer: pass `tokenizer`.")
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
+            tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=False)
         lm, tok = model.eval(), tokenizer
         name = model_name or getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
         if device is not None:

@@ -8,7 +8,6 @@ Heavy libraries are imported only when a command runs.
 from __future__ import annotations
 
 import argparse
-import sys
 
 # Arguments after `aot train lm` are not options of `aot`: no prefix character, so argparse passes them through.
 _NO_PREFIX = "\x00"
@@ -27,7 +26,8 @@ def _train_image(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from ..hub import HubPushError, push_to_hub
+    from ..errors import UsageError
+    from ..hub import push_to_hub
 
     try:
         result = push_to_hub(
@@ -40,9 +40,9 @@ def _push(args: argparse.Namespace) -> int:
             commit_message=args.commit_message,
             create_pr=args.create_pr,
         )
-    except (HubPushError, ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    except (ValueError, FileNotFoundError) as error:  # the folder or repo id given: bad input (exit 2)
+        raise UsageError(str(error)) from error
+    # HubPushError (the push itself failed) is a RunError: exit 1 through the error contract
     print(f"Pushed {len(result.files)} files to {result.repo_url}")
     print(f"commit: {result.commit_url}")
     if result.commit_oid:

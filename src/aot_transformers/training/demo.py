@@ -61,7 +61,7 @@ def _training_arguments(output_dir: Path, **overrides):
 
 def train_demo_lm(output_dir: Path, epochs: float, seed: int = 0) -> dict[str, Any]:
     """Stage 1: tokenizer + tiny AoT-MSSA LM on the embedded corpus; returns the metrics."""
-    from .common import PublishArguments
+    from .arguments import PublishArguments
     from .lm import LMModelArguments, train_lm
     from .text_data import EMBEDDED_CORPUS, TextDataArguments
 
@@ -84,7 +84,7 @@ def train_demo_lm(output_dir: Path, epochs: float, seed: int = 0) -> dict[str, A
 
 def train_demo_image(output_dir: Path, epochs: float, seed: int = 0):
     """Stage 2: tiny AoT image classifier on scikit-learn's digits; returns `(metrics, test split)`."""
-    from .common import PublishArguments
+    from .arguments import PublishArguments
     from .image import ImageModelArguments, prepare_image_training, run_image_training
     from .vision_data import SKLEARN_DIGITS, ImageDataArguments
 

@@ -13,15 +13,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .common import (
-    PublishArguments,
-    TrainingSetupError,
-    build_config,
-    finalize_run,
-    prepare_training_arguments,
-    resolve_resume,
-    training_summary,
-)
+from .arguments import ModelArguments, PublishArguments, TrainingSetupError
+from .checkpoints import resolve_resume
+from .distributed import enable_fsdp_on_cpu
+from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
+from .lora import LoraArguments
+from .optim import OptimizerArguments, optimizer_cls_and_kwargs
 from .vision_data import (
     ImageBatchCollator,
     ImageDataArguments,
@@ -36,19 +33,9 @@ DEFAULT_IMAGE_PRESET = "aot-v-tiny"
 
 
 @dataclass
-class ImageModelArguments:
-    """Which model to train."""
+class ImageModelArguments(ModelArguments):
+    """Which model to train (see `ModelArguments`; default preset aot-v-tiny) and at which image size."""
 
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "An AoT image classifier (folder or Hub id) to fine-tune."}
-    )
-    preset: str | None = field(
-        default=None, metadata={"help": f"A named configuration (`aot info`); default {DEFAULT_IMAGE_PRESET}."}
-    )
-    config_file: str | None = field(default=None, metadata={"help": "A config.json to build the model from."})
-    config_overrides: str | None = field(
-        default=None, metadata={"help": "Config fields to override, e.g. 'hidden_size=128,patch_size=4'."}
-    )
     image_size: int | None = field(
         default=None, metadata={"help": "Side the images are resized to (default: the config's image_size)."}
     )
@@ -61,13 +48,14 @@ class ImageRun:
     trainer: Any
     processor: Any
     resume: str | None
-    push: bool
+    hub: HubPlan
     source: Any
     augment: bool
     model_args: ImageModelArguments
     data_args: ImageDataArguments
     training_args: Any
     publish_args: PublishArguments
+    lora: LoraArguments | None = None
 
 
 def _augmenting_trainer_class():
@@ -113,6 +101,8 @@ def prepare_image_training(
     training_args,
     publish_args: PublishArguments | None = None,
     callbacks: list | None = None,
+    lora: LoraArguments | None = None,
+    optim: OptimizerArguments | None = None,
 ) -> ImageRun:
     """Check every input, load the images, build the model, processor and `Trainer`. Nothing is trained yet."""
     from transformers import set_seed
@@ -122,20 +112,23 @@ def prepare_image_training(
     AugmentingTrainer = _augmenting_trainer_class()
 
     publish_args = publish_args or PublishArguments()
-    push, _ = prepare_training_arguments(training_args)
+    if lora is not None:
+        lora.check()
+        lora = lora if lora.enabled else None
+    optimizer = optimizer_cls_and_kwargs(optim, training_args)
+    if lora is not None and training_args.fsdp:
+        raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
+    hub = take_over_hub_options(training_args, publish_args)
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
     training_args.resume_from_checkpoint = resume
     if data_args.augment not in ("auto", "yes", "no"):
         raise TrainingSetupError(f"--augment must be 'auto', 'yes' or 'no', got {data_args.augment!r}.")
     # The config first: a bad preset or override fails before any image is read.
-    config = build_config(
-        model_args.model_name_or_path,
-        model_args.preset,
-        model_args.config_file,
-        model_args.config_overrides,
-        DEFAULT_IMAGE_PRESET,
-        image_size=model_args.image_size,
-    )
+    config = model_args.build_config(DEFAULT_IMAGE_PRESET, image_size=model_args.image_size)
+    if data_args.streaming and training_args.max_steps <= 0:
+        raise TrainingSetupError(
+            "a stream has no length to plan epochs with: give --max_steps", argument="--streaming"
+        )
     set_seed(training_args.seed)
     with training_args.main_process_first(desc="loading images"):
         source = load_image_source(data_args, seed=training_args.seed)
@@ -167,6 +160,10 @@ def prepare_image_training(
         )
     else:
         model = AoTForImageClassification(config)
+    if lora is not None:
+        from .lora import apply_lora
+
+        model = apply_lora(model, lora, "image-classification")
     logger.info("Model: %s parameters, %d classes", f"{sum(p.numel() for p in model.parameters()):,}", len(id2label))
     trainer = AugmentingTrainer(
         model=model,
@@ -176,11 +173,13 @@ def prepare_image_training(
         processing_class=processor,
         data_collator=ImageBatchCollator(processor, augment=False),
         compute_metrics=accuracy_metrics(),
-        callbacks=callbacks,
+        optimizer_cls_and_kwargs=optimizer,
+        callbacks=[*(callbacks or []), *([hub_callback] if (hub_callback := hub_checkpoint_callback(hub)) else [])],
     )
+    enable_fsdp_on_cpu(trainer)
     trainer.train_data_collator = ImageBatchCollator(processor, augment=augment, crop_padding=data_args.crop_padding)
     return ImageRun(
-        trainer, processor, resume, push, source, augment, model_args, data_args, training_args, publish_args
+        trainer, processor, resume, hub, source, augment, model_args, data_args, training_args, publish_args, lora
     )
 
 
@@ -203,7 +202,8 @@ def run_image_training(run: ImageRun) -> dict[str, Any]:
             }
         )
     if run.source.test is not None:
-        test = preprocess_images(run.source.test, run.processor, trainer.model.config.num_channels, "test images")
+        channels = trainer.accelerator.unwrap_model(trainer.model).config.num_channels
+        test = preprocess_images(run.source.test, run.processor, channels, "test images")
         metrics.update(trainer.evaluate(test, metric_key_prefix="test"))
         results.append(
             {
@@ -214,7 +214,7 @@ def run_image_training(run: ImageRun) -> dict[str, Any]:
                 "dataset_type": name,
             }
         )
-    config = trainer.model.config
+    config = trainer.accelerator.unwrap_model(trainer.model).config
     training = training_summary(
         training_args,
         trainer,
@@ -223,13 +223,14 @@ def run_image_training(run: ImageRun) -> dict[str, Any]:
             "augmentation": f"random crop (padding {run.data_args.crop_padding}) + horizontal flip"
             if run.augment
             else "none",
-            "training images": len(run.source.train),
+            "training images": _count(run.source.train),
         },
     )
-    final_dir = finalize_run(
+    return finish_run(
         trainer,
         training_args,
         run.publish_args,
+        run.hub,
         task="image-classification",
         processor=run.processor,
         metrics=metrics,
@@ -237,13 +238,16 @@ def run_image_training(run: ImageRun) -> dict[str, Any]:
         datasets=run.source.hub_ids,
         dataset_description=run.source.description,
         training=training,
-        push=run.push,
         base_model=run.model_args.model_name_or_path,
+        lora=run.lora,
     )
-    metrics["final_model_dir"] = str(final_dir) if final_dir else None
-    if trainer.is_world_process_zero():
-        trainer.save_metrics("all", {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
-    return metrics
+
+
+def _count(dataset) -> int | str:
+    try:
+        return len(dataset)
+    except TypeError:  # a stream
+        return "streamed"
 
 
 def train_image(
@@ -252,27 +256,34 @@ def train_image(
     training_args,
     publish_args: PublishArguments | None = None,
     callbacks: list | None = None,
+    lora: LoraArguments | None = None,
+    optim: OptimizerArguments | None = None,
 ) -> dict[str, Any]:
     """Train an AoT image classifier end to end (see the module docstring) and return its metrics."""
-    return run_image_training(prepare_image_training(model_args, data_args, training_args, publish_args, callbacks))
+    return run_image_training(
+        prepare_image_training(model_args, data_args, training_args, publish_args, callbacks, lora=lora, optim=optim)
+    )
 
 
 def parse_image_arguments(argv: list[str] | None = None):
-    """Parse `(ImageModelArguments, ImageDataArguments, PublishArguments, TrainingArguments)`."""
-    from .cli_args import parse_dataclasses
+    """Parse `(ImageModelArguments, ImageDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
+    TrainingArguments)`."""
+    from .arguments import parse_dataclasses
 
-    return parse_dataclasses((ImageModelArguments, ImageDataArguments, PublishArguments), argv)
+    return parse_dataclasses(
+        (ImageModelArguments, ImageDataArguments, PublishArguments, LoraArguments, OptimizerArguments), argv
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (`aot train image`, `python -m aot_transformers.training.image`)."""
-    from .cli_args import run_with_clear_errors
+    from .arguments import run_with_clear_errors
 
     def job():
-        model_args, data_args, publish_args, training_args = parse_image_arguments(argv)
-        return train_image(model_args, data_args, training_args, publish_args)
+        model_args, data_args, publish_args, lora, optim, training_args = parse_image_arguments(argv)
+        return train_image(model_args, data_args, training_args, publish_args, lora=lora, optim=optim)
 
-    return run_with_clear_errors(job)
+    return run_with_clear_errors(job, prog="aot train image")
 
 
 if __name__ == "__main__":

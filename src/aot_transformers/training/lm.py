@@ -16,16 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common import (
-    PublishArguments,
-    TrainingSetupError,
-    build_config,
-    finalize_run,
-    perplexity,
-    prepare_training_arguments,
-    resolve_resume,
-    training_summary,
-)
+from .arguments import ModelArguments, PublishArguments, TrainingSetupError
+from .checkpoints import resolve_resume
+from .distributed import enable_fsdp_on_cpu
+from .finish import HubPlan, finish_run, hub_checkpoint_callback, perplexity, take_over_hub_options, training_summary
+from .lora import LoraArguments
+from .optim import OptimizerArguments, optimizer_cls_and_kwargs
 from .text_data import TextDataArguments, load_text_source, tokenize_and_pack
 
 logger = logging.getLogger(__name__)
@@ -36,19 +32,9 @@ TOKENIZER_STREAM_EXAMPLES = 100_000
 
 
 @dataclass
-class LMModelArguments:
-    """Which model to train and with which tokenizer."""
+class LMModelArguments(ModelArguments):
+    """Which model to train (see `ModelArguments`; default preset aot-mssa-l-tiny) and with which tokenizer."""
 
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "An AoT checkpoint (folder or Hub id) to fine-tune."}
-    )
-    preset: str | None = field(
-        default=None, metadata={"help": f"A named configuration (`aot info` lists them); default {DEFAULT_LM_PRESET}."}
-    )
-    config_file: str | None = field(default=None, metadata={"help": "A config.json to build the model from."})
-    config_overrides: str | None = field(
-        default=None, metadata={"help": "Config fields to override, e.g. 'hidden_size=128,num_hidden_layers=6'."}
-    )
     tokenizer_name_or_path: str | None = field(
         default=None,
         metadata={"help": "A tokenizer folder or Hub id (default: the checkpoint's, else train a byte-level BPE)."},
@@ -65,7 +51,7 @@ class LMRun:
     trainer: Any
     tokenizer: Any
     resume: str | None
-    push: bool
+    hub: HubPlan
     source: Any
     block_size: int
     unigram_perplexity: float | None
@@ -73,6 +59,7 @@ class LMRun:
     data_args: TextDataArguments
     training_args: Any
     publish_args: PublishArguments
+    lora: LoraArguments | None = None
 
 
 def load_or_train_tokenizer(
@@ -80,7 +67,7 @@ def load_or_train_tokenizer(
 ):
     """The tokenizer of the run: given, the checkpoint's, the resumed run's, or a byte-level BPE trained on the
     training text (by the main process; saved under `<output_dir>/tokenizer` for the others and for resuming)."""
-    from transformers import AutoTokenizer
+    from .tokenizer import load_tokenizer
 
     candidates = [model_args.tokenizer_name_or_path]
     if not model_args.tokenizer_name_or_path:
@@ -92,7 +79,7 @@ def load_or_train_tokenizer(
             if candidate.startswith((".", "/", "~")) and not Path(candidate).exists():
                 raise TrainingSetupError(f"--tokenizer_name_or_path {candidate}: no such folder.")
             try:
-                return AutoTokenizer.from_pretrained(candidate)
+                return load_tokenizer(candidate)
             except Exception as error:
                 raise TrainingSetupError(f"Could not load the tokenizer {candidate!r}: {error}") from error
     from .tokenizer import train_bpe_tokenizer
@@ -106,7 +93,7 @@ def load_or_train_tokenizer(
         )
     with training_args.main_process_first(desc="tokenizer training"):
         if (saved / "tokenizer.json").is_file():
-            return AutoTokenizer.from_pretrained(saved)
+            return load_tokenizer(saved)
         # A stream is sampled: its first examples teach the merges.
         texts = source.train.take(TOKENIZER_STREAM_EXAMPLES) if _length(source.train) is None else source.train
         tokenizer = train_bpe_tokenizer(
@@ -171,6 +158,8 @@ def prepare_lm_training(
     training_args,
     publish_args: PublishArguments | None = None,
     callbacks: list | None = None,
+    lora: LoraArguments | None = None,
+    optim: OptimizerArguments | None = None,
 ) -> LMRun:
     """Check every input, load and pack the data, build the model and the `Trainer`. Nothing is trained yet."""
     import torch
@@ -179,16 +168,16 @@ def prepare_lm_training(
     from ..modeling_aot import AoTForCausalLM
 
     publish_args = publish_args or PublishArguments()
-    push, _ = prepare_training_arguments(training_args)
+    if lora is not None:
+        lora.check()
+        lora = lora if lora.enabled else None
+    optimizer = optimizer_cls_and_kwargs(optim, training_args)
+    if lora is not None and training_args.fsdp:
+        raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
+    hub = take_over_hub_options(training_args, publish_args)
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
     training_args.resume_from_checkpoint = resume
-    config = build_config(
-        model_args.model_name_or_path,
-        model_args.preset,
-        model_args.config_file,
-        model_args.config_overrides,
-        DEFAULT_LM_PRESET,
-    )
+    config = model_args.build_config(DEFAULT_LM_PRESET)
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError("--streaming has no length to plan epochs with: give --max_steps.")
     block_size = data_args.block_size or min(512, config.max_position_embeddings)
@@ -252,8 +241,13 @@ def prepare_lm_training(
     else:
         model = AoTForCausalLM(config)
     model.config.use_cache = False  # no cache while training; generation turns it back on
+    if lora is not None:
+        from .lora import apply_lora
+
+        model = apply_lora(model, lora, "text-generation")
     logger.info("Model: %s parameters", f"{sum(p.numel() for p in model.parameters()):,}")
     torch.set_float32_matmul_precision("high")
+    hub_callback = hub_checkpoint_callback(hub)
     trainer = _perplexity_trainer_class()(
         model=model,
         args=training_args,
@@ -261,13 +255,15 @@ def prepare_lm_training(
         eval_dataset=validation,
         processing_class=tokenizer,
         data_collator=default_data_collator,
-        callbacks=callbacks,
+        optimizer_cls_and_kwargs=optimizer,
+        callbacks=[*(callbacks or []), *([hub_callback] if hub_callback else [])],
     )
+    enable_fsdp_on_cpu(trainer)
     return LMRun(
         trainer,
         tokenizer,
         resume,
-        push,
+        hub,
         source,
         block_size,
         baseline,
@@ -275,6 +271,7 @@ def prepare_lm_training(
         data_args,
         training_args,
         publish_args,
+        lora,
     )
 
 
@@ -300,17 +297,17 @@ def run_lm_training(run: LMRun) -> dict[str, Any]:
         )
         if run.unigram_perplexity is not None:
             metrics["eval_unigram_perplexity"] = run.unigram_perplexity
-    model = trainer.model
-    model.config.use_cache = True
+    trainer.accelerator.unwrap_model(trainer.model).config.use_cache = True
     training = training_summary(
         training_args, trainer, {"block size (tokens)": run.block_size, "tokenizer vocabulary": len(run.tokenizer)}
     )
     if run.unigram_perplexity is not None:
         training["unigram baseline perplexity (validation)"] = round(run.unigram_perplexity, 2)
-    final_dir = finalize_run(
+    return finish_run(
         trainer,
         training_args,
         run.publish_args,
+        run.hub,
         task="text-generation",
         processor=run.tokenizer,
         metrics=metrics,
@@ -318,13 +315,9 @@ def run_lm_training(run: LMRun) -> dict[str, Any]:
         datasets=run.source.hub_ids,
         dataset_description=run.source.description,
         training=training,
-        push=run.push,
         base_model=run.model_args.model_name_or_path,
+        lora=run.lora,
     )
-    metrics["final_model_dir"] = str(final_dir) if final_dir else None
-    if trainer.is_world_process_zero():
-        trainer.save_metrics("all", {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
-    return metrics
 
 
 def train_lm(
@@ -333,28 +326,35 @@ def train_lm(
     training_args,
     publish_args: PublishArguments | None = None,
     callbacks: list | None = None,
+    lora: LoraArguments | None = None,
+    optim: OptimizerArguments | None = None,
 ) -> dict[str, Any]:
     """Train an AoT causal LM end to end (see the module docstring) and return its metrics."""
-    return run_lm_training(prepare_lm_training(model_args, data_args, training_args, publish_args, callbacks))
+    return run_lm_training(
+        prepare_lm_training(model_args, data_args, training_args, publish_args, callbacks, lora=lora, optim=optim)
+    )
 
 
 def parse_lm_arguments(argv: list[str] | None = None):
-    """Parse `(LMModelArguments, TextDataArguments, PublishArguments, TrainingArguments)` from the command line
-    (or from a single .json / .yaml file)."""
-    from .cli_args import parse_dataclasses
+    """Parse `(LMModelArguments, TextDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
+    TrainingArguments)` from the command line, from a single .json / .yaml file, or from a recipe file followed by
+    overriding flags."""
+    from .arguments import parse_dataclasses
 
-    return parse_dataclasses((LMModelArguments, TextDataArguments, PublishArguments), argv)
+    return parse_dataclasses(
+        (LMModelArguments, TextDataArguments, PublishArguments, LoraArguments, OptimizerArguments), argv
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (`aot train lm`, `python -m aot_transformers.training.lm`)."""
-    from .cli_args import run_with_clear_errors
+    from .arguments import run_with_clear_errors
 
     def job():
-        model_args, data_args, publish_args, training_args = parse_lm_arguments(argv)
-        return train_lm(model_args, data_args, training_args, publish_args)
+        model_args, data_args, publish_args, lora, optim, training_args = parse_lm_arguments(argv)
+        return train_lm(model_args, data_args, training_args, publish_args, lora=lora, optim=optim)
 
-    return run_with_clear_errors(job)
+    return run_with_clear_errors(job, prog="aot train lm")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common import TrainingSetupError
+from .arguments import TrainingSetupError
 
 logger = logging.getLogger(__name__)
 

@@ -2,9 +2,35 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 
 END_OF_TEXT = "<|endoftext|>"
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
+    """`AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)`: never the remote-code prompt.
+
+    In transformers 5 `AutoTokenizer` loads the folder's `config.json` through `AutoConfig` before the tokenizer.
+    A saved model folder's config has an `auto_map` (the model is remote code), so without an explicit
+    `trust_remote_code` transformers asks on the terminal — and waits 15 s — whenever the model type is not
+    registered in the process. This package registers `aot`, so its own folders need no remote code for the
+    tokenizer (a plain `tokenizer.json`); a tokenizer that does need code fails with a clear error instead of asking.
+    """
+    from pathlib import Path
+
+    from transformers import AutoTokenizer, GPT2TokenizerFast
+
+    from .. import configuration_aot  # noqa: F401 - the `aot` model type is registered on package import
+
+    folder = Path(name_or_path)
+    if (
+        folder.is_dir()
+        and not any((folder / name).is_file() for name in ("tokenizer_config.json", "tokenizer.json"))
+        and all((folder / name).is_file() for name in ("vocab.json", "merges.txt"))
+    ):  # the GPT-2 tokenizer as OpenAI published it (vocabulary and merges only), e.g. ../shared/data/tokenizer-gpt2
+        return GPT2TokenizerFast.from_pretrained(folder, **kwargs)
+    return AutoTokenizer.from_pretrained(os.fspath(name_or_path), trust_remote_code=False, **kwargs)
 
 
 def train_bpe_tokenizer(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common import TrainingSetupError
+from .arguments import TrainingSetupError
 
 SKLEARN_DIGITS = "sklearn-digits"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -56,6 +56,20 @@ class ImageDataArguments:
     crop_padding: int = field(default=4, metadata={"help": "Padding of the random crop, in pixels."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training images."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Use at most this many validation images."})
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Stream a Hub dataset or a local imagefolder instead of loading it (ImageNet-scale data); needs "
+            "--max_steps. Images are decoded batch by batch; validation comes from --validation_split."
+        },
+    )
+    num_labels: int | None = field(
+        default=None,
+        metadata={"help": "Number of classes of a streamed dataset whose label column is a plain integer."},
+    )
+    shuffle_buffer_size: int = field(
+        default=10_000, metadata={"help": "Shuffle buffer of a streamed training set (examples)."}
+    )
 
 
 @dataclass
@@ -226,6 +240,9 @@ def load_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
     """Load the image splits described by `args`; every column and label problem raises `TrainingSetupError`."""
     import datasets
 
+    if args.streaming:
+        return load_streamed_image_source(args, seed)
+
     name = args.dataset_name or SKLEARN_DIGITS
     hub_ids: list[str] = []
     validation = test = None
@@ -294,6 +311,75 @@ def load_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
     return ImageSource(train, validation, test, class_names, description, hub_ids, kind, label)
 
 
+def load_streamed_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
+    """The image splits of `args` as `datasets.IterableDataset`s: a Hub dataset or a local imagefolder, read as it
+    is consumed (nothing is downloaded or decoded ahead). Class names come from the label column's `ClassLabel`, or
+    `--num_labels` for a plain integer column (e.g. the `cls` field of webdataset shards). No split is carved out of
+    a stream: validation is the dataset's `--validation_split` (or `--validation_dir`), capped by
+    `--max_eval_samples`."""
+    import datasets
+
+    name = args.dataset_name
+    if not name:
+        raise TrainingSetupError("a stream needs a Hub dataset or an imagefolder", argument="--streaming")
+    path = Path(name).expanduser()
+    local = path.is_dir()
+    if not local and (name.startswith((".", "/", "~")) or path.suffix):
+        raise TrainingSetupError(f"Image data: no such file or folder: {name}.")
+    try:
+        if local:
+            loaded = datasets.load_dataset("imagefolder", data_dir=str(path), streaming=True)
+        else:
+            loaded = datasets.load_dataset(name, args.dataset_config_name, streaming=True)
+    except Exception as error:
+        raise TrainingSetupError(
+            f"Could not stream {name!r}: {type(error).__name__}: {error}", argument="--dataset_name", value=name
+        ) from error
+    if args.train_split not in loaded:
+        raise TrainingSetupError(f"Dataset {name!r} has no split {args.train_split!r} (splits: {list(loaded)}).")
+    where = f"Dataset {name!r}"
+    train = loaded[args.train_split]
+    if train.features is None:  # webdataset and json streams: the columns are known after one example
+        train = train._resolve_features()
+    image_column = _find_image_column(train, args.image_column, where)
+    train = _normalise_columns(train, image_column, args.label_column, where)
+    class_names = class_names_of(train)
+    if class_names is None:
+        if not args.num_labels or args.num_labels < 2:
+            raise TrainingSetupError(
+                f"{where}'s label column {args.label_column!r} has no class names",
+                argument="--num_labels",
+                value=args.num_labels,
+                allowed="the number of classes (>= 2)",
+            )
+        class_names = [str(i) for i in range(args.num_labels)]
+        train = train.cast_column("label", datasets.ClassLabel(names=class_names))
+    validation = None
+    if args.validation_dir:
+        validation = datasets.load_dataset("imagefolder", data_dir=args.validation_dir, streaming=True)["train"]
+    elif args.validation_split in loaded and args.validation_split != args.train_split:
+        validation = loaded[args.validation_split]
+    if validation is not None:
+        if validation.features is None:
+            validation = validation._resolve_features()
+        validation = _normalise_columns(validation, image_column, args.label_column, "validation data")
+        if class_names_of(validation) is None:
+            validation = validation.cast_column("label", datasets.ClassLabel(names=class_names))
+        validation = validation.take(args.max_eval_samples or 10_000)
+    train = train.shuffle(seed=seed, buffer_size=args.shuffle_buffer_size)
+    if args.max_train_samples is not None:
+        train = train.take(args.max_train_samples)
+    hub_ids = [] if local else [name]
+    description = (
+        f"image folder {path.name} (streamed)"
+        if local
+        else f"[{name}](https://huggingface.co/datasets/{name}) (streamed)"
+    )
+    return ImageSource(
+        train, validation, None, class_names, description, hub_ids, "stream", path.name if local else name
+    )
+
+
 def _load_imagefolder(path: Path, what: str):
     import datasets
 
@@ -351,6 +437,7 @@ def preprocess_images(dataset, processor, num_channels: int, desc: str = "images
             "labels": dataset.features["label"],
         }
     )
+    streamed = isinstance(dataset, datasets.IterableDataset)
 
     def convert(batch):
         images = [_open(image, mode) for image in batch["image"]]
@@ -362,6 +449,10 @@ def preprocess_images(dataset, processor, num_channels: int, desc: str = "images
             )
         return {"pixel_values": np.clip(np.rint(resized), 0, 255).astype(np.uint8), "labels": batch["label"]}
 
+    if streamed:  # decoded batch by batch as training consumes the stream
+        return dataset.map(
+            convert, batched=True, batch_size=256, remove_columns=["image", "label"], features=features
+        ).with_format("numpy")
     return dataset.map(
         convert,
         batched=True,

@@ -1,0 +1,344 @@
+"""Finishing a training run, shared by the language-model and image trainers: the Hub options Trainer would apply
+(taken over so the pushed folder is ours, with its card), the training-curve figure, the card's training summary,
+the final atomic export (merged or LoRA adapter), `results.json`, and the push.
+
+Trainer's hub options are honoured as Trainer documents them (`--hub_strategy`):
+- `end`: the final folder only;
+- `every_save`: at every save, the checkpoint's model files to the repository root, then the final folder;
+- `checkpoint`: at every save, the whole checkpoint (optimizer included, to resume from) to `last-checkpoint/`;
+- `all_checkpoints`: at every save, the whole checkpoint to `checkpoint-<step>/`;
+with `--hub_private_repo` (repository visibility), `--hub_revision` (the branch committed to) and `--hub_token`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .arguments import CURVES_FILE, PublishArguments, TrainingSetupError, is_hub_id
+
+logger = logging.getLogger(__name__)
+
+RESULTS_FILE = "results.json"
+HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
+# Files of a Trainer checkpoint that are optimizer state, not the model (pushed only by the checkpoint strategies).
+TRAINER_STATE_PATTERNS = ["optimizer*", "scheduler*", "rng_state*", "scaler*", "trainer_state.json", "training_args*"]
+
+
+@dataclass
+class HubPlan:
+    """Where and how the run publishes; `push` False means nothing leaves the machine."""
+
+    push: bool
+    repo_id: str | None = None
+    strategy: str = "end"
+    token: str | None = None
+    private: bool | None = None
+    revision: str | None = None
+    endpoint: str | None = None
+
+
+def take_over_hub_options(training_args, publish_args: PublishArguments) -> HubPlan:
+    """Take the push out of Trainer's hands (it would push its own card, without our code files) and return the
+    plan that `finish_run` and `HubCheckpointCallback` carry out. Raises `TrainingSetupError` for options that
+    cannot be honoured."""
+    if training_args.output_dir is None:
+        raise TrainingSetupError("--output_dir is required.")
+    strategy = str(getattr(training_args.hub_strategy, "value", training_args.hub_strategy))
+    if strategy not in HUB_STRATEGIES:
+        raise TrainingSetupError("unknown strategy", argument="--hub_strategy", value=strategy, allowed=HUB_STRATEGIES)
+    push = bool(training_args.push_to_hub)
+    training_args.push_to_hub = False
+    repo_id = training_args.hub_model_id
+    if push and not repo_id:
+        final_dir = Path(publish_args.final_model_dir or Path(training_args.output_dir) / "model")
+        repo_id = final_dir.resolve().parent.name
+    if push:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        try:
+            validate_repo_id(repo_id)
+        except HFValidationError:
+            raise TrainingSetupError(
+                "not a Hub repository id", argument="--hub_model_id", value=repo_id, allowed="namespace/name"
+            ) from None
+    return HubPlan(
+        push=push,
+        repo_id=repo_id,
+        strategy=strategy,
+        token=training_args.hub_token,
+        private=training_args.hub_private_repo,
+        revision=training_args.hub_revision,
+        endpoint=publish_args.hub_endpoint,
+    )
+
+
+def hub_checkpoint_callback(plan: HubPlan):
+    """A `TrainerCallback` that pushes checkpoints as `plan.strategy` says (None for `end` or no push)."""
+    if not plan.push or plan.strategy == "end":
+        return None
+    from transformers import TrainerCallback
+
+    from ..hub import upload_checkpoint
+
+    class HubCheckpointCallback(TrainerCallback):
+        """Pushes each saved checkpoint from the main process, synchronously (a failed push stops the run: the
+        checkpoint is on disk, and `--resume_from_checkpoint latest` continues after the cause is fixed)."""
+
+        def on_save(self, args, state, control, **kwargs):
+            if not state.is_world_process_zero:
+                return
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if not folder.is_dir():
+                return
+            if plan.strategy == "every_save":
+                path_in_repo, ignore, delete = None, TRAINER_STATE_PATTERNS, None
+            elif plan.strategy == "checkpoint":
+                path_in_repo, ignore, delete = "last-checkpoint", None, "*"
+            else:
+                path_in_repo, ignore, delete = folder.name, None, None
+            upload_checkpoint(
+                folder,
+                plan.repo_id,
+                path_in_repo=path_in_repo,
+                ignore_patterns=ignore,
+                delete_patterns=delete,
+                token=plan.token,
+                endpoint=plan.endpoint,
+                private=plan.private,
+                revision=plan.revision,
+                commit_message=f"Training in progress, step {state.global_step}",
+            )
+
+    return HubCheckpointCallback()
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), infinite when it overflows."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
+def plot_training_curves(log_history: list[dict[str, Any]], path: str | os.PathLike, title: str = "") -> Path | None:
+    """Training (and evaluation) loss against the step, and the evaluation metric when there is one, as a PNG.
+
+    Returns the path, or None when matplotlib is missing or there is nothing to plot.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is part of the `train` extra
+        logger.warning("matplotlib is not installed: no training-curve figure.")
+        return None
+    train = [(e["step"], e["loss"]) for e in log_history if "loss" in e and "step" in e]
+    evals = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e]
+    metric_name = "eval_accuracy" if any("eval_accuracy" in e for e in log_history) else None
+    metric = [(e["step"], e[metric_name]) for e in log_history if metric_name and metric_name in e]
+    if metric_name is None and evals:  # language models: the perplexity of each evaluation
+        metric_name, metric = "eval_perplexity", [(step, perplexity(loss)) for step, loss in evals]
+    if not train and not evals:
+        return None
+    columns = 2 if metric else 1
+    figure, axes = plt.subplots(1, columns, figsize=(5.5 * columns, 4), squeeze=False)
+    ax = axes[0][0]
+    if train:
+        ax.plot(*zip(*train, strict=True), label="train loss")
+    if evals:
+        ax.plot(*zip(*evals, strict=True), "o-", label="validation loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    if metric:
+        ax = axes[0][1]
+        ax.plot(*zip(*metric, strict=True), "o-", color="tab:green")
+        ax.set_xlabel("step")
+        ax.set_ylabel(metric_name.removeprefix("eval_"))
+        ax.grid(alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def training_summary(training_args, trainer, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The training settings shown in the model card."""
+    world = max(1, training_args.world_size)
+    summary = {
+        "steps": trainer.state.global_step,
+        "epochs": round(trainer.state.epoch or 0.0, 2),
+        "global batch size": training_args.per_device_train_batch_size
+        * training_args.gradient_accumulation_steps
+        * world,
+        "processes": world,
+        "learning rate": training_args.learning_rate,
+        "schedule": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
+        "warmup": training_args.warmup_steps or 0,
+        "weight decay": training_args.weight_decay,
+        "optimizer": _optimizer_name(training_args, trainer),
+        "seed": training_args.seed,
+    }
+    if getattr(training_args, "fsdp", None):
+        config = getattr(training_args, "fsdp_config", None) or {}
+        version = config.get("version", config.get("fsdp_version", 2))
+        summary["parallelism"] = f"FSDP{version} (sharded by AoTLayer)"
+    elif world > 1:
+        summary["parallelism"] = "DDP"
+    summary.update(extra or {})
+    return summary
+
+
+def _optimizer_name(training_args, trainer) -> str:
+    custom = getattr(trainer, "optimizer_cls_and_kwargs", None)
+    if custom:
+        cls, kwargs = custom
+        betas = kwargs.get("betas")
+        return f"{cls.__name__} ({cls.__module__.split('.')[0]}" + (f", betas {tuple(betas)})" if betas else ")")
+    return str(getattr(training_args.optim, "value", training_args.optim))
+
+
+def _full_state_model(trainer):
+    """The trained model with full (unsharded) weights, and whether it was gathered. Under FSDP every rank must call
+    this (the shards are gathered on the main process, a collective); the main process then loads them into a fresh,
+    unsharded copy of the model, since the trained one holds only its shard of each parameter (DTensors)."""
+    accelerator = trainer.accelerator
+    model = accelerator.unwrap_model(trainer.model)
+    if not getattr(trainer, "is_fsdp_enabled", False):
+        return model, False
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # Full tensors whatever the checkpoints' state_dict_type (a collective; with cpu_offload only rank 0 keeps them).
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state_dict = get_model_state_dict(trainer.model, options=options)
+    if not trainer.is_world_process_zero():
+        return model, True
+    from ..modeling_aot import AoTPreTrainedModel
+
+    # FSDP2 swaps the class for a generated subclass (FSDPAoTForCausalLM): build the AoT class it came from.
+    cls = next(
+        c for c in type(model).__mro__ if issubclass(c, AoTPreTrainedModel) and not c.__name__.startswith("FSDP")
+    )
+    full = cls(model.config)
+    missing, unexpected = full.load_state_dict(state_dict, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"gathered FSDP weights do not fit the model: missing {missing}, unexpected {unexpected}")
+    full.tie_weights()
+    return full.eval(), True
+
+
+def finish_run(
+    trainer,
+    training_args,
+    publish_args: PublishArguments,
+    plan: HubPlan,
+    *,
+    task: str,
+    processor,
+    metrics: dict[str, Any],
+    results: list[dict[str, Any]],
+    datasets: list[str] | None,
+    dataset_description: str,
+    training: dict[str, Any],
+    base_model: str | None = None,
+    lora=None,
+) -> dict[str, Any]:
+    """Write the final hub-ready folder atomically (model or LoRA adapter, tokenizer or image processor, code files,
+    model card, `results.json`, training curves), push it if asked, and save the metrics. Every process must call
+    it (FSDP gathers its shards here); only the main process writes. Returns `metrics` with `final_model_dir`."""
+    from ..evaluation.model_card import render_model_card
+    from ..evaluation.results import training_results_json
+    from ..hub import export_model, push_to_hub
+
+    final_dir = Path(publish_args.final_model_dir or Path(training_args.output_dir) / "model")
+    model, _ = _full_state_model(trainer)
+    written = None
+    if trainer.is_world_process_zero():
+        model_name = publish_args.model_name or training_args.hub_model_id or final_dir.name
+        num_parameters = sum(p.numel() for p in model.parameters())
+        extra_files: dict[str, Any] = {
+            RESULTS_FILE: training_results_json(
+                model_name, task=task, results=results, training=training, metrics=metrics,
+                num_parameters=num_parameters,
+            )
+        }  # fmt: skip
+        curves = None
+        if publish_args.make_plots:
+            curves = plot_training_curves(
+                trainer.state.log_history, Path(training_args.output_dir) / CURVES_FILE, title=final_dir.name
+            )
+            if curves is not None:
+                extra_files[CURVES_FILE] = curves
+        hub_base = base_model if is_hub_id(base_model) else None
+        local_base = base_model if base_model and hub_base is None else None
+        card_kwargs = dict(
+            model_name=model_name.split("/")[-1],
+            repo_id=plan.repo_id or model_name,
+            task=task,
+            datasets=datasets,
+            dataset_description=dataset_description,
+            results=results,
+            training=training,
+            num_parameters=num_parameters,
+            curves_file=CURVES_FILE if curves is not None else None,
+            base_model=hub_base,
+            base_model_description=local_base,
+        )
+        if lora is not None and not lora.merge_lora:
+            from .lora import export_adapter
+
+            export_adapter(model, final_dir, lora, processor=processor, card_kwargs=card_kwargs, files=extra_files)
+        else:
+            if lora is not None:
+                from .lora import merged_model
+
+                model = merged_model(model)
+                card_kwargs["tags"] = ["lora-merged"]
+            card = render_model_card(model.config, **card_kwargs)
+            export_model(
+                model,
+                final_dir,
+                tokenizer=processor if task == "text-generation" else None,
+                image_processor=processor if task != "text-generation" else None,
+                model_card=card,
+                extra_files=extra_files,
+            )
+        logger.info("Final model written to %s", final_dir)
+        written = final_dir
+        if plan.push:
+            result = push_to_hub(
+                final_dir,
+                plan.repo_id,
+                token=plan.token,
+                endpoint=plan.endpoint,
+                private=plan.private,
+                revision=plan.revision,
+                commit_message="End of training",
+            )
+            print(f"Pushed {final_dir} to {result.repo_url} (commit {result.commit_oid}).")
+    metrics["final_model_dir"] = str(written) if written else None
+    if trainer.is_world_process_zero():
+        trainer.save_metrics("all", {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+    return metrics
+
+
+__all__ = [
+    "HUB_STRATEGIES",
+    "HubPlan",
+    "finish_run",
+    "hub_checkpoint_callback",
+    "perplexity",
+    "plot_training_curves",
+    "take_over_hub_options",
+    "training_summary",
+]

@@ -1,0 +1,147 @@
+"""LoRA fine-tuning through PEFT (the optional `peft` extra): `aot train lm|image --lora_r 8 …`.
+
+The low-rank adapters go on the attention projections by default — MSSA: the shared subspace projection `U` and the
+output projection (`subspace_proj`, `o_proj`); MHSA: `q_proj`, `k_proj`, `v_proj`, `o_proj` — since an AoT layer has
+nothing else to adapt (no MLP). For an image classifier the classification head is trained in full
+(`modules_to_save`), as a new task usually brings new classes. The final folder is the adapter
+(`adapter_config.json` + `adapter_model.safetensors`, loadable with `PeftModel.from_pretrained(base, folder)`), with
+the tokenizer or image processor and a model card; `--merge_lora` writes a plain merged model folder instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .arguments import TrainingSetupError
+
+DEFAULT_TARGETS = {"mssa": ["subspace_proj", "o_proj"], "mhsa": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+IMAGE_HEAD = "classifier"
+
+
+@dataclass
+class LoraArguments:
+    """LoRA fine-tuning (off unless `--lora_r` is given; needs `pip install 'aot-transformers[peft]'`)."""
+
+    lora_r: int | None = field(default=None, metadata={"help": "Rank of the LoRA adapters; enables LoRA."})
+    lora_alpha: float | None = field(default=None, metadata={"help": "LoRA scaling numerator (default: 2 x rank)."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input."})
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Module names to adapt (default: MSSA subspace_proj o_proj; MHSA q_proj k_proj v_proj o_proj)."
+        },
+    )
+    merge_lora: bool = field(
+        default=False, metadata={"help": "Write the final model with the adapters merged in, as a plain folder."}
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.lora_r is not None
+
+    def check(self) -> None:
+        """Raise `TrainingSetupError` naming the argument for a value LoRA cannot use."""
+        if self.lora_r is None:
+            for name, value, default in (
+                ("--lora_alpha", self.lora_alpha, None),
+                ("--lora_target_modules", self.lora_target_modules, None),
+                ("--merge_lora", self.merge_lora, False),
+            ):
+                if value != default:
+                    raise TrainingSetupError("needs --lora_r (LoRA is off without it)", argument=name, value=value)
+            return
+        if isinstance(self.lora_r, bool) or self.lora_r < 1:
+            raise TrainingSetupError("", argument="--lora_r", value=self.lora_r, allowed="a positive integer")
+        if self.lora_alpha is not None and not self.lora_alpha > 0:
+            raise TrainingSetupError("", argument="--lora_alpha", value=self.lora_alpha, allowed="a positive number")
+        if not 0 <= self.lora_dropout < 1:
+            raise TrainingSetupError("", argument="--lora_dropout", value=self.lora_dropout, allowed="0 <= p < 1")
+
+
+def _require_peft():
+    try:
+        import peft
+    except ImportError:
+        raise TrainingSetupError(
+            "LoRA needs PEFT: pip install 'aot-transformers[peft]'", argument="--lora_r"
+        ) from None
+    return peft
+
+
+def apply_lora(model, lora: LoraArguments, task: str):
+    """Wrap `model` in a `peft.PeftModel` with LoRA adapters as `lora` says; only the adapters (and an image
+    classifier's head) stay trainable. Raises `TrainingSetupError` for target modules the model does not have."""
+    peft = _require_peft()
+    targets = lora.lora_target_modules or DEFAULT_TARGETS[model.config.attention_type]
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [target for target in targets if target not in names]
+    if missing:
+        allowed = sorted(n for n in names if n.endswith("proj"))
+        raise TrainingSetupError(
+            f"{missing} not in this {model.config.attention_type.upper()} model",
+            argument="--lora_target_modules",
+            value=" ".join(targets),
+            allowed=" ".join(allowed),
+        )
+    config = peft.LoraConfig(
+        r=lora.lora_r,
+        lora_alpha=lora.lora_alpha or 2 * lora.lora_r,
+        lora_dropout=lora.lora_dropout,
+        target_modules=list(targets),
+        task_type=peft.TaskType.CAUSAL_LM if task == "text-generation" else None,
+        modules_to_save=[IMAGE_HEAD] if task != "text-generation" else None,
+    )
+    return peft.get_peft_model(model, config)
+
+
+def merged_model(model):
+    """The base AoT model with the adapters merged into its weights (a plain model, no PEFT needed to load it)."""
+    return model.merge_and_unload()
+
+
+def export_adapter(
+    model,
+    save_directory: str | os.PathLike,
+    lora: LoraArguments,
+    *,
+    processor=None,
+    card_kwargs: dict[str, Any],
+    files: dict[str, Any] | None = None,
+) -> Path:
+    """Write the LoRA adapter of `model` (a `PeftModel`) atomically, with the processor, a model card and `files`.
+
+    The card names the base model: in `base_model` metadata when it is a Hub id (`card_kwargs["base_model"]`),
+    otherwise in the text, as the Hub accepts only repository ids there.
+    """
+    from ..evaluation.model_card import render_model_card
+    from ..hub import atomic_folder, write_extra_files
+
+    base = model.get_base_model()
+    card_kwargs = {**card_kwargs, "tags": ["lora", "peft"], "library_name": "peft", "adapter": lora_summary(model)}
+    card = render_model_card(base.config, **card_kwargs)
+    with atomic_folder(save_directory) as staging:
+        model.save_pretrained(staging, safe_serialization=True)
+        if processor is not None:
+            processor.save_pretrained(staging)
+        write_extra_files(staging, {**(files or {}), "README.md": str(card)})
+    return Path(save_directory)
+
+
+def lora_summary(model) -> dict[str, Any]:
+    """Rank, alpha, target modules and trainable parameters of a `PeftModel`, for the card."""
+    config = model.peft_config["default"]
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {
+        "rank": config.r,
+        "alpha": config.lora_alpha,
+        "dropout": config.lora_dropout,
+        "target modules": ", ".join(sorted(config.target_modules)),
+        "trainable parameters": trainable,
+        "base model": config.base_model_name_or_path,
+    }
+
+
+__all__ = ["DEFAULT_TARGETS", "LoraArguments", "apply_lora", "export_adapter", "lora_summary", "merged_model"]
