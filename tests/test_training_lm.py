@@ -423,3 +423,19 @@ def test_run_object_exposes_trainer_before_training(tmp_path, text_dir):
     assert run.source.documents  # jsonl examples are documents: separated by EOS
     metrics = run_lm_training(run)
     assert metrics["train_loss"] > 0
+
+
+def test_cpu_training_uses_the_shared_projection_backend_for_mssa_only():
+    from types import SimpleNamespace
+
+    from aot_transformers import AoTForCausalLM
+    from aot_transformers.training.arguments import use_training_attention
+    from conftest import tiny_config
+
+    on_cpu = SimpleNamespace(use_cpu=True)
+    chosen = {}
+    for name, overrides in {"mssa": {}, "mhsa": {"attention_type": "mhsa"}, "knn": {"knn_k": 3}}.items():
+        model = AoTForCausalLM(tiny_config(**overrides))
+        use_training_attention(model, on_cpu)
+        chosen[name] = model.config._attn_implementation
+    assert chosen == {"mssa": "shared_projection", "mhsa": "sdpa", "knn": "knn"}

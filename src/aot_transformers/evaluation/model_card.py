@@ -195,6 +195,7 @@ def render_model_card(
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     from .. import __version__
+    from ..configuration_aot import REQUIRED_TRANSFORMERS
 
     if base_model is not None and not is_repo_id(base_model):
         raise ValueError(
@@ -260,6 +261,7 @@ def render_model_card(
         or "A research model: small, trained briefly, and not evaluated for safety or bias. Use it to study "
         "attention-only architectures, not in products.",
         library_version=__version__,
+        required_transformers=REQUIRED_TRANSFORMERS,
     )
 
 

@@ -103,7 +103,10 @@ def _text_inputs(
         from transformers import AutoTokenizer
 
         # Only a local folder is ever passed, so this never reaches the network.
-        ids, how = AutoTokenizer.from_pretrained(folder)(text)["input_ids"], "the model's tokenizer"
+        ids, how = (
+            AutoTokenizer.from_pretrained(folder, trust_remote_code=False)(text)["input_ids"],
+            "the model's tokenizer",
+        )
     else:
         gpt2 = _vision.default_data_dir() / "tokenizer-gpt2"
         if vocab >= 50257 and gpt2.exists():

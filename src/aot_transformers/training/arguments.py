@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..configuration_aot import AoTConfig
 from ..errors import UsageError, run_command
 
@@ -209,3 +211,13 @@ __all__ = [
     "parse_overrides",
     "run_with_clear_errors",
 ]
+
+
+def use_training_attention(model, training_args) -> None:
+    """Train MSSA models on CPU with the `"shared_projection"` backend: with query = key = value its backward folds
+    into fewer matmuls (`attention_aot._SharedProjectionAttention`; `python -m benchmarks.bench_attention`). It falls
+    back to SDPA wherever it does not apply, and the exported folder loads with the default backend (`"sdpa"`)."""
+    config = model.config
+    on_cpu = training_args.use_cpu or not torch.cuda.is_available()
+    if on_cpu and config.attention_type == "mssa" and config.knn_k is None and config._attn_implementation == "sdpa":
+        model.set_attn_implementation("shared_projection")

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .arguments import ModelArguments, PublishArguments, TrainingSetupError
+from .arguments import ModelArguments, PublishArguments, TrainingSetupError, use_training_attention
 from .checkpoints import resolve_resume
 from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
@@ -160,6 +160,7 @@ def prepare_image_training(
         )
     else:
         model = AoTForImageClassification(config)
+    use_training_attention(model, training_args)
     if lora is not None:
         from .lora import apply_lora
 

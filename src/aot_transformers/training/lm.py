@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .arguments import ModelArguments, PublishArguments, TrainingSetupError
+from .arguments import ModelArguments, PublishArguments, TrainingSetupError, use_training_attention
 from .checkpoints import resolve_resume
 from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, perplexity, take_over_hub_options, training_summary
@@ -241,6 +241,7 @@ def prepare_lm_training(
     else:
         model = AoTForCausalLM(config)
     model.config.use_cache = False  # no cache while training; generation turns it back on
+    use_training_attention(model, training_args)
     if lora is not None:
         from .lora import apply_lora
 
