@@ -36,6 +36,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import can_return_tuple
 
 from .attention_aot import eager_attention_forward
 from .configuration_aot import REQUIRED_TRANSFORMERS, AoTConfig
@@ -411,6 +412,7 @@ class AoTModel(AoTPreTrainedModel):
                     f"[{int(position_ids.min())}, {int(position_ids.max())}]."
                 )
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -421,7 +423,6 @@ class AoTModel(AoTPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
         """Run the backbone.
@@ -439,7 +440,6 @@ class AoTModel(AoTPreTrainedModel):
             output_attentions: Return the attention weights of every layer (backends that compute them: `"eager"`,
                 `"knn"`).
             output_hidden_states: Return the residual stream after the embeddings and after every layer.
-            return_dict: Return a `BaseModelOutputWithPast` instead of a tuple.
             kwargs: Passed on to the attention backend (e.g. the paged cache of continuous batching).
         """
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
@@ -449,7 +449,6 @@ class AoTModel(AoTPreTrainedModel):
         if use_cache is None:
             # A cache only serves decoding; building one in training would copy every layer's keys for nothing.
             use_cache = self.config.use_cache and not self.training
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         if self.gradient_checkpointing and self.training:
             use_cache = False
         if use_cache and past_key_values is None:
@@ -461,6 +460,9 @@ class AoTModel(AoTPreTrainedModel):
 
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d)
+        # Packed sequences are signalled by the caller's positions (restarting at 0 inside a row); positions made
+        # here never are, and withholding them keeps the plain causal mask skippable under torch.compile too.
+        given_position_ids = position_ids
         if position_ids is None:
             if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
                 # Count positions from each sequence's first real token, so left padding does not shift them.
@@ -475,7 +477,7 @@ class AoTModel(AoTPreTrainedModel):
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             past_key_values=past_key_values,
-            position_ids=position_ids,
+            position_ids=given_position_ids,
         )
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
@@ -496,9 +498,6 @@ class AoTModel(AoTPreTrainedModel):
             # As in GPT-2, the last entry is the normalised output.
             all_hidden_states = all_hidden_states[:-1] + (hidden_states,)
 
-        if not return_dict:
-            outputs = (hidden_states, past_key_values, all_hidden_states, all_attentions)
-            return tuple(v for v in outputs if v is not None)
         return BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values,
@@ -530,6 +529,7 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -541,7 +541,6 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
@@ -551,7 +550,6 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         those positions. Extra keyword arguments (e.g. `num_items_in_batch` from `Trainer`) reach the loss, so
         gradient accumulation averages over the tokens of the whole accumulated batch.
         """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -580,11 +578,6 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
             _check_labels(labels, self.config.vocab_size, "vocab_size")
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
 
-        if not return_dict:
-            output = (logits,) + tuple(
-                v for v in (outputs.past_key_values, outputs.hidden_states, outputs.attentions) if v is not None
-            )
-            return ((loss,) + output) if loss is not None else output
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
@@ -628,6 +621,7 @@ class AoTForSequenceClassification(AoTPreTrainedModel):
         positions = torch.arange(input_ids.shape[-1], device=device, dtype=torch.int32)
         return (positions * not_pad).argmax(-1)  # (B,) rightmost non-pad token
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -639,12 +633,10 @@ class AoTForSequenceClassification(AoTPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
     ) -> SequenceClassifierOutputWithPast | tuple:
         """Sequence logits (B, L), and the loss when `labels` (B,) are given (regression, single- or multi-label by
         `config.problem_type`, as in transformers)."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -668,11 +660,6 @@ class AoTForSequenceClassification(AoTPreTrainedModel):
                     f"`labels` must have {batch} entries (one per sequence), got shape {tuple(labels.shape)}."
                 )
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
-        if not return_dict:
-            output = (pooled_logits,) + tuple(
-                v for v in (outputs.past_key_values, outputs.hidden_states, outputs.attentions) if v is not None
-            )
-            return ((loss,) + output) if loss is not None else output
         return SequenceClassifierOutputWithPast(
             loss=loss,
             logits=pooled_logits,
@@ -700,6 +687,7 @@ class AoTForTokenClassification(AoTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.embed_tokens = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -709,11 +697,9 @@ class AoTForTokenClassification(AoTPreTrainedModel):
         labels: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
     ) -> TokenClassifierOutput | tuple:
         """Token logits (B, T, L), and the loss when `labels` (B, T) are given (-100 is ignored)."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -735,9 +721,6 @@ class AoTForTokenClassification(AoTPreTrainedModel):
                 )
             _check_labels(labels, self.num_labels, "num_labels")
             loss = self.loss_function(logits, labels, self.config, **kwargs)
-        if not return_dict:
-            output = (logits,) + tuple(v for v in (outputs.hidden_states, outputs.attentions) if v is not None)
-            return ((loss,) + output) if loss is not None else output
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -837,13 +820,13 @@ class AoTVisionModel(AoTPreTrainedModel):
                 "`interpolate_pos_encoding=True` to resize the position embeddings."
             )
 
+    @can_return_tuple
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         interpolate_pos_encoding: bool = False,
-        return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPooling | tuple:
         """Encode images (B, C, H, W) into tokens (B, N+1, d) and a pooled vector (B, d).
@@ -855,7 +838,6 @@ class AoTVisionModel(AoTPreTrainedModel):
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         if not _is_compiling():
             self._check_pixels(pixel_values, interpolate_pos_encoding)
         pixel_values = pixel_values.to(self.embeddings.cls_token.dtype)
@@ -872,8 +854,6 @@ class AoTVisionModel(AoTPreTrainedModel):
             pooled = hidden_states[:, 0]  # (B, d)
         else:
             pooled = hidden_states[:, 1:].mean(dim=1)
-        if not return_dict:
-            return tuple(v for v in (hidden_states, pooled, all_hidden_states, all_attentions) if v is not None)
         return BaseModelOutputWithPooling(
             last_hidden_state=hidden_states,
             pooler_output=pooled,
@@ -906,6 +886,7 @@ class AoTForImageClassification(AoTPreTrainedModel):
         """Logits (B, L) from the pooled representation."""
         return self.classifier(self.head_norm(pooled))
 
+    @can_return_tuple
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
@@ -913,17 +894,15 @@ class AoTForImageClassification(AoTPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         interpolate_pos_encoding: bool = False,
-        return_dict: bool | None = None,
         **kwargs,
     ) -> ImageClassifierOutput | tuple:
         """Class logits (B, L), and the loss when `labels` (B,) are given."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             pixel_values,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            interpolate_pos_encoding=interpolate_pos_encoding,
             return_dict=True,
+            interpolate_pos_encoding=interpolate_pos_encoding,
         )
         logits = self.forward_head(outputs.pooler_output)
         loss = None
@@ -933,9 +912,6 @@ class AoTForImageClassification(AoTPreTrainedModel):
             if self.num_labels > 1:  # class indices (one label = regression)
                 _check_labels(labels, self.num_labels, "num_labels")
             loss = self.loss_function(labels, logits, self.config, **kwargs)
-        if not return_dict:
-            output = (logits,) + tuple(v for v in (outputs.hidden_states, outputs.attentions) if v is not None)
-            return ((loss,) + output) if loss is not None else output
         return ImageClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
