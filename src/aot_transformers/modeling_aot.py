@@ -517,12 +517,6 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
@@ -602,12 +596,6 @@ class AoTForSequenceClassification(AoTPreTrainedModel):
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
     def _last_token(self, input_ids: torch.Tensor | None, batch: int, device: torch.device) -> torch.Tensor | int:
         pad_token_id = self.config.pad_token_id
         if pad_token_id is None or input_ids is None:
@@ -680,12 +668,6 @@ class AoTForTokenClassification(AoTPreTrainedModel):
         self.dropout = nn.Dropout(config.hidden_dropout)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
 
     @can_return_tuple
     def forward(
