@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from aot_transformers import AoTConfig, AoTForCausalLM, AoTForImageClassification, export_model
+from aot_transformers.errors import UsageError
 from aot_transformers.hub import (
     HubPushError,
     card_template_path,
@@ -359,9 +360,10 @@ def test_push_refuses_what_is_not_an_export(tmp_path, hub):
     (tmp_path / "config.json").write_text(json.dumps(AoTConfig().to_dict()))
     with pytest.raises(ValueError, match="does not load with trust_remote_code=True"):
         push_to_hub(tmp_path, "someone/x", endpoint=hub.url)
-    with pytest.raises(FileNotFoundError):
+    # Bad input is a UsageError (a ValueError; `aot push` exits with 2), not FileNotFoundError (exit 1): item 15
+    with pytest.raises(UsageError, match="no such folder"):
         push_to_hub(tmp_path / "missing", "someone/x", endpoint=hub.url)
-    with pytest.raises(ValueError, match="Invalid repo id"):
+    with pytest.raises(UsageError, match="not a Hub repository id"):
         push_to_hub(export_model(AoTForCausalLM(tiny_config()), tmp_path / "m"), "a/b/c", endpoint=hub.url)
     assert hub.requests == []  # nothing reached the server
 
@@ -404,7 +406,7 @@ def test_push_command(hub, exported, capsys):
         failing.close()
     # bad input: exit 2, nothing sent
     assert aot(["push", str(exported), "--repo-id", "a/b/c", "--endpoint", hub.url]) == 2
-    assert "Invalid repo id 'a/b/c'" in capsys.readouterr().err
+    assert "--repo-id 'a/b/c': not a Hub repository id" in capsys.readouterr().err
 
 
 def test_training_with_push_to_hub_uploads_the_final_folder(hub, tmp_path):

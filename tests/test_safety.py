@@ -14,6 +14,7 @@ import torch
 
 from aot_transformers import AoTConfig, AoTForCausalLM
 from aot_transformers.cli import main as cli_main
+from aot_transformers.errors import UsageError
 from aot_transformers.verify import verify_folder
 from conftest import tiny_config
 
@@ -92,7 +93,8 @@ def test_verify_clean_edited_missing_and_pickle(saved, capsys):
 
 
 def test_verify_rejects_non_model_folder(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    # Bad input, not a failed check (issue 18 item 12): UsageError, which `aot verify` reports with exit code 2.
+    with pytest.raises(UsageError, match="config.json"):
         verify_folder(tmp_path)
 
 

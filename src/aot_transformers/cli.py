@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from .errors import DEBUG_ENV, EXIT_USAGE, UsageError, run_command
+from .errors import DEBUG_ENV, EXIT_USAGE, run_command
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -41,10 +41,10 @@ def _info(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from .verify import verify_folder
 
-    if not os.path.isdir(args.folder):
-        raise UsageError("no such folder", argument="folder", value=args.folder)
-    report = verify_folder(args.folder)
+    report = verify_folder(args.folder)  # a missing folder or unreadable config.json: UsageError, exit 2
     print("\n".join(report.lines()))
+    if not report.ok:  # a failed check: exit 1, the reasons on one line too (stdout may go to a file)
+        print(f"aot verify: {args.folder} FAILED: {'; '.join(report.problems())}", file=sys.stderr)
     return 0 if report.ok else 1
 
 
@@ -57,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineArgumentParser)
     info = subcommands.add_parser("info", help="version and presets")
     info.set_defaults(func=_info)
-    verify = subcommands.add_parser("verify", help="check a saved model folder's code files against their hashes")
+    verify = subcommands.add_parser(
+        "verify",
+        help="check, before trusting it, that a model folder runs only the installed package's code and has no pickle",
+    )
     verify.add_argument("folder", help="a folder written by save_pretrained / aot export, or downloaded")
     verify.set_defaults(func=_verify)
     from .graph_export import register as register_graph_export  # `aot export onnx`

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import RunError
+from .errors import RunError, UsageError
 from .evaluation.model_card import card_for_folder, card_template_path, render_model_card
 from .modeling_aot import AoTPreTrainedModel
 
@@ -142,30 +142,69 @@ class PushResult:
     files: list[str]
 
 
+def _read_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"{path} cannot be read as JSON ({type(error).__name__}: {error}).") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{path} holds a JSON {type(config).__name__}, not an object: not a model config.")
+    return config
+
+
 def check_export_folder(folder: str | os.PathLike) -> Path:
     """Check that `folder` is a complete AoT export (config with `auto_map`, safetensors weights, code files) or a
-    LoRA adapter folder (`adapter_config.json` + safetensors adapter weights)."""
+    LoRA adapter folder (`adapter_config.json` + safetensors adapter weights).
+
+    Raises:
+        UsageError: It is neither (bad input: `aot push` exits with 2).
+    """
     folder = Path(folder)
+    if not folder.exists():
+        raise UsageError("no such folder", argument="folder", value=str(folder))
     if not folder.is_dir():
-        raise FileNotFoundError(f"No such folder: {folder}.")
+        raise UsageError("not a folder", argument="folder", value=str(folder))
     if (folder / "adapter_config.json").is_file():
+        _read_config(folder / "adapter_config.json")
         if not any(folder.glob("adapter_model*.safetensors")):
-            raise ValueError(f"{folder} is a LoRA adapter folder without adapter_model.safetensors.")
+            raise UsageError(f"{folder} is a LoRA adapter folder without adapter_model.safetensors.")
         return folder
     config_file = folder / "config.json"
     if not config_file.is_file():
-        raise ValueError(f"{folder} has no config.json: it is not a saved model folder.")
-    config = json.loads(config_file.read_text())
+        raise UsageError(f"{folder} has no config.json: it is not a saved model folder.")
+    config = _read_config(config_file)
     missing = [name for name in CODE_FILES if not (folder / name).is_file()]
     if "auto_map" not in config or missing:
-        raise ValueError(
+        raise UsageError(
             f"{folder} does not load with trust_remote_code=True: "
             + (f"missing code files {missing}" if missing else "config.json has no auto_map")
             + ". Save it with aot_transformers.export_model."
         )
     if not any(folder.glob("*.safetensors")):
-        raise ValueError(f"{folder} has no .safetensors weights.")
+        raise UsageError(f"{folder} has no .safetensors weights.")
     return folder
+
+
+def _walk(folder: Path) -> tuple[list[str], list[str]]:
+    """Every file below `folder` as the upload sees it (relative POSIX paths), and the symbolic links whose target
+    lies outside `folder` (or is missing): their content is not the folder's to publish."""
+    root = folder.resolve()
+    files, escaping = [], []
+    for directory, subfolders, names in os.walk(folder, followlinks=False):
+        for name in sorted(subfolders) + sorted(names):
+            path = Path(directory) / name
+            relative = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                target = path.resolve()
+                if not target.exists() or not target.is_relative_to(root):
+                    escaping.append(relative)
+                    continue
+                if target.is_dir():
+                    escaping.append(relative)  # a linked folder is walked by some uploads and not others: refused
+                    continue
+            if name in names:
+                files.append(relative)
+    return files, escaping
 
 
 def _hidden_top_level(folder: Path) -> list[str]:
@@ -175,6 +214,34 @@ def _hidden_top_level(folder: Path) -> list[str]:
         if path.name.startswith(".") and path.name != EVAL_RESULTS_DIR:
             patterns += [path.name, f"{path.name}/*"]
     return patterns
+
+
+def check_push_contents(folder: Path, names: list[str], escaping: list[str]) -> None:
+    """Refuse a push that would publish what the folder's owner did not mean to: links leaving the folder, pickles,
+    or code that `aot verify` does not pass.
+
+    Args:
+        folder: The folder to push.
+        names: The files that would be uploaded (after the ignore patterns).
+        escaping: Symbolic links leaving the folder (from the walk).
+
+    Raises:
+        UsageError: One line naming every offending file; nothing has been uploaded.
+    """
+    from .verify import is_pickle_name, verify_folder
+
+    problems = [f"{name} is a link to a folder or out of {folder}" for name in escaping]
+    problems += [f"{name} is a pickle (can run arbitrary code when loaded)" for name in names if is_pickle_name(name)]
+    if (folder / "config.json").is_file():
+        report = verify_folder(folder)
+        problems += [problem for problem in report.problems() if "is a pickle" not in problem]
+    else:  # a LoRA adapter folder holds no code, and loading one must not run any
+        problems += [f"{name} is code in an adapter folder" for name in names if name.lower().endswith(".py")]
+    if problems:
+        raise UsageError(
+            f"refusing to push {folder}: {'; '.join(problems)}. Nothing was uploaded; remove or replace these files "
+            "(re-export the model with aot_transformers.export_model) and push again."
+        )
 
 
 def push_to_hub(
@@ -190,9 +257,11 @@ def push_to_hub(
 ) -> PushResult:
     """Upload an exported model folder to a Hub repository (created if needed) with `HfApi.upload_folder`.
 
-    The folder is read, never written: when it has no `README.md`, a model card rendered from its config is
-    uploaded from memory in a second commit. Whatever fails (network, authentication, a card the Hub refuses,
-    server error), the local folder is left as it was and `HubPushError` says what went wrong.
+    Nothing is uploaded when the folder holds a symbolic link out of it, a pickle that would be uploaded (`*.bin`,
+    `*.pt`, … in any case; Trainer checkpoints and `training_args.bin` stay local), or code that `aot verify` does
+    not pass (`UsageError`). The folder is read, never written: when it has no `README.md`, a model card rendered
+    from its config is uploaded from memory in a second commit. Whatever fails (network, authentication, a card the
+    Hub refuses, server error), the local folder is left as it was and `HubPushError` says what went wrong.
 
     Args:
         folder: A folder written by `export_model` or by `aot train`.
@@ -206,6 +275,10 @@ def push_to_hub(
 
     Returns:
         The repository URL, commit URL and commit id, and the uploaded files.
+
+    Raises:
+        UsageError: Bad input (not an export, a bad repo id, a link, pickle or unverified code); nothing uploaded.
+        HubPushError: The push itself failed; the local folder is unchanged.
     """
     from huggingface_hub import HfApi
     from huggingface_hub.utils import HFValidationError, filter_repo_objects, validate_repo_id
@@ -213,14 +286,21 @@ def push_to_hub(
     folder = check_export_folder(folder)
     try:
         validate_repo_id(repo_id)
-    except HFValidationError as error:
-        raise ValueError(f"Invalid repo id {repo_id!r}: {error}") from None
+    except (HFValidationError, TypeError, ValueError) as error:
+        raise UsageError(f"not a Hub repository id: {error}", argument="--repo-id", value=repo_id) from None
     ignore = PUSH_IGNORE_PATTERNS + _hidden_top_level(folder)
-    relative = [str(p.relative_to(folder)) for p in sorted(folder.rglob("*")) if p.is_file()]
+    try:
+        relative, escaping = _walk(folder)
+    except OSError as error:
+        raise UsageError(f"{folder} cannot be read ({type(error).__name__}: {error}).") from None
     names = list(filter_repo_objects(relative, ignore_patterns=ignore))
+    check_push_contents(folder, names, list(filter_repo_objects(escaping, ignore_patterns=ignore)))
     card = None
     if not (folder / "README.md").is_file() and not (folder / "adapter_config.json").is_file():
-        card = str(card_for_folder(folder, repo_id))
+        try:
+            card = str(card_for_folder(folder, repo_id))
+        except (OSError, ValueError, TypeError, KeyError) as error:  # a config or results.json it cannot read
+            raise UsageError(f"no model card can be made for {folder}: {type(error).__name__}: {error}") from None
         names.append("README.md")
     api = HfApi(endpoint=endpoint, token=token)
     target = f"{repo_id} on {api.endpoint}"

@@ -1,75 +1,239 @@
-"""Check that a saved model folder runs the code of a released aot-transformers version (`aot verify DIR`)."""
+"""Check, before trusting it, that a saved model folder runs only the code of the installed aot-transformers
+(`aot verify DIR`).
+
+Loading a folder with `trust_remote_code=True` imports every module an `auto_map` names — in `config.json`, in
+`tokenizer_config.json` or any other `*config.json` — and whatever those modules import. The hash check that runs at
+load time (`code_sha256` in `config.json`) lives inside the code it checks and is skipped when the field is deleted:
+it catches accidental edits, not a folder made to deceive. `verify_folder` runs outside the folder's code and passes
+a folder only when loading it can run nothing but the installed package's own three code files:
+
+- every `auto_map` entry (of every `*config.json`, at any depth) names one of the three code files, present beside
+  it: none names a module of another repository (`other/repo--module.Class`), a fourth module, or a missing one; and
+  only `config.json` may have an `auto_map` (an AoT tokenizer or image processor never runs code of its own);
+- every `.py` file (at any depth) is one of the three code files and byte for byte the installed package's copy:
+  an edit is caught even when `code_sha256` was rewritten to match it, and a folder without `code_sha256` passes
+  only when its code matches the installed package;
+- no file is a pickle (`.bin`, `.pt`, `.pth`, `.pkl`, `.pickle`, `.ckpt`, any case, any depth): unpickling runs code.
+
+A folder saved by another release of aot-transformers fails until that release is installed: its code cannot be
+told apart from an edit without the release's own files to compare with.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import __version__
-from .modeling_aot import CODE_FILES, PICKLE_SUFFIXES, code_file_hashes
+from .errors import UsageError
+from .modeling_aot import CODE_FILES, code_file_hashes
+
+# Files that may hold a pickle (compared case-insensitively): loading one can run arbitrary code.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def is_pickle_name(name: str) -> bool:
+    """Whether a file name has a pickle suffix (any case): `model.BIN`, `state.pickle`, …"""
+    return name.lower().endswith(PICKLE_SUFFIXES)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def installed_code_hashes() -> dict[str, str]:
+    """SHA-256 of the installed package's own code files (what a trustworthy folder must hold)."""
+    return code_file_hashes(Path(__file__).parent)
 
 
 @dataclass
 class VerifyReport:
-    """What `verify_folder` found. `ok` is True when nothing is missing, edited or unsafe."""
+    """What `verify_folder` found. `ok` is True when loading the folder can run only the installed package's code and
+    no file is a pickle.
+
+    Attributes:
+        folder: The folder checked.
+        missing: Code files that are absent (the three files, or a module an `auto_map` names).
+        edited: Code files that differ from the hashes recorded in `config.json` (`code_sha256`).
+        unrecorded: `config.json` records no `code_sha256` (a failure only when the code differs from the installed
+            package's).
+        matches_installed: The three code files are byte for byte those of the installed aot-transformers.
+        differs_from_installed: Code files (relative paths) that differ from the installed package's copy.
+        unknown_code: `.py` files that are not one of the three code files.
+        auto_map: `auto_map` entries that run code `verify` cannot vouch for, each described in words.
+        pickle_files: Files (relative paths) with a pickle suffix.
+    """
 
     folder: Path
     missing: list[str] = field(default_factory=list)
     edited: list[str] = field(default_factory=list)
     unrecorded: bool = False
     matches_installed: bool = False
+    differs_from_installed: list[str] = field(default_factory=list)
+    unknown_code: list[str] = field(default_factory=list)
+    auto_map: list[str] = field(default_factory=list)
     pickle_files: list[str] = field(default_factory=list)
 
     @property
+    def code_ok(self) -> bool:
+        """Loading the folder runs only the installed package's code (pickles aside)."""
+        return self.matches_installed and not (
+            self.missing or self.edited or self.differs_from_installed or self.unknown_code or self.auto_map
+        )
+
+    @property
     def ok(self) -> bool:
-        return not (self.missing or self.edited or self.unrecorded or self.pickle_files)
+        return self.code_ok and not self.pickle_files
+
+    def problems(self) -> list[str]:
+        """Every failed check, one short phrase each (empty when `ok`)."""
+        out = [f"missing code file {name}" for name in self.missing]
+        out += [f"{name} differs from the hash recorded in config.json" for name in self.edited]
+        out += [
+            f"{name} differs from the installed aot-transformers {__version__}" for name in self.differs_from_installed
+        ]
+        out += [f"{name} is not an aot-transformers code file" for name in self.unknown_code]
+        out += list(self.auto_map)
+        out += [f"{name} is a pickle (can run arbitrary code when loaded)" for name in self.pickle_files]
+        if not self.matches_installed and not out:
+            out.append(f"the code files differ from the installed aot-transformers {__version__}")
+        return out
 
     def lines(self) -> list[str]:
         """A human-readable account, one finding a line."""
         out = [f"{self.folder}:"]
         out += [f"  MISSING  {name}" for name in self.missing]
         out += [f"  EDITED   {name} (differs from the hash recorded in config.json)" for name in self.edited]
+        out += [
+            f"  DIFFERS  {name} (not the file of the installed aot-transformers {__version__})"
+            for name in self.differs_from_installed
+        ]
+        out += [
+            f"  UNKNOWN  {name} (not an aot-transformers code file; nothing to compare it with)"
+            for name in self.unknown_code
+        ]
+        out += [f"  AUTO_MAP {entry}" for entry in self.auto_map]
         if self.unrecorded:
-            out.append("  UNKNOWN  config.json records no `code_sha256`: saved by an older version or by hand")
+            note = "the code matches the installed package" if self.matches_installed else "cannot be checked"
+            out.append(f"  NO HASH  config.json records no `code_sha256` ({note})")
         out += [f"  PICKLE   {name} (can run arbitrary code when loaded)" for name in self.pickle_files]
         if self.matches_installed:
             out.append(f"  code files are those of aot-transformers {__version__} (installed)")
         elif not self.missing:
-            out.append(f"  code files differ from the installed aot-transformers {__version__}")
+            out.append(
+                f"  code files differ from the installed aot-transformers {__version__}: edited, or saved by another "
+                "release (install that release and verify again)"
+            )
         out.append("  OK" if self.ok else "  FAILED")
         return out
 
 
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{path} is not valid JSON (line {error.lineno}): {error.msg}; {what}.") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{path} cannot be read ({type(error).__name__}: {error}); {what}.") from None
+
+
+def _auto_map_entries(auto_map: Any) -> list[tuple[str, Any]]:
+    """(key, reference) pairs of an `auto_map` (a tokenizer maps a key to a [slow, fast] pair)."""
+    if not isinstance(auto_map, dict):
+        return [("auto_map", auto_map)]
+    pairs = []
+    for key, value in auto_map.items():
+        for reference in value if isinstance(value, (list, tuple)) else [value]:
+            if reference is not None:
+                pairs.append((key, reference))
+    return pairs
+
+
+def _check_auto_map(folder: Path, path: Path, report: VerifyReport) -> None:
+    """Add to `report` every `auto_map` entry of the JSON file `path` that runs code other than the three files."""
+    relative = path.relative_to(folder).as_posix()
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        report.auto_map.append(f"{relative} cannot be read as JSON: its auto_map (if any) cannot be checked")
+        return
+    if not isinstance(payload, dict) or "auto_map" not in payload:
+        return
+    for key, reference in _auto_map_entries(payload["auto_map"]):
+        where = f"{relative}: {key} -> {reference!r}"
+        if path.name != "config.json":
+            report.auto_map.append(f"{where} runs code when the folder loads (an AoT folder maps only config.json)")
+        elif not isinstance(reference, str) or "." not in reference:
+            report.auto_map.append(f"{where} is not a `module.Class` reference")
+        elif "--" in reference:
+            report.auto_map.append(f"{where} runs code from another repository")
+        else:
+            module = reference.rsplit(".", 1)[0]
+            file_name = module.replace(".", "/") + ".py"
+            if file_name not in CODE_FILES:
+                report.auto_map.append(f"{where} names {file_name}, not one of {', '.join(CODE_FILES)}")
+            elif not (path.parent / file_name).is_file():
+                missing = (path.parent / file_name).relative_to(folder).as_posix()
+                if missing not in report.missing:
+                    report.missing.append(missing)
+
+
 def verify_folder(folder: str | Path) -> VerifyReport:
-    """Compare a model folder's code files with the hashes in its config.json and with the installed package.
+    """Check that loading `folder` with `trust_remote_code=True` runs only the installed package's code, and that it
+    holds no pickle (see the module docstring for every check).
 
     Args:
         folder: A folder written by `save_pretrained` / `export_model` (or downloaded from the Hub).
 
     Raises:
-        FileNotFoundError: `folder` or its config.json does not exist.
-        ValueError: config.json is not valid JSON.
+        UsageError: `folder` does not exist or is not a folder, or its config.json is missing, unreadable, not valid
+            JSON or not a JSON object (bad input: `aot verify` exits with 2, not with the 1 of a failed check).
     """
     folder = Path(folder)
+    if not folder.exists():
+        raise UsageError("no such folder", argument="folder", value=str(folder))
+    if not folder.is_dir():
+        raise UsageError("not a folder", argument="folder", value=str(folder))
     config_path = folder / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: `aot verify` needs a saved model folder.")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{config_path} is not valid JSON (line {error.lineno}): {error.msg}.") from error
+        raise UsageError(f"{config_path} not found: `aot verify` needs a saved model folder.")
+    config = _read_json(config_path, "`aot verify` needs the config.json of a saved model")
+    if not isinstance(config, dict):
+        raise UsageError(f"{config_path} holds a JSON {type(config).__name__}, not an object: not a model config.")
+
     report = VerifyReport(folder=folder)
+    try:
+        files = sorted(path for path in folder.rglob("*") if path.is_file())
+    except OSError as error:
+        raise UsageError(f"{folder} cannot be listed ({type(error).__name__}: {error}).") from None
+    installed = installed_code_hashes()
+    for path in files:
+        relative = path.relative_to(folder).as_posix()
+        if is_pickle_name(path.name):
+            report.pickle_files.append(relative)
+        if path.name.endswith("config.json"):
+            _check_auto_map(folder, path, report)
+        if path.suffix.lower() == ".py":
+            if path.name not in CODE_FILES:
+                report.unknown_code.append(relative)
+            elif path.parent != folder and _sha256(path) != installed[path.name]:
+                report.differs_from_installed.append(relative)  # a copy below the top level: must be exact too
+
     actual = code_file_hashes(folder)
-    report.missing = [name for name in CODE_FILES if actual[name] is None]
+    report.missing = sorted({name for name in CODE_FILES if actual[name] is None} | set(report.missing))
     recorded = config.get("code_sha256")
     if not isinstance(recorded, dict):
         report.unrecorded = True
     else:
         report.edited = [n for n in CODE_FILES if actual[n] is not None and recorded.get(n) != actual[n]]
-    report.matches_installed = actual == code_file_hashes(Path(__file__).parent)
-    report.pickle_files = sorted(p.name for ext in PICKLE_SUFFIXES for p in folder.glob(f"*{ext}"))
+    report.matches_installed = actual == installed
+    report.differs_from_installed = [
+        n for n in CODE_FILES if actual[n] is not None and actual[n] != installed[n]
+    ] + report.differs_from_installed
     return report
 
 
-__all__ = ["VerifyReport", "verify_folder"]
+__all__ = ["PICKLE_SUFFIXES", "VerifyReport", "installed_code_hashes", "is_pickle_name", "verify_folder"]
