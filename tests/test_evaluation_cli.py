@@ -134,11 +134,15 @@ def test_crash_during_evaluation_keeps_results_and_card(model_dir, data_args, tm
         return real(scorer, task, *args, **kwargs)
 
     monkeypatch.setattr("aot_transformers.evaluation.runner.run_task", crash_on_lambada)
+    monkeypatch.setenv("AOT_LOG_DIR", str(tmp_path / "logs"))
     assert run([*argv, "--no-progress", "--update-card"]) == 1
     error = capsys.readouterr().err
     assert "task 'lambada' failed with RuntimeError: simulated out-of-memory in forward" in error
     assert "tasks finished before it: ptb" in error and "Nothing was written" in error
-    assert "Traceback" in error  # the crash keeps its traceback
+    # The error contract: one line on the terminal, the crash's traceback kept in a log file (or behind --debug).
+    assert "Traceback" not in error
+    (log,) = (tmp_path / "logs").iterdir()
+    assert str(log) in error and "simulated out-of-memory in forward" in log.read_text()
     after = {path.name: path.read_bytes() for path in [*out.iterdir(), model_dir / "README.md"]}
     assert after == before
 

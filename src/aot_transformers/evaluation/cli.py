@@ -9,12 +9,14 @@ aot eval table A/results.json B/results.json --names A B   # one markdown table 
 from __future__ import annotations
 
 import argparse
+import os
 import re
-import sys
-import traceback
 from pathlib import Path
 
+from ..errors import RunError, report_error
 from .data import EvaluationError, EvaluationFailed
+
+LOCK_FILE = ".aot.lock"
 
 
 def _data_overrides(values: list[str]) -> dict[str, str]:
@@ -33,45 +35,119 @@ def _default_output_dir(model: str) -> Path:
 
 
 def _card_target(args: argparse.Namespace) -> Path | None:
+    """The card file `--update-card` writes (checked before any evaluation: its folder exists, it can be read)."""
+    from .model_card import card_file, load_card
+
     if args.update_card is None:
         return None
     if args.update_card:
-        return Path(args.update_card)
-    model = Path(args.model).expanduser()
-    if not model.is_dir():
+        card = card_file(args.update_card)
+    else:
+        model = Path(args.model).expanduser()
+        if not model.is_dir():
+            raise EvaluationError(
+                f"--update-card without a path writes MODEL/README.md, but {args.model} is not a local folder: "
+                "give the card's path (--update-card path/to/README.md)."
+            )
+        card = model / "README.md"
+    if not card.parent.is_dir():
+        raise EvaluationError("its folder does not exist", argument="--update-card", value=str(card))
+    if card.exists():
+        if not card.is_file():
+            raise EvaluationError("not a file", argument="--update-card", value=str(card))
+        load_card(card)  # a malformed card fails now, not after the evaluation
+    return card
+
+
+def _check_output_dir(folder: Path) -> None:
+    """A clear error now, rather than after the evaluation, when results cannot be written into `folder`."""
+    if folder.exists() and not folder.is_dir():
+        raise EvaluationError("exists and is not a folder", argument="--output-dir", value=str(folder))
+    existing = folder.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
         raise EvaluationError(
-            f"--update-card without a path writes MODEL/README.md, but {args.model} is not a local folder: "
-            "give the card's path (--update-card path/to/README.md)."
+            f"{existing} is a file, so the folder cannot be created", argument="--output-dir", value=str(folder)
         )
-    return model / "README.md"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise EvaluationError(f"{existing} is not writable", argument="--output-dir", value=str(folder))
+
+
+def _lock(folder: Path):
+    """Hold `folder/.aot.lock` (a `filelock.FileLock`) so that a second run updating the same card fails at once
+    instead of silently losing one of the two results."""
+    from filelock import FileLock, Timeout
+
+    path = folder / LOCK_FILE
+    lock = FileLock(str(path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise EvaluationError(
+            f"another aot run holds {path}: wait for it to finish, or update another card (two runs updating one "
+            "model card would lose one's results)."
+        ) from None
+    except OSError as error:
+        raise EvaluationError(
+            f"cannot lock {path} ({type(error).__name__}: {error}): the model card's folder is not writable.",
+        ) from None
+    return lock
 
 
 def run_lm(args: argparse.Namespace) -> int:
-    """`aot eval lm`: evaluate, write results.json / results.md, optionally update the model card."""
-    from .model_card import update_model_card
-    from .results import write_results
-    from .runner import evaluate_model
+    """`aot eval lm`: evaluate, write results.json / results.md, optionally update the model card.
 
+    Every argument is checked before the model runs (device, output folder, card, lock on the card's folder); the
+    files are written only once every task has finished with finite numbers.
+    """
+    from .model_card import update_model_card
+    from .results import check_finite, write_results
+    from .runner import check_device, evaluate_model
+
+    check_device(args.device)
+    output_dir = Path(args.output_dir) if args.output_dir else _default_output_dir(args.model)
+    _check_output_dir(output_dir)
     card = _card_target(args)
-    report = evaluate_model(
-        args.model,
-        args.tasks,
-        tokenizer=args.tokenizer,
-        data_dir=args.data_dir,
-        data=_data_overrides(args.data),
-        max_length=args.max_length,
-        stride=args.stride,
-        batch_size=args.batch_size,
-        bf16=args.bf16,
-        device=args.device,
-        limit=args.limit,
-        progress=not args.no_progress,
-    )
-    json_path, markdown_path = write_results(report, args.output_dir or _default_output_dir(args.model))
-    print(markdown_path.read_text(encoding="utf-8"))
-    print(f"wrote {json_path} and {markdown_path}")
-    if card is not None:
-        print(f"updated the model card {update_model_card(card, report)}")
+    lock = _lock(card.parent) if card is not None else None
+    try:
+        report = evaluate_model(
+            args.model,
+            args.tasks,
+            tokenizer=args.tokenizer,
+            data_dir=args.data_dir,
+            data=_data_overrides(args.data),
+            max_length=args.max_length,
+            stride=args.stride,
+            batch_size=args.batch_size,
+            bf16=args.bf16,
+            device=args.device,
+            limit=args.limit,
+            progress=not args.no_progress,
+            trust_remote_code=args.trust_remote_code,
+        )
+        check_finite(report)  # a NaN model: exit 1 naming the metrics, nothing written
+        try:
+            json_path, markdown_path = write_results(report, output_dir)
+        except OSError as error:
+            raise RunError(
+                f"could not write the results into {output_dir} ({type(error).__name__}: {error}); earlier results "
+                "files there are unchanged."
+            ) from error
+        print(markdown_path.read_text(encoding="utf-8"))
+        print(f"wrote {json_path} and {markdown_path}")
+        if card is not None:
+            try:
+                written = update_model_card(card, report)
+            except OSError as error:
+                raise RunError(
+                    f"could not write the model card {card} ({type(error).__name__}: {error}); the card is unchanged "
+                    f"and the results are in {json_path}."
+                ) from error
+            print(f"updated the model card {written}")
+    finally:
+        if lock is not None:
+            lock.release()
     return 0
 
 
@@ -107,23 +183,21 @@ def run_table(args: argparse.Namespace) -> int:
 
 
 def _guard(function):
-    """Report user errors as one line and exit code 2; a task that crashes while scoring prints its traceback, the
-    task and what is unchanged on disk, and exits with 1; other bugs keep their traceback."""
+    """Run an `aot eval` command under the error contract of `aot_transformers.errors`, with `aot eval` as the
+    name in messages: user errors are one line and exit code 2; a task that crashes while scoring is one line naming
+    the task and what is unchanged on disk, exit code 1 (its traceback behind `aot --debug` or in a log file)."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return function(args)
-        except EvaluationError as error:
-            print(f"aot eval: error: {error}", file=sys.stderr)
-            return 2
         except EvaluationFailed as failure:
-            traceback.print_exception(failure.__cause__ or failure, file=sys.stderr)
-            print(
-                f"aot eval: error: {failure}. Nothing was written: earlier results files and the model card are "
-                "unchanged.",
-                file=sys.stderr,
+            error = RunError(
+                f"{failure}. Nothing was written: earlier results files and the model card are unchanged."
             )
-            return 1
+            error.__cause__ = failure
+            return report_error(error, prog="aot eval")
+        except (EvaluationError, RunError) as error:
+            return report_error(error, prog="aot eval")
 
     return run
 
@@ -138,8 +212,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     lm = commands.add_parser(
         "lm",
         help="the paper's zero-shot suite on any causal LM",
-        description="Zero-shot suite of the AoT paper on a causal LM (a folder or Hub id, loaded with "
-        "trust_remote_code=True). Writes results.json and results.md.",
+        description="Zero-shot suite of the AoT paper on a causal LM (a folder or Hub id). A model's own code runs "
+        "only for a local AoT folder that `aot verify` passes, or with --trust-remote-code. Writes results.json and "
+        "results.md.",
     )
     lm.add_argument("model", help="model folder or Hub id")
     lm.add_argument("--tasks", default="all", help=f"comma-separated, from: {', '.join(TASKS)} (default: all)")
@@ -171,6 +246,12 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         help="write the results into a model card's model-index (default card: MODEL/README.md)",
     )
     lm.add_argument("--no-progress", action="store_true", help="no progress bars")
+    lm.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the model's own code even when `aot verify` does not pass it (needed for a Hub id or folder with "
+        "code of its own; a local AoT folder that verifies is trusted without it)",
+    )
     lm.set_defaults(func=_guard(run_lm))
 
     commands.add_parser("tasks", help="list the tasks and their data sources").set_defaults(func=_guard(run_tasks))

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import RunError, UsageError
+
 CLOZE_BLANK = "XXXXX"
 CBT_CONTEXT_LINES = 20
 
@@ -35,12 +37,14 @@ CBT_CONTEXT_LINES = 20
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
 
 
-class EvaluationError(ValueError):
-    """A user error at the boundary of the evaluation suite (unknown task, missing data, bad settings)."""
+class EvaluationError(UsageError):
+    """A user error at the boundary of the evaluation suite (unknown task, missing data, bad settings): exit code 2
+    under the error contract of `aot_transformers.errors` (a `UsageError`, hence a `ValueError`)."""
 
 
-class EvaluationFailed(RuntimeError):
-    """A task crashed while scoring (the model raised, ran out of memory, …); names the task and those finished.
+class EvaluationFailed(RunError):
+    """A task crashed while scoring (the model raised, ran out of memory, …); names the task and those finished. A
+    `RunError`: exit code 1.
 
     The original exception is chained as `__cause__`. Nothing has been written when it is raised: results files and
     model cards are only written once every task has finished.

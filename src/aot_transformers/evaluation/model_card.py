@@ -10,6 +10,7 @@ replaced, and the markdown table lives between two HTML comments so a later run 
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -341,8 +342,8 @@ def eval_results(report: EvaluationReport) -> list:
                 dataset_args={"data_file": file_name},
             )
         for key, metric_type, metric_name in _CARD_METRICS[task.kind]:
-            if result.get(key) is None:
-                continue
+            if not _finite(result.get(key)):
+                continue  # absent, or non-finite: a NaN is never written into a card (update_model_card refuses)
             results.append(
                 EvalResult(
                     task_type="text-generation",
@@ -355,6 +356,31 @@ def eval_results(report: EvaluationReport) -> list:
                 )
             )
     return results
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def load_card(path: Path):
+    """The `huggingface_hub.ModelCard` at `path`, or an `EvaluationError` naming the file when it cannot be read
+    (not UTF-8, malformed YAML metadata, metadata that is not a mapping, …)."""
+    from huggingface_hub import ModelCard
+
+    try:
+        return ModelCard.load(path)
+    except Exception as error:  # huggingface_hub raises ValueError, yaml errors, OSError, … depending on the damage
+        message = " ".join(str(error).split())[:200]
+        raise EvaluationError(
+            f"the model card {path} cannot be read ({type(error).__name__}: {message}); fix or move it, or pass "
+            "another card with --update-card PATH."
+        ) from None
+
+
+def card_file(target: str | os.PathLike) -> Path:
+    """The card file `update_model_card` writes for `target` (a `README.md`, any `.md` file, or a folder)."""
+    path = Path(target)
+    return path / "README.md" if path.is_dir() or path.suffix.lower() != ".md" else path
 
 
 def _key(result) -> tuple:
@@ -388,18 +414,21 @@ def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, mo
 
     Returns:
         The path of the written card.
+
+    Raises:
+        NonFiniteMetricError: A metric of `report` is NaN or infinite; the card is not touched.
+        EvaluationError: The card cannot be read, or its folder does not exist.
     """
     from huggingface_hub import ModelCard, ModelCardData
 
-    from .results import _atomic_write, markdown_table
+    from .results import _atomic_write, check_finite, markdown_table
 
-    path = Path(card_path)
-    if path.is_dir() or path.suffix.lower() != ".md":
-        path = path / "README.md"
+    check_finite(report)
+    path = card_file(card_path)
     if not path.parent.is_dir():
         raise EvaluationError(f"cannot write a model card into {path.parent}: not a folder.")
     if path.exists():
-        card = ModelCard.load(path)
+        card = load_card(path)
     else:
         data = ModelCardData(library_name="transformers", tags=["aot", "zero-shot-evaluation"])
         card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n# {model_name or path.parent.name}\n")
@@ -436,7 +465,7 @@ def eval_result_entries(report: EvaluationReport) -> list:
         if task_name not in TASKS or source.get("type") != "hub":
             continue
         for key, metric_type, _ in _CARD_METRICS[TASKS[task_name].kind]:
-            if result.get(key) is None:
+            if not _finite(result.get(key)):
                 continue
             notes = f"{metric_type}; {SOURCE_NAME}, window {report.settings.get('max_length')}"
             if source.get("name"):
@@ -467,6 +496,7 @@ __all__ = [
     "EVAL_RESULTS_DIR",
     "SECTION_END",
     "SECTION_START",
+    "card_file",
     "card_for_folder",
     "card_template_path",
     "eval_result_entries",
@@ -474,6 +504,7 @@ __all__ = [
     "eval_results_yaml",
     "infer_task",
     "is_repo_id",
+    "load_card",
     "render_model_card",
     "update_model_card",
 ]

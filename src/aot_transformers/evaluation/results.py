@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import RunError
 from .data import EvaluationError
 from .runner import EvaluationReport
 
@@ -37,8 +38,12 @@ DETAIL_METRICS = ("loss", "perplexity", "bits_per_byte", "acc", "acc_norm", "las
 
 
 def _format(value, metric: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None:
         return "–"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "?"  # read_results refuses such files; a hand-made report must not crash the table
+    if not math.isfinite(value):
+        return "not finite"  # never a number that looks like a result (write_results refuses such reports)
     if metric in ("acc", "acc_norm"):
         return f"{100 * value:.2f}%"
     return f"{value:.3f}" if abs(value) < 1e4 else f"{value:.4g}"
@@ -46,7 +51,9 @@ def _format(value, metric: str) -> str:
 
 def _parameters(report: EvaluationReport) -> str:
     count = report.model_info.get("num_parameters")
-    return f"{count / 1e6:.2f}M" if count else "–"
+    if isinstance(count, bool) or not isinstance(count, (int, float)) or not math.isfinite(count) or not count:
+        return "–"
+    return f"{count / 1e6:.2f}M"
 
 
 def markdown_table(reports: Sequence[EvaluationReport], names: Sequence[str] | None = None) -> str:
@@ -72,46 +79,103 @@ def markdown_table(reports: Sequence[EvaluationReport], names: Sequence[str] | N
     for name, report in zip(names, reports, strict=True):
         for task, result in report.results.items():
             source = result.get("source", {})
-            where = Path(source["path"]).name if source.get("type") == "file" else source.get("path", "")
+            where = Path(str(source["path"])).name if source.get("type") == "file" else str(source.get("path", ""))
             if source.get("type") == "hub":
                 where = f"{where} ({source.get('name') or ''} {source.get('split') or ''})".replace("( ", "(")
             cells = [name, task, where, *(_format(result.get(m), m) for m in DETAIL_METRICS)]
-            cells += [str(result.get("tokens", "–")), f"{result.get('seconds', 0):.1f}"]
+            seconds = result.get("seconds")
+            finite = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds)
+            cells += [str(result.get("tokens", "–")), f"{seconds:.1f}" if finite else "–"]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, fsync it, rename it over `path` and fsync the folder: a kill
+    or a power loss leaves the old file or the new one, never a mix or an empty file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    try:
+        directory = os.open(path.parent, os.O_RDONLY)
+    except OSError:  # a platform without directory handles (Windows): the rename itself is still atomic
+        return
+    try:
+        os.fsync(directory)
+    except OSError:
+        pass
+    finally:
+        os.close(directory)
+
+
+class NonFiniteMetricError(RunError):
+    """An evaluation produced a NaN or infinite metric (a diverged model): it is never written into a results table
+    or a model card (exit code 1)."""
+
+
+def non_finite_metrics(report: EvaluationReport) -> list[str]:
+    """`task.metric=value` for every metric of `report` that is a NaN or an infinity."""
+    found = []
+    for task, result in report.results.items():
+        for metric, value in result.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                found.append(f"{task}.{metric}={value}")
+    return found
+
+
+def check_finite(report: EvaluationReport) -> None:
+    """Raise `NonFiniteMetricError` naming every non-finite metric of `report`."""
+    found = non_finite_metrics(report)
+    if found:
+        raise NonFiniteMetricError(
+            f"the evaluation of {report.model} gave non-finite metrics ({', '.join(found)}): the model's outputs are "
+            "not finite (a diverged training run?). Nothing was written: earlier results files and the model card "
+            "are unchanged."
+        )
 
 
 def write_results(report: EvaluationReport, output_dir: str | os.PathLike) -> tuple[Path, Path]:
-    """Write `results.json` and `results.md` into `output_dir` (atomically); returns both paths."""
+    """Write `results.json` and `results.md` into `output_dir` (atomically); returns both paths.
+
+    Raises:
+        NonFiniteMetricError: A metric is NaN or infinite; nothing is written.
+    """
+    check_finite(report)
     output = Path(output_dir)
     json_path, markdown_path = output / "results.json", output / "results.md"
-    payload = json.dumps(report.to_dict(), indent=2, sort_keys=False, allow_nan=True) + "\n"
+    payload = json.dumps(report.to_dict(), indent=2, sort_keys=False, allow_nan=False) + "\n"
     _atomic_write(json_path, payload)
     _atomic_write(markdown_path, f"# Zero-shot evaluation of {report.model}\n\n{markdown_table([report])}")
     return json_path, markdown_path
 
 
 def read_results(path: str | os.PathLike) -> EvaluationReport:
-    """Read a `results.json` written by `write_results`."""
+    """Read a `results.json` written by `write_results` (or by a training run).
+
+    Raises:
+        EvaluationError: The file is missing, unreadable, not JSON, or not a results file (naming what is wrong).
+    """
     path = Path(path)
     if not path.is_file():
         raise EvaluationError(f"results file not found: {path}")
     try:
-        return EvaluationReport.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        payload = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise EvaluationError(f"{path}, line {error.lineno}: not JSON ({error.msg}).") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise EvaluationError(f"{path} cannot be read ({type(error).__name__}: {error}).") from None
+    try:
+        return EvaluationReport.from_dict(payload)
+    except EvaluationError as error:
+        raise EvaluationError(f"{path}: {error}") from None
 
 
 TRAINING_SOURCE = "training"
@@ -177,8 +241,8 @@ def card_results(report: EvaluationReport) -> list[dict[str, Any]]:
         if source.get("type") != TRAINING_SOURCE:
             continue
         for metric, value in result.items():
-            if metric in ("source", "task_type") or not isinstance(value, (int, float)):
-                continue
+            if metric in ("source", "task_type") or not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue  # a non-finite number is never written into a card
             name = source.get("path") or "custom"
             entries.append({"metric": metric, "value": value, "split": split, "dataset": name, "dataset_type": name})
     return entries
@@ -186,8 +250,11 @@ def card_results(report: EvaluationReport) -> list[dict[str, Any]]:
 
 __all__ = [
     "TABLE_COLUMNS",
+    "NonFiniteMetricError",
     "card_results",
+    "check_finite",
     "markdown_table",
+    "non_finite_metrics",
     "read_results",
     "training_results_json",
     "write_results",

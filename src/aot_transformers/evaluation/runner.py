@@ -7,6 +7,7 @@ the tokenizer, the window settings — so a mistake costs seconds, not a partial
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,17 @@ from .data import EvaluationError, EvaluationFailed
 from .scoring import LanguageModelScorer
 from .tasks import TASKS, TaskResult, load_source, parse_task_names, resolve_sources, run_task
 
+# Result fields that tables and cards read as numbers.
+_NUMERIC_FIELDS = (
+    "loss",
+    "perplexity",
+    "bits_per_byte",
+    "acc",
+    "acc_norm",
+    "last_word_perplexity",
+    "seconds",
+    "tokens",
+)
 # A Hub repository id: "name" or "owner/name" (anything else is a local path).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
@@ -56,12 +68,30 @@ class EvaluationReport:
 
     @classmethod
     def from_dict(cls, payload: Mapping[str, Any]) -> EvaluationReport:
-        """Inverse of `to_dict` (for reading a `results.json` back)."""
+        """Inverse of `to_dict` (for reading a `results.json` back).
+
+        Raises:
+            EvaluationError: `payload` is not in the layout of `to_dict` (naming the first key that is not).
+        """
         if not isinstance(payload, Mapping) or not isinstance(payload.get("results"), Mapping):
             raise EvaluationError("not an `aot eval` results file: no 'results' mapping.")
+        for key in ("settings", "model_info", "versions"):
+            if not isinstance(payload.get(key, {}), Mapping):
+                raise EvaluationError(f"not an `aot eval` results file: {key!r} is not a mapping.")
+        for task, result in payload["results"].items():
+            if not isinstance(result, Mapping):
+                raise EvaluationError(f"not an `aot eval` results file: results[{task!r}] is not a mapping.")
+            for metric in _NUMERIC_FIELDS:
+                value = result.get(metric)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                    raise EvaluationError(
+                        f"not an `aot eval` results file: results[{task!r}][{metric!r}] is {value!r}, not a number."
+                    )
+            if not isinstance(result.get("source", {}), Mapping):
+                raise EvaluationError(f"not an `aot eval` results file: results[{task!r}]['source'] is not a mapping.")
         return cls(
             model=str(payload.get("model", "")),
-            results={k: dict(v) for k, v in payload["results"].items()},
+            results={str(k): dict(v) for k, v in payload["results"].items()},
             settings=dict(payload.get("settings", {})),
             model_info=dict(payload.get("model_info", {})),
             versions=dict(payload.get("versions", {})),
@@ -69,18 +99,67 @@ class EvaluationReport:
         )
 
 
+def runs_own_code(folder: Path) -> list[str]:
+    """The top-level `*config.json` files of `folder` whose `auto_map` makes loading it with
+    `trust_remote_code=True` import code from the folder (empty for a plain transformers folder)."""
+    found = []
+    for path in sorted(folder.glob("*config.json")):
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue  # the loader reports an unreadable config itself
+        if isinstance(payload, dict) and payload.get("auto_map"):
+            found.append(path.name)
+    return found
+
+
+def remote_code_allowed(model: str | os.PathLike, trust_remote_code: bool = False) -> bool:
+    """Whether `model` may be loaded with `trust_remote_code=True`.
+
+    A local folder that loads with its own code (an `auto_map`) is trusted when `aot verify` passes it (its code is
+    byte for byte the installed aot-transformers'); any other folder or Hub id runs its own code only when the
+    caller says so (`trust_remote_code=True`, `--trust-remote-code`), as in transformers and lm-evaluation-harness.
+
+    Raises:
+        EvaluationError: A local folder with its own code that does not verify, and `trust_remote_code` is False.
+    """
+    if trust_remote_code:
+        return True
+    local = Path(os.fspath(model)).expanduser()
+    if not local.is_dir():
+        return False  # a Hub id: transformers refuses its code (clear error below) unless the caller trusts it
+    mapped = runs_own_code(local)
+    if not mapped:
+        return False  # nothing of the folder's would run
+    from ..verify import verify_folder
+
+    report = verify_folder(local)
+    if report.ok:
+        return True
+    raise EvaluationError(
+        f"{model} runs its own code when loaded (auto_map in {', '.join(mapped)}) and `aot verify` does not pass it "
+        f"({'; '.join(report.problems())}). Run `aot verify {model}` for the details, or pass --trust-remote-code "
+        "(trust_remote_code=True) if you trust the folder's code."
+    )
+
+
 def load_model_and_tokenizer(
-    model: str | os.PathLike, tokenizer: str | os.PathLike | None = None, device: str | torch.device = "cpu"
+    model: str | os.PathLike,
+    tokenizer: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
 ):
-    """A causal LM and its tokenizer through the Auto classes (`trust_remote_code=True`), in eval mode.
+    """A causal LM and its tokenizer through the Auto classes, in eval mode.
 
     Args:
         model: A folder written by `save_pretrained` or a Hub id.
         tokenizer: Where the tokenizer is, when it is not saved with the model.
         device: Where to put the model.
+        trust_remote_code: Run the model's (and tokenizer's) own code even when `aot verify` cannot vouch for it.
+            Without it, only a local AoT folder that verifies runs its code (see `remote_code_allowed`).
 
     Raises:
-        EvaluationError: The model folder does not exist, or no tokenizer can be found.
+        EvaluationError: The model folder does not exist, its code is not trusted, or no tokenizer can be found.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -88,21 +167,54 @@ def load_model_and_tokenizer(
     local = Path(name).expanduser()
     if not local.exists() and not _HUB_ID.fullmatch(name):
         raise EvaluationError(f"model folder not found: {local} (and it is not a Hub id like 'owner/name')")
+    remote_code = remote_code_allowed(name, trust_remote_code)
     tokenizer_name = os.fspath(tokenizer) if tokenizer is not None else name
     try:
-        # Explicitly no remote code: AutoTokenizer reads config.json first, whose auto_map would otherwise make
-        # transformers ask interactively (a 15 s prompt) for any folder of an unregistered model type.
-        tok = AutoTokenizer.from_pretrained(tokenizer_name, trust_remote_code=False)
+        # No remote code unless the caller asked for it: AoT tokenizers are plain `PreTrainedTokenizerFast`, and an
+        # explicit False also keeps transformers from asking interactively (a 15 s prompt) about config.json's
+        # auto_map for a folder of an unregistered model type.
+        tok = AutoTokenizer.from_pretrained(tokenizer_name, trust_remote_code=bool(trust_remote_code))
     except Exception as error:  # transformers raises OSError, ValueError or KeyError depending on what is missing
         raise EvaluationError(
             f"no tokenizer could be loaded from {tokenizer_name} ({type(error).__name__}: {str(error)[:200]}). Save "
-            "the tokenizer next to the model with tokenizer.save_pretrained(MODEL) or pass --tokenizer PATH."
+            "the tokenizer next to the model with tokenizer.save_pretrained(MODEL) or pass --tokenizer PATH"
+            + ("" if trust_remote_code else " (or --trust-remote-code if it needs its own code)")
+            + "."
         ) from None
     try:
-        lm = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=True)
+        lm = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=remote_code)
     except (OSError, ValueError) as error:  # missing files or Hub, an invalid repo id, an unknown model type
+        if not remote_code and "trust_remote_code" in str(error):
+            raise EvaluationError(
+                f"{name} runs its own code when loaded, which is not run unasked: download it and check it with "
+                "`aot verify FOLDER` (an AoT folder that verifies is trusted), or pass --trust-remote-code "
+                "(trust_remote_code=True) if you trust it."
+            ) from None
         raise EvaluationError(f"could not load a causal LM from {name}: {str(error)[:300]}") from None
     return lm.to(device).eval(), tok
+
+
+def check_device(device: str | torch.device | None) -> torch.device | None:
+    """`device` as a `torch.device`, or a clear error naming the argument when it is not one or is not available."""
+    if device is None or isinstance(device, torch.device):
+        return device
+    try:
+        parsed = torch.device(str(device))
+    except (RuntimeError, TypeError, ValueError):
+        raise EvaluationError(
+            "not a device", argument="--device", value=device, allowed="cpu, cuda, cuda:N, mps, ..."
+        ) from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise EvaluationError("CUDA is not available on this machine", argument="--device", value=device)
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise EvaluationError(
+            f"this machine has {torch.cuda.device_count()} CUDA device(s)", argument="--device", value=device
+        )
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise EvaluationError("MPS is not available on this machine", argument="--device", value=device)
+    if parsed.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise EvaluationError("cannot evaluate there", argument="--device", value=device, allowed="cpu, cuda, mps")
+    return parsed
 
 
 def _versions() -> dict[str, str]:
@@ -128,6 +240,7 @@ def evaluate_model(
     limit: int | None = None,
     progress: bool = False,
     model_name: str | None = None,
+    trust_remote_code: bool = False,
 ) -> EvaluationReport:
     """Run the zero-shot suite (or some of its tasks) on a causal LM.
 
@@ -145,15 +258,18 @@ def evaluate_model(
         limit: Evaluate only the first `limit` documents / passages / questions of each dataset.
         progress: Show progress bars.
         model_name: Name recorded in the report (default: `model` when it is a path or id).
+        trust_remote_code: Run the model's own code even when `aot verify` does not pass it (a local AoT folder
+            that verifies is trusted without it; any other folder or Hub id with code of its own needs it).
 
     Returns:
         The report; write it with `write_results`.
 
     Raises:
-        EvaluationError: Unknown task, missing or malformed data, no tokenizer, bad window settings — before any
-            forward pass.
+        EvaluationError: Unknown task, bad device, missing or malformed data, no tokenizer, bad window settings,
+            code that is not trusted — before any forward pass.
     """
     names = parse_task_names(tasks)
+    device = check_device(device)
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise EvaluationError(f"`limit` must be a positive int, got {limit!r}.")
     sources = resolve_sources(names, data_dir, data)
@@ -175,10 +291,10 @@ def evaluate_model(
     else:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
-            lm, _ = load_model_and_tokenizer(model, None, device)
+            lm, _ = load_model_and_tokenizer(model, None, device, trust_remote_code)
             tok = tokenizer
         else:
-            lm, tok = load_model_and_tokenizer(model, tokenizer, device)
+            lm, tok = load_model_and_tokenizer(model, tokenizer, device, trust_remote_code)
         name = model_name or os.fspath(model)
 
     scorer = LanguageModelScorer(
@@ -216,4 +332,11 @@ def evaluate_model(
     )
 
 
-__all__ = ["EvaluationReport", "evaluate_model", "load_model_and_tokenizer"]
+__all__ = [
+    "EvaluationReport",
+    "check_device",
+    "evaluate_model",
+    "load_model_and_tokenizer",
+    "remote_code_allowed",
+    "runs_own_code",
+]
