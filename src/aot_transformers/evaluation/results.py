@@ -79,7 +79,8 @@ def markdown_table(reports: Sequence[EvaluationReport], names: Sequence[str] | N
     for name, report in zip(names, reports, strict=True):
         for task, result in report.results.items():
             source = result.get("source", {})
-            where = Path(str(source["path"])).name if source.get("type") == "file" else str(source.get("path", ""))
+            path = str(source.get("path") or "")
+            where = Path(path).name if source.get("type") == "file" else path
             if source.get("type") == "hub":
                 where = f"{where} ({source.get('name') or ''} {source.get('split') or ''})".replace("( ", "(")
             cells = [name, task, where, *(_format(result.get(m), m) for m in DETAIL_METRICS)]
