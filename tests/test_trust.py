@@ -471,3 +471,17 @@ def test_item5_readme_card_is_loadable_after_push_checks(folder, fake_hub):
     """Positive control: the checks do not stop the card that push renders for a folder without one."""
     result = push_to_hub(folder, "someone/tiny")
     assert "README.md" in result.files and ("upload_file", "README.md") in fake_hub.calls
+
+
+def test_item2_lora_adapter_folder_must_hold_no_code(tmp_path, fake_hub, capsys):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "base", "r": 4}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    code, out, _ = verify_exit(adapter, capsys)
+    assert code == 0 and "LoRA adapter folder" in out and "(base)" in out
+    (adapter / "helper.py").write_text("print('hi')\n")
+    assert verify_exit(adapter, capsys)[0] == 1
+    with pytest.raises(UsageError, match="helper.py is not an aot-transformers code file"):
+        push_to_hub(adapter, "someone/adapter")
+    assert fake_hub.calls == []

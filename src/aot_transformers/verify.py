@@ -76,11 +76,12 @@ class VerifyReport:
     unknown_code: list[str] = field(default_factory=list)
     auto_map: list[str] = field(default_factory=list)
     pickle_files: list[str] = field(default_factory=list)
+    adapter_base: str | None = None
 
     @property
     def code_ok(self) -> bool:
         """Loading the folder runs only the installed package's code (pickles aside)."""
-        return self.matches_installed and not (
+        return (self.matches_installed or self.adapter_base is not None) and not (
             self.missing or self.edited or self.differs_from_installed or self.unknown_code or self.auto_map
         )
 
@@ -98,7 +99,7 @@ class VerifyReport:
         out += [f"{name} is not an aot-transformers code file" for name in self.unknown_code]
         out += list(self.auto_map)
         out += [f"{name} is a pickle (can run arbitrary code when loaded)" for name in self.pickle_files]
-        if not self.matches_installed and not out:
+        if not self.matches_installed and self.adapter_base is None and not out:
             out.append(f"the code files differ from the installed aot-transformers {__version__}")
         return out
 
@@ -120,7 +121,10 @@ class VerifyReport:
             note = "the code matches the installed package" if self.matches_installed else "cannot be checked"
             out.append(f"  NO HASH  config.json records no `code_sha256` ({note})")
         out += [f"  PICKLE   {name} (can run arbitrary code when loaded)" for name in self.pickle_files]
-        if self.matches_installed:
+        if self.adapter_base is not None:
+            base = self.adapter_base or "not named"
+            out.append(f"  a LoRA adapter folder: it holds no code; verify its base model ({base}) too")
+        elif self.matches_installed:
             out.append(f"  code files are those of aot-transformers {__version__} (installed)")
         elif not self.missing:
             out.append(
@@ -185,6 +189,9 @@ def verify_folder(folder: str | Path) -> VerifyReport:
     """Check that loading `folder` with `trust_remote_code=True` runs only the installed package's code, and that it
     holds no pickle (see the module docstring for every check).
 
+    A LoRA adapter folder (`adapter_config.json`, no `config.json`) must hold no code at all; its base model is a
+    folder of its own to verify.
+
     Args:
         folder: A folder written by `save_pretrained` / `export_model` (or downloaded from the Hub).
 
@@ -198,6 +205,10 @@ def verify_folder(folder: str | Path) -> VerifyReport:
     if not folder.is_dir():
         raise UsageError("not a folder", argument="folder", value=str(folder))
     config_path = folder / "config.json"
+    adapter_path = folder / "adapter_config.json"
+    adapter = not config_path.is_file() and adapter_path.is_file()
+    if adapter:  # a LoRA adapter folder (PEFT): no code of its own may be in it
+        config_path = adapter_path
     if not config_path.is_file():
         raise UsageError(f"{config_path} not found: `aot verify` needs a saved model folder.")
     config = _read_json(config_path, "`aot verify` needs the config.json of a saved model")
@@ -205,6 +216,8 @@ def verify_folder(folder: str | Path) -> VerifyReport:
         raise UsageError(f"{config_path} holds a JSON {type(config).__name__}, not an object: not a model config.")
 
     report = VerifyReport(folder=folder)
+    if adapter:
+        report.adapter_base = str(config.get("base_model_name_or_path") or "")
     try:
         files = sorted(path for path in folder.rglob("*") if path.is_file())
     except OSError as error:
@@ -217,11 +230,13 @@ def verify_folder(folder: str | Path) -> VerifyReport:
         if path.name.endswith("config.json"):
             _check_auto_map(folder, path, report)
         if path.suffix.lower() == ".py":
-            if path.name not in CODE_FILES:
+            if path.name not in CODE_FILES or adapter:
                 report.unknown_code.append(relative)
             elif path.parent != folder and _sha256(path) != installed[path.name]:
                 report.differs_from_installed.append(relative)  # a copy below the top level: must be exact too
 
+    if adapter:
+        return report
     actual = code_file_hashes(folder)
     report.missing = sorted({name for name in CODE_FILES if actual[name] is None} | set(report.missing))
     recorded = config.get("code_sha256")
