@@ -19,7 +19,7 @@ from aot_transformers.cli import main as aot
 from aot_transformers.errors import UsageError
 from aot_transformers.evaluation import evaluate_model, markdown_table, read_results, update_model_card
 from aot_transformers.evaluation.results import NonFiniteMetricError, _atomic_write
-from aot_transformers.evaluation.runner import EvaluationReport, remote_code_allowed
+from aot_transformers.evaluation.runner import EvaluationReport, load_model_and_tokenizer, remote_code_allowed
 from aot_transformers.hub import push_to_hub
 from aot_transformers.verify import verify_folder
 from test_evaluation_support import FIXTURES, char_tokenizer, save_model, tiny_aot
@@ -199,6 +199,9 @@ def test_item4_verified_folder_is_trusted_and_plain_folders_run_no_code(folder, 
     assert remote_code_allowed("someone/model") is False  # a Hub id: only with the flag
     report = evaluate_model(str(folder), "wikitext", data={"wikitext": FIXTURES / "wiki.test.raw"}, limit=1)
     assert report.results["wikitext"]["loss"] > 0
+    # The verified folder's code is the installed package's: that is what runs, nothing imported from the folder.
+    model, _ = load_model_and_tokenizer(folder)
+    assert type(model).__module__ == "aot_transformers.modeling_aot"
 
 
 def test_item4_hub_id_is_loaded_without_remote_code_unless_asked(monkeypatch, tmp_path, capsys):

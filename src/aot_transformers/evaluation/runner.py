@@ -117,8 +117,9 @@ def remote_code_allowed(model: str | os.PathLike, trust_remote_code: bool = Fals
     """Whether `model` may be loaded with `trust_remote_code=True`.
 
     A local folder that loads with its own code (an `auto_map`) is trusted when `aot verify` passes it (its code is
-    byte for byte the installed aot-transformers'); any other folder or Hub id runs its own code only when the
-    caller says so (`trust_remote_code=True`, `--trust-remote-code`), as in transformers and lm-evaluation-harness.
+    byte for byte the installed aot-transformers', which `load_model_and_tokenizer` then uses instead of the folder's
+    copy); any other folder or Hub id runs its own code only when the caller says so (`trust_remote_code=True`,
+    `--trust-remote-code`), as in transformers and lm-evaluation-harness.
 
     Raises:
         EvaluationError: A local folder with its own code that does not verify, and `trust_remote_code` is False.
@@ -182,7 +183,15 @@ def load_model_and_tokenizer(
             + "."
         ) from None
     try:
-        lm = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=remote_code)
+        try:
+            # A verified AoT folder's code is the installed package's, byte for byte: the installed classes
+            # (registered with the Auto classes) load it, so nothing is imported from the folder, which could change
+            # between the check and the import. Its own code runs only when these cannot load it.
+            lm = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=bool(trust_remote_code))
+        except ValueError as error:
+            if not remote_code or trust_remote_code or "trust_remote_code" not in str(error):
+                raise
+            lm = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=True)
     except (OSError, ValueError) as error:  # missing files or Hub, an invalid repo id, an unknown model type
         if not remote_code and "trust_remote_code" in str(error):
             raise EvaluationError(
