@@ -334,6 +334,36 @@ def test_item7_second_card_update_fails_at_once(folder, tmp_path, capsys):
     assert "wikitext" in (folder / "README.md").read_text().lower()
 
 
+HOLD_LOCK = """
+import sys
+from filelock import FileLock
+lock = FileLock(sys.argv[1], timeout=0)
+lock.acquire()
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+def test_item7_another_process_holding_the_folder_stops_the_card_update(folder, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(folder / ".aot.lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = aot(["eval", "lm", str(folder), *WIKI, "--output-dir", str(tmp_path / "o"), "--update-card"])
+        assert code == 2 and "another aot run holds" in one_line_error(capsys.readouterr().err)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert not (folder / "README.md").exists()
+
+
 def test_item7_card_write_is_atomic(tmp_path, monkeypatch):
     card = tmp_path / "README.md"
     card.write_text("old card\n")
@@ -454,10 +484,12 @@ def test_item15_verify_finds_pickles_in_subfolders_any_case_and_pickle_suffix(fo
     assert report.code_ok and not report.ok
 
 
-@pytest.mark.parametrize("case", ["missing", "file", "bad-json", "bad-repo-id"])
+@pytest.mark.parametrize("case", ["missing", "file", "bad-json", "bad-repo-id", "bad-endpoint"])
 def test_item15_push_bad_input_is_exit_2(folder, tmp_path, fake_hub, case, capsys):
-    target, repo = folder, "someone/tiny"
-    if case == "missing":
+    target, repo, extra = folder, "someone/tiny", []
+    if case == "bad-endpoint":
+        extra = ["--endpoint", "hub.example.com"]
+    elif case == "missing":
         target = tmp_path / "nothing"
     elif case == "file":
         target = folder / "config.json"
@@ -465,7 +497,7 @@ def test_item15_push_bad_input_is_exit_2(folder, tmp_path, fake_hub, case, capsy
         (folder / "config.json").write_text("{oops")
     else:
         repo = "a/b/c"
-    assert aot(["push", str(target), "--repo-id", repo]) == 2
+    assert aot(["push", str(target), "--repo-id", repo, *extra]) == 2
     one_line_error(capsys.readouterr().err)
     assert fake_hub.calls == []
 

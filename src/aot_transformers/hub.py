@@ -282,6 +282,8 @@ def push_to_hub(
     from huggingface_hub.utils import HFValidationError, filter_repo_objects, validate_repo_id
 
     folder = check_export_folder(folder)
+    if endpoint is not None and not (isinstance(endpoint, str) and endpoint.startswith(("http://", "https://"))):
+        raise UsageError("not a URL", argument="--endpoint", value=endpoint, allowed="http://… or https://…")
     try:
         validate_repo_id(repo_id)
     except (HFValidationError, TypeError, ValueError) as error:
