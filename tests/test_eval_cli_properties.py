@@ -268,3 +268,57 @@ def test_verify_any_folder_follows_the_contract(world, files, start, capsys, tmp
         check_contract(code, err, allowed=(0, 1, 2))
         if start != "model" or any(name.endswith((".py", ".BIN", ".pickle")) for name in files):
             assert code != 0, err  # nothing but an untouched export passes
+
+
+class _RecordingHfApi:
+    """A stand-in for `huggingface_hub.HfApi` that records uploads and sends nothing."""
+
+    uploads: list = []
+
+    def __init__(self, endpoint=None, token=None):
+        self.endpoint = endpoint or "https://hub.invalid"
+
+    def create_repo(self, repo_id, **kwargs):
+        return f"{self.endpoint}/{repo_id}"
+
+    def create_branch(self, *args, **kwargs):
+        pass
+
+    def upload_folder(self, **kwargs):
+        _RecordingHfApi.uploads.append(kwargs["folder_path"])
+        return type("Info", (), {"commit_url": "https://hub.invalid/commit/1", "oid": "1"})()
+
+    def upload_file(self, **kwargs):
+        return type("Info", (), {"commit_url": "https://hub.invalid/commit/2", "oid": "2"})()
+
+
+@SETTINGS
+@given(
+    files=st.dictionaries(FILE_NAMES, st.one_of(JSON, st.binary(max_size=16)), max_size=3),
+    start=st.sampled_from(["model", "model", "empty", "file", "missing", "broken"]),
+    repo=st.sampled_from(["someone/tiny", "tiny", "a/b/c", "bad name", "", "-x/y"]),
+    endpoint=st.sampled_from([None, None, "https://hub.invalid", "hub.invalid", ""]),
+)
+def test_push_any_folder_follows_the_contract(world, files, start, repo, endpoint, capsys, monkeypatch, tmp_path):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", _RecordingHfApi)
+    _RecordingHfApi.uploads = []
+    with tempfile.TemporaryDirectory(dir=tmp_path) as scratch:
+        folder = Path(scratch) / "folder"
+        if start in ("model", "empty", "broken"):
+            shutil.copytree(world[start], folder)
+        elif start == "file":
+            folder.write_text("x")
+        if folder.is_dir():
+            for name, content in files.items():
+                path = folder / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(content, bytes):
+                    path.write_bytes(content)
+                else:
+                    path.write_text(json.dumps(content))
+        argv = ["push", str(folder), "--repo-id", repo] + ([] if endpoint is None else ["--endpoint", endpoint])
+        code, err = run(argv, capsys)
+        check_contract(code, err)
+        assert (code == 0) == bool(_RecordingHfApi.uploads)  # bad input: nothing uploaded
