@@ -52,6 +52,9 @@ def _card_target(args: argparse.Namespace) -> Path | None:
         card = model / "README.md"
     if not card.parent.is_dir():
         raise EvaluationError("its folder does not exist", argument="--update-card", value=str(card))
+    hub_results = card.parent / ".eval_results"
+    if card.name == "README.md" and hub_results.exists() and not hub_results.is_dir():
+        raise EvaluationError(f"{hub_results} is a file, but the Hub's evaluation results folder must be a folder.")
     if card.exists():
         if not card.is_file():
             raise EvaluationError("not a file", argument="--update-card", value=str(card))
@@ -141,8 +144,8 @@ def run_lm(args: argparse.Namespace) -> int:
                 written = update_model_card(card, report)
             except OSError as error:
                 raise RunError(
-                    f"could not write the model card {card} ({type(error).__name__}: {error}); the card is unchanged "
-                    f"and the results are in {json_path}."
+                    f"could not update the model card {card} ({type(error).__name__}: {error}); the results are in "
+                    f"{json_path}: run again with --update-card once the cause is fixed."
                 ) from error
             print(f"updated the model card {written}")
     finally:
