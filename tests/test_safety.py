@@ -38,6 +38,14 @@ def test_pickle_weights_refused_unless_opted_in(saved):
     assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
 
 
+@pytest.mark.parametrize("name", ["weights.PICKLE", "Model.PT"])
+def test_pickle_only_folder_is_named_whatever_the_suffix_case(saved, name):
+    (saved / "model.safetensors").unlink()
+    (saved / name).write_bytes(b"not loaded")
+    with pytest.raises(ValueError, match=rf"pickle \({name}\)"):
+        AoTForCausalLM.from_pretrained(saved)
+
+
 def test_saving_as_pickle_is_refused(tmp_path):
     with pytest.raises(ValueError, match="safetensors"):
         AoTForCausalLM(tiny_config()).save_pretrained(tmp_path, safe_serialization=False)

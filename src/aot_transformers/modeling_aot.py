@@ -59,7 +59,7 @@ VISION_AUTO_MAP = {
 DENSE_BACKENDS = ("eager", "sdpa", "shared_projection")
 
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # as verify.PICKLE_SUFFIXES, any case
 CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
 
 
@@ -301,7 +301,7 @@ class AoTPreTrainedModel(PreTrainedModel):
             kwargs["use_safetensors"] = True
             folder = Path(source) / kwargs.get("subfolder", "")
             if folder.is_dir() and not any(folder.glob("*.safetensors")):
-                pickles = sorted(p.name for ext in PICKLE_SUFFIXES for p in folder.glob(f"*{ext}"))
+                pickles = sorted(p.name for p in folder.iterdir() if p.name.lower().endswith(PICKLE_SUFFIXES))
                 if pickles:
                     raise ValueError(
                         f"{folder} holds weights only as pickle ({', '.join(pickles)}), which can run arbitrary code "
