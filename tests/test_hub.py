@@ -17,6 +17,7 @@ import yaml
 from aot_transformers import AoTConfig, AoTForCausalLM, AoTForImageClassification, export_model
 from aot_transformers.errors import UsageError
 from aot_transformers.hub import (
+    EXPORT_MANIFEST,
     HubPushError,
     card_template_path,
     check_export_folder,
@@ -315,8 +316,10 @@ def test_push_creates_repo_and_commits_every_file(hub, exported):
     assert create == {"name": "tiny", "organization": "someone", "type": "model"}
     assert hub.requests[0][2]["authorization"] == "Bearer hf_test"
     files = hub.committed_files()
-    assert set(before) | {"README.md"} == set(files)
-    for name, digest in before.items():
+    assert EXPORT_MANIFEST in before  # the export's own bookkeeping stays local, as every hidden file
+    pushed = {name: digest for name, digest in before.items() if name != EXPORT_MANIFEST}
+    assert set(pushed) | {"README.md"} == set(files)
+    for name, digest in pushed.items():
         assert hashlib.sha256(files[name]).hexdigest() == digest
     assert "custom_code" in card_metadata(files["README.md"].decode())["tags"]  # rendered from config.json
     assert folder_digest(exported) == before  # the card was uploaded from memory, not written locally

@@ -13,9 +13,11 @@ Every Hub call takes an `endpoint`, so the same code talks to the Hub, a private
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,23 +50,35 @@ PUSH_IGNORE_PATTERNS = [
 ]
 
 
+EXPORT_MANIFEST = ".aot_export.json"  # written by every export: marks the folder as ours and lists its files
+STAGING_MARKER = ".aot_staging"  # inside a staging folder while it is written: the pid and host writing it
+
+
 @contextmanager
 def atomic_folder(target: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary folder beside `target`; when the block ends without error, it replaces `target` in one
-    rename (an existing folder is kept until then, and survives any failure); on error it is removed."""
+    rename (an existing folder is kept until then, and survives any failure); on error it is removed.
+
+    Staging folders that an earlier, killed writer left beside `target` are removed first (those whose
+    `STAGING_MARKER` names a process of this host that no longer runs)."""
     target = Path(target)
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True to replace it.")
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(target)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
+        (staging / STAGING_MARKER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
         yield staging
+        (staging / STAGING_MARKER).unlink()
+        _fsync_tree(staging)
         backup = None
         if target.exists():
             backup = target.with_name(f".{target.name}.old")
             shutil.rmtree(backup, ignore_errors=True)
             target.rename(backup)
         staging.rename(target)
+        _fsync_directory(target.parent)
         if backup is not None:
             shutil.rmtree(backup, ignore_errors=True)
     except BaseException:
@@ -72,8 +86,133 @@ def atomic_folder(target: str | os.PathLike, overwrite: bool = True) -> Iterator
         raise
 
 
+def remove_stale_staging(target: str | os.PathLike) -> list[Path]:
+    """Remove the staging folders of `target` (`.<name>.*` beside it) left by a writer that was killed: those whose
+    marker names a dead process of this host, and the `.<name>.old` backup of a rename interrupted after the new
+    folder was in place. Returns the folders removed."""
+    target = Path(target)
+    removed = []
+    if not target.parent.is_dir():
+        return removed
+    for path in target.parent.glob(f".{glob.escape(target.name)}.*"):
+        if not path.is_dir():
+            continue
+        stale = path.name == f".{target.name}.old" and target.is_dir()
+        marker = path / STAGING_MARKER
+        if marker.is_file():
+            try:
+                owner = json.loads(marker.read_text())
+                stale = owner.get("host") == socket.gethostname() and not _process_alive(int(owner["pid"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                stale = False  # unreadable: possibly being written right now; left alone
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _fsync_directory(folder: Path) -> None:
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:  # platforms without directory descriptors
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file of `folder` to disk before it is renamed into place (a power loss then leaves the old folder
+    or the complete new one, never a folder of empty files)."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_directory(folder)
+
+
+def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathLike, ...] = ()) -> Path:
+    """Check that writing an export to `target` destroys nothing but an earlier export.
+
+    `target` may be missing, an empty folder, or a folder an earlier `export_model` / LoRA export wrote (its
+    `EXPORT_MANIFEST` lists every file in it, and the folder holds nothing else; the Hub's `.eval_results/` and the
+    lock file may be added). A folder in `protected` (the run's `--output_dir`) or any parent of one is refused, and
+    so is anything else: a folder of user files, a file.
+
+    Raises:
+        UsageError: `target` cannot be replaced without losing files (exit code 2); nothing is touched.
+    """
+    target = Path(target)
+    resolved = target.resolve()
+    for folder in protected:
+        folder = Path(folder).resolve()
+        if resolved == folder or resolved in folder.parents:
+            what = "the run's output folder" if resolved == folder else f"a parent of the run's output folder {folder}"
+            raise UsageError(
+                f"is {what}; exporting there would delete it", argument="final model folder", value=str(target)
+            )
+    if not target.exists():
+        return target
+    if not target.is_dir():
+        raise UsageError("is a file, not a folder", argument="final model folder", value=str(target))
+    present = {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file() or p.is_symlink()}
+    if not present:
+        return target
+    manifest = target / EXPORT_MANIFEST
+    try:
+        written = set(json.loads(manifest.read_text(encoding="utf-8"))["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(
+            "holds files that no earlier aot export wrote (no readable " + EXPORT_MANIFEST + "); refusing to replace "
+            "it. Choose an empty or new folder, or move the files away",
+            argument="final model folder",
+            value=str(target),
+        ) from None
+    extra = sorted(
+        name
+        for name in present - written - {EXPORT_MANIFEST, ".aot.lock"}
+        if not name.startswith(EVAL_RESULTS_DIR + "/")
+    )
+    if extra:
+        shown = ", ".join(extra[:5]) + (", ..." if len(extra) > 5 else "")
+        raise UsageError(
+            f"is an earlier export with files added since ({shown}); refusing to replace it. Move them away or "
+            "choose another folder",
+            argument="final model folder",
+            value=str(target),
+        )
+    return target
+
+
+def write_export_manifest(staging: Path) -> None:
+    """Record the files of a finished export in `staging` (see `check_replaceable`)."""
+    files = sorted(
+        p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file() and p.name != STAGING_MARKER
+    )
+    (staging / EXPORT_MANIFEST).write_text(json.dumps({"files": files}, indent=1), encoding="utf-8")
+
+
 def write_extra_files(folder: Path, files: dict[str, str | bytes | os.PathLike]) -> None:
-    """Write `files` (name -> text, bytes, or the path of a file to copy) into `folder`."""
+    """Write `files` (name -> text, bytes, or the path of a file to copy) into `folder`. A name that would land
+    outside `folder` (absolute, or with `..`) is refused with `UsageError` before anything is written."""
+    root = folder.resolve()
+    for name in files:
+        destination = (folder / name).resolve()
+        if Path(name).is_absolute() or root not in destination.parents:
+            raise UsageError("lands outside the export folder", argument="extra_files name", value=str(name))
     for name, content in files.items():
         destination = folder / name
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -94,6 +233,7 @@ def export_model(
     model_card: Any = None,
     extra_files: dict[str, str | bytes | os.PathLike] | None = None,
     state_dict: dict | None = None,
+    protected: tuple[str | os.PathLike, ...] = (),
 ) -> Path:
     """Write `model` (safetensors, config with a complete `auto_map`, code files) and its tokenizer or image
     processor to `save_directory`, atomically.
@@ -106,16 +246,24 @@ def export_model(
         save_directory: Destination folder.
         tokenizer: Saved with the model when given.
         image_processor: Saved with the model when given.
-        overwrite: Replace an existing folder; otherwise raise `FileExistsError`.
+        overwrite: Replace an existing folder, if it is an earlier export (`check_replaceable`); otherwise raise
+            `FileExistsError`.
         model_card: A `huggingface_hub.ModelCard` (or its text), written as `README.md`.
         extra_files: More files for the folder: name -> text, bytes, or the path of a file to copy.
         state_dict: The weights to save instead of `model.state_dict()` (the gathered full weights of an FSDP run).
+        protected: Folders that must survive (a training run's output folder): `save_directory` may be neither one
+            of them nor a parent of one.
+
+    Raises:
+        UsageError: `save_directory` holds files an earlier export did not write, or is protected.
 
     Returns:
         The destination path.
     """
     if not isinstance(model, AoTPreTrainedModel):
         raise TypeError(f"`model` must be an AoT model, got {type(model).__name__}.")
+    if overwrite:
+        check_replaceable(save_directory, protected)
     with atomic_folder(save_directory, overwrite) as staging:
         model.save_pretrained(staging, safe_serialization=True, state_dict=state_dict)
         for extra in (tokenizer, image_processor):
@@ -125,6 +273,7 @@ def export_model(
         if model_card is not None:
             files["README.md"] = str(model_card)
         write_extra_files(staging, files)
+        write_export_manifest(staging)
     return Path(save_directory)
 
 

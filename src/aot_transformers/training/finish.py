@@ -264,6 +264,9 @@ def finish_run(
     model, _ = _full_state_model(trainer)
     written = None
     if trainer.is_world_process_zero():
+        from .run_state import check_finite_model
+
+        check_finite_model(model)
         model_name = publish_args.model_name or training_args.hub_model_id or final_dir.name
         num_parameters = sum(p.numel() for p in model.parameters())
         extra_files: dict[str, Any] = {
@@ -297,7 +300,15 @@ def finish_run(
         if lora is not None and not lora.merge_lora:
             from .lora import export_adapter
 
-            export_adapter(model, final_dir, lora, processor=processor, card_kwargs=card_kwargs, files=extra_files)
+            export_adapter(
+                model,
+                final_dir,
+                lora,
+                processor=processor,
+                card_kwargs=card_kwargs,
+                files=extra_files,
+                protected=(training_args.output_dir,),
+            )
         else:
             if lora is not None:
                 from .lora import merged_model
@@ -312,6 +323,7 @@ def finish_run(
                 image_processor=processor if task != "text-generation" else None,
                 model_card=card,
                 extra_files=extra_files,
+                protected=(training_args.output_dir,),
             )
         logger.info("Final model written to %s", final_dir)
         written = final_dir

@@ -19,6 +19,7 @@ from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
 from .lora import LoraArguments
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
+from .run_state import check_resume_identity, data_fingerprint, run_identity, run_state_callbacks, start_run
 from .vision_data import (
     ImageBatchCollator,
     ImageDataArguments,
@@ -56,6 +57,7 @@ class ImageRun:
     training_args: Any
     publish_args: PublishArguments
     lora: LoraArguments | None = None
+    lock: Any = None  # the output folder's lock, held until the run ends
 
 
 def _augmenting_trainer_class():
@@ -119,8 +121,6 @@ def prepare_image_training(
     if lora is not None and training_args.fsdp:
         raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
     hub = take_over_hub_options(training_args, publish_args)
-    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
-    training_args.resume_from_checkpoint = resume
     if data_args.augment not in ("auto", "yes", "no"):
         raise TrainingSetupError(f"--augment must be 'auto', 'yes' or 'no', got {data_args.augment!r}.")
     # The config first: a bad preset or override fails before any image is read.
@@ -129,6 +129,18 @@ def prepare_image_training(
         raise TrainingSetupError(
             "a stream has no length to plan epochs with: give --max_steps", argument="--streaming"
         )
+    lock = start_run(training_args, publish_args)
+    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+    training_args.resume_from_checkpoint = resume
+    identity = run_identity(
+        training_args,
+        config,
+        data_fingerprint(data_args.dataset_name, data_args.validation_dir) + [f"{data_args.dataset_config_name}"],
+        augment=data_args.augment,
+        base_model=model_args.model_name_or_path,
+        lora=lora.lora_r if lora is not None else None,
+    )
+    check_resume_identity(resume, identity)
     set_seed(training_args.seed)
     with training_args.main_process_first(desc="loading images"):
         source = load_image_source(data_args, seed=training_args.seed)
@@ -175,17 +187,40 @@ def prepare_image_training(
         data_collator=ImageBatchCollator(processor, augment=False),
         compute_metrics=accuracy_metrics(),
         optimizer_cls_and_kwargs=optimizer,
-        callbacks=[*(callbacks or []), *([hub_callback] if (hub_callback := hub_checkpoint_callback(hub)) else [])],
+        callbacks=[
+            *(callbacks or []),
+            *run_state_callbacks(identity),
+            *([hub_callback] if (hub_callback := hub_checkpoint_callback(hub)) else []),
+        ],
     )
     enable_fsdp_on_cpu(trainer)
     trainer.train_data_collator = ImageBatchCollator(processor, augment=augment, crop_padding=data_args.crop_padding)
     return ImageRun(
-        trainer, processor, resume, hub, source, augment, model_args, data_args, training_args, publish_args, lora
+        trainer,
+        processor,
+        resume,
+        hub,
+        source,
+        augment,
+        model_args,
+        data_args,
+        training_args,
+        publish_args,
+        lora,
+        lock,
     )
 
 
 def run_image_training(run: ImageRun) -> dict[str, Any]:
     """Train, evaluate (validation, and test when there is a test split), write the final folder, push if asked."""
+    try:
+        return _train_and_finish(run)
+    finally:
+        if run.lock is not None:
+            run.lock.release()
+
+
+def _train_and_finish(run: ImageRun) -> dict[str, Any]:
     trainer, training_args = run.trainer, run.training_args
     train_result = trainer.train(resume_from_checkpoint=run.resume)
     metrics = dict(train_result.metrics)

@@ -22,6 +22,15 @@ from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, perplexity, take_over_hub_options, training_summary
 from .lora import LoraArguments
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
+from .run_state import (
+    check_resume_identity,
+    data_fingerprint,
+    read_json,
+    run_identity,
+    run_state_callbacks,
+    start_run,
+    write_json_atomically,
+)
 from .text_data import TextDataArguments, load_text_source, tokenize_and_pack
 
 logger = logging.getLogger(__name__)
@@ -29,6 +38,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_LM_PRESET = "aot-mssa-l-tiny"
 TOKENIZER_SUBDIR = "tokenizer"
 TOKENIZER_STREAM_EXAMPLES = 100_000
+TOKENIZER_RECORD = "aot_tokenizer.json"  # what the cached tokenizer was trained on
 
 
 @dataclass
@@ -60,10 +70,11 @@ class LMRun:
     training_args: Any
     publish_args: PublishArguments
     lora: LoraArguments | None = None
+    lock: Any = None  # the output folder's lock, held until the run ends
 
 
 def load_or_train_tokenizer(
-    model_args: LMModelArguments, config, source, training_args, resume: str | None, text_column: str = "text"
+    model_args: LMModelArguments, config, source, training_args, resume: str | None, data_args: TextDataArguments
 ):
     """The tokenizer of the run: given, the checkpoint's, the resumed run's, or a byte-level BPE trained on the
     training text (by the main process; saved under `<output_dir>/tokenizer` for the others and for resuming)."""
@@ -84,6 +95,7 @@ def load_or_train_tokenizer(
                 raise TrainingSetupError(f"Could not load the tokenizer {candidate!r}: {error}") from error
     from .tokenizer import train_bpe_tokenizer
 
+    text_column = data_args.text_column
     saved = Path(training_args.output_dir) / TOKENIZER_SUBDIR
     vocab_size = model_args.tokenizer_vocab_size or config.vocab_size
     if vocab_size > config.vocab_size:
@@ -91,15 +103,37 @@ def load_or_train_tokenizer(
             f"--tokenizer_vocab_size {vocab_size} is larger than the model's vocab_size {config.vocab_size}; lower it "
             f"or raise the model's with --config_overrides vocab_size={vocab_size}."
         )
+    # The cached tokenizer is reused only when it was trained on the same data with the same vocabulary size, and
+    # is readable (a kill or power loss may have truncated it); otherwise it is trained again.
+    made_from = {
+        "data": data_fingerprint(data_args.dataset_name, data_args.train_file),
+        "dataset_config_name": data_args.dataset_config_name,
+        "text_column": text_column,
+        "vocab_size": vocab_size,
+    }
     with training_args.main_process_first(desc="tokenizer training"):
+        recorded = read_json(saved / TOKENIZER_RECORD)
         if (saved / "tokenizer.json").is_file():
-            return load_tokenizer(saved)
+            if recorded == made_from:
+                try:
+                    return load_tokenizer(saved)
+                except Exception as error:  # noqa: BLE001 - any unreadable cache is retrained
+                    logger.warning("The cached tokenizer %s is unreadable (%s): training it again.", saved, error)
+            else:
+                logger.warning(
+                    "The cached tokenizer %s was made from other data or settings: training it again.", saved
+                )
         # A stream is sampled: its first examples teach the merges.
         texts = source.train.take(TOKENIZER_STREAM_EXAMPLES) if _length(source.train) is None else source.train
         tokenizer = train_bpe_tokenizer(
             (row[text_column] for row in texts), vocab_size=vocab_size, length=_length(texts), show_progress=True
         )
-        tokenizer.save_pretrained(saved)
+        if training_args.process_index == 0:
+            from ..hub import atomic_folder
+
+            with atomic_folder(saved) as staging:
+                tokenizer.save_pretrained(staging)
+                write_json_atomically(staging / TOKENIZER_RECORD, made_from)
         return tokenizer
 
 
@@ -175,8 +209,6 @@ def prepare_lm_training(
     if lora is not None and training_args.fsdp:
         raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
     hub = take_over_hub_options(training_args, publish_args)
-    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
-    training_args.resume_from_checkpoint = resume
     config = model_args.build_config(DEFAULT_LM_PRESET)
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError("--streaming has no length to plan epochs with: give --max_steps.")
@@ -185,9 +217,23 @@ def prepare_lm_training(
         raise TrainingSetupError(
             f"--block_size must be in [2, max_position_embeddings={config.max_position_embeddings}], got {block_size}."
         )
+    lock = start_run(training_args, publish_args)
+    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+    training_args.resume_from_checkpoint = resume
+    identity = run_identity(
+        training_args,
+        config,
+        data_fingerprint(data_args.dataset_name, data_args.train_file, data_args.validation_file)
+        + [f"{data_args.dataset_config_name}", data_args.text_column],
+        block_size=block_size,
+        tokenizer=model_args.tokenizer_name_or_path or model_args.tokenizer_vocab_size,
+        base_model=model_args.model_name_or_path,
+        lora=lora.lora_r if lora is not None else None,
+    )
+    check_resume_identity(resume, identity)
     set_seed(training_args.seed)
     source = load_text_source(data_args, seed=training_args.seed)
-    tokenizer = load_or_train_tokenizer(model_args, config, source, training_args, resume, data_args.text_column)
+    tokenizer = load_or_train_tokenizer(model_args, config, source, training_args, resume, data_args)
     check_tokenizer_fits(tokenizer, config)
     if not model_args.model_name_or_path:
         for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
@@ -257,7 +303,7 @@ def prepare_lm_training(
         processing_class=tokenizer,
         data_collator=default_data_collator,
         optimizer_cls_and_kwargs=optimizer,
-        callbacks=[*(callbacks or []), *([hub_callback] if hub_callback else [])],
+        callbacks=[*(callbacks or []), *run_state_callbacks(identity), *([hub_callback] if hub_callback else [])],
     )
     enable_fsdp_on_cpu(trainer)
     return LMRun(
@@ -273,11 +319,20 @@ def prepare_lm_training(
         training_args,
         publish_args,
         lora,
+        lock,
     )
 
 
 def run_lm_training(run: LMRun) -> dict[str, Any]:
     """Train, evaluate, write the final hub-ready folder (and push it if asked). Returns the metrics."""
+    try:
+        return _train_and_finish(run)
+    finally:
+        if run.lock is not None:
+            run.lock.release()
+
+
+def _train_and_finish(run: LMRun) -> dict[str, Any]:
     trainer, training_args = run.trainer, run.training_args
     train_result = trainer.train(resume_from_checkpoint=run.resume)
     metrics = dict(train_result.metrics)

@@ -110,14 +110,18 @@ def export_adapter(
     processor=None,
     card_kwargs: dict[str, Any],
     files: dict[str, Any] | None = None,
+    protected: tuple[str | os.PathLike, ...] = (),
 ) -> Path:
     """Write the LoRA adapter of `model` (a `PeftModel`) atomically, with the processor, a model card and `files`.
 
     The card names the base model: in `base_model` metadata when it is a Hub id (`card_kwargs["base_model"]`),
-    otherwise in the text, as the Hub accepts only repository ids there.
+    otherwise in the text, as the Hub accepts only repository ids there. Like `export_model`, it replaces only an
+    earlier export, never a folder in `protected` or a parent of one (`hub.check_replaceable`).
     """
     from ..evaluation.model_card import render_model_card
-    from ..hub import atomic_folder, write_extra_files
+    from ..hub import atomic_folder, check_replaceable, write_export_manifest, write_extra_files
+
+    check_replaceable(save_directory, protected)
 
     base = model.get_base_model()
     card_kwargs = {**card_kwargs, "tags": ["lora", "peft"], "library_name": "peft", "adapter": lora_summary(model)}
@@ -127,6 +131,7 @@ def export_adapter(
         if processor is not None:
             processor.save_pretrained(staging)
         write_extra_files(staging, {**(files or {}), "README.md": str(card)})
+        write_export_manifest(staging)
     return Path(save_directory)
 
 

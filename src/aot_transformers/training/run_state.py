@@ -1,0 +1,282 @@
+"""What keeps a training run from losing or mixing up files: checked before the first step, guarded during training.
+
+- **The output folder** must be a writable folder, and only one run may use it at a time: the main process holds an
+  exclusive lock on `<output_dir>/.aot.lock` for the whole run, so a second run on the same folder stops at once.
+- **The final folder** (`--final_model_dir`, default `<output_dir>/model`) may only replace an earlier export of this
+  package, never the output folder or a parent of it, nor a folder of other files (`hub.check_replaceable`) — checked
+  before training, so a long run never dies at its end on a folder it must not touch.
+- **What a checkpoint was made from** (`RUN_RECORD` in every checkpoint: seed, data, model config, the run's own
+  settings) is compared with the run that resumes from it: a mismatch is refused, naming the fields.
+- **Divergence**: after every optimizer step the weights are checked; non-finite ones stop the run (exit code 1)
+  before that step's checkpoint or any export is written, so the last checkpoint on disk is a good one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import RunError
+from .arguments import TrainingSetupError
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".aot.lock"
+RUN_RECORD = "aot_run.json"
+# Config fields that change between runs of the same model without changing the model.
+_VOLATILE_CONFIG_FIELDS = {
+    "_attn_implementation",
+    "_attn_implementation_internal",
+    "_name_or_path",
+    "architectures",
+    "code_sha256",
+    "dtype",
+    "torch_dtype",
+    "required_transformers",
+    "transformers_version",
+    "use_cache",
+    "auto_map",
+}
+_SAMPLE_BYTES = 1 << 20  # a data file is fingerprinted by its size and its first and last MiB
+
+
+def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
+    """Write `data` as JSON to `path` through a temporary file, fsync and rename: a kill or power loss leaves the old
+    file or the new one, never a truncated one."""
+    path = Path(path)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: str | os.PathLike) -> Any | None:
+    """The JSON in `path`, or None when it is missing, empty, truncated or not JSON (treated as absent)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def check_output_dir(output_dir: str) -> Path:
+    """Create `output_dir` if needed; refuse a file, or a folder this process cannot write (one line, exit 2)."""
+    folder = Path(output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise TrainingSetupError("is a file, not a folder", argument="--output_dir", value=output_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise TrainingSetupError(
+            f"cannot be created ({error.strerror or error})", argument="--output_dir", value=output_dir
+        ) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise TrainingSetupError("is not writable", argument="--output_dir", value=output_dir)
+    return folder
+
+
+def lock_output_dir(output_dir: str, is_main_process: bool = True):
+    """Take the exclusive lock of `output_dir` (main process only; the other ranks of the same run share it).
+
+    Returns:
+        The held `filelock.FileLock` (released when the run ends or the object is dropped), or None off the main
+        process.
+
+    Raises:
+        TrainingSetupError: Another run holds the folder.
+    """
+    if not is_main_process:
+        return None
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(Path(output_dir) / LOCK_FILE), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise TrainingSetupError(
+            f"another aot run holds {Path(output_dir) / LOCK_FILE}; wait for it to finish or choose another folder",
+            argument="--output_dir",
+            value=output_dir,
+        ) from None
+    return lock
+
+
+def check_final_model_dir(training_args, publish_args) -> Path:
+    """The final folder of the run, checked before training (see `hub.check_replaceable`)."""
+    from ..errors import UsageError
+    from ..hub import check_replaceable
+
+    final_dir = Path(publish_args.final_model_dir or Path(training_args.output_dir) / "model")
+    try:
+        return check_replaceable(final_dir, protected=(training_args.output_dir,))
+    except UsageError as error:
+        raise TrainingSetupError(str(error).replace("final model folder", "--final_model_dir", 1)) from None
+
+
+def file_fingerprint(path: Path) -> str:
+    """Size plus a hash of the first and last MiB: cheap for a corpus of any size, and blind to a mere `touch`."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as handle:
+        digest.update(handle.read(_SAMPLE_BYTES))
+        if size > _SAMPLE_BYTES:
+            handle.seek(max(_SAMPLE_BYTES, size - _SAMPLE_BYTES))
+            digest.update(handle.read(_SAMPLE_BYTES))
+    return f"{size}:{digest.hexdigest()[:16]}"
+
+
+def data_fingerprint(*sources: str | list[str] | None) -> list[str]:
+    """What the data arguments point at: for a local file its fingerprint, for a folder those of its files, for a
+    Hub id the id itself."""
+    found = []
+    for source in sources:
+        for item in [source] if isinstance(source, str) else source or []:
+            path = Path(item).expanduser()
+            if path.is_file():
+                found.append(f"{path.name}={file_fingerprint(path)}")
+            elif path.is_dir():
+                files = sorted(p for p in path.rglob("*") if p.is_file())
+                total = hashlib.sha256()
+                for file in files:
+                    total.update(f"{file.relative_to(path)}={file.stat().st_size};".encode())
+                found.append(f"{path.name}/:{len(files)} files:{total.hexdigest()[:16]}")
+            else:
+                found.append(str(item))
+    return found
+
+
+def config_fingerprint(config) -> str:
+    """A hash of the fields that define the model (not those that vary between loads, such as the backend)."""
+    fields = {k: v for k, v in config.to_dict().items() if k not in _VOLATILE_CONFIG_FIELDS}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_identity(training_args, config, data: list[str], **settings: Any) -> dict[str, Any]:
+    """What a checkpoint of this run is made from: compared field by field when a run resumes from it."""
+    return {
+        "seed": training_args.seed,
+        "data": data,
+        "model config": config_fingerprint(config),
+        **{name: value for name, value in settings.items()},
+    }
+
+
+def check_resume_identity(resume: str | None, identity: dict[str, Any]) -> None:
+    """Refuse to resume from a checkpoint that another run made (`RUN_RECORD` differs in any field).
+
+    A checkpoint without a readable record (written by an older version, or its record lost) is resumed with a
+    warning: nothing says it differs.
+    """
+    if resume is None:
+        return
+    recorded = read_json(Path(resume) / RUN_RECORD)
+    if not isinstance(recorded, dict):
+        logger.warning("%s has no readable %s: cannot check that it comes from the same run.", resume, RUN_RECORD)
+        return
+    current = json.loads(json.dumps(identity, default=str))  # as it would be read back
+    differ = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
+    if differ:
+        shown = "; ".join(f"{k}: checkpoint {recorded.get(k)!r}, this run {current.get(k)!r}" for k in differ)
+        raise TrainingSetupError(
+            f"{resume} was made by a different run ({shown}). Resume with the same settings, start a new run in "
+            "another --output_dir, or pass --resume_from_checkpoint false",
+            argument="--resume_from_checkpoint",
+            value=resume,
+        )
+
+
+def run_state_callbacks(identity: dict[str, Any]) -> list:
+    """The callbacks that record each checkpoint's identity and stop a diverged run."""
+    import torch
+    from transformers import TrainerCallback
+
+    class RecordRunCallback(TrainerCallback):
+        """Writes `RUN_RECORD` into every checkpoint the main process saves."""
+
+        def on_save(self, args, state, control, **kwargs):
+            if not state.is_world_process_zero:
+                return
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if folder.is_dir():
+                write_json_atomically(folder / RUN_RECORD, identity)
+
+    class StopOnNonFiniteCallback(TrainerCallback):
+        """After every optimizer step (before that step's logging, saving or evaluation), stop the run if any weight
+        is NaN or infinite: nothing diverged is saved or exported. Every rank takes the same decision."""
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if model is None:
+                return
+            with torch.no_grad():
+                flags = [
+                    torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+                    for p in model.parameters()
+                    if p.requires_grad
+                ]
+                bad = (~torch.stack(flags).all()).float() if flags else torch.zeros(())
+                if torch.distributed.is_available() and torch.distributed.is_initialized():
+                    bad = bad.to(args.device)
+                    torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+            if bad.item() > 0:
+                losses = [e["loss"] for e in state.log_history if "loss" in e]
+                last = f"; last logged loss {losses[-1]}" if losses else ""
+                raise RunError(
+                    f"training diverged at step {state.global_step}: the weights became non-finite{last}. Nothing "
+                    f"was exported; the checkpoints already in {args.output_dir} are kept. Lower --learning_rate "
+                    "or check the data"
+                )
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            loss = (logs or {}).get("loss")
+            if isinstance(loss, float) and not math.isfinite(loss):
+                raise RunError(
+                    f"training diverged at step {state.global_step}: loss {loss}. Nothing was exported; the "
+                    f"checkpoints already in {args.output_dir} are kept"
+                )
+
+    return [RecordRunCallback(), StopOnNonFiniteCallback()]
+
+
+def check_finite_model(model) -> None:
+    """Refuse to export weights that are not all finite (a diverged run that the step checks did not see)."""
+    import torch
+
+    bad = [name for name, p in model.state_dict().items() if p.is_floating_point() and not torch.isfinite(p).all()]
+    if bad:
+        raise RunError(f"the trained weights are not finite ({', '.join(bad[:3])}…): nothing was exported")
+
+
+__all__ = [
+    "LOCK_FILE",
+    "RUN_RECORD",
+    "check_final_model_dir",
+    "check_finite_model",
+    "check_output_dir",
+    "check_resume_identity",
+    "data_fingerprint",
+    "lock_output_dir",
+    "read_json",
+    "run_identity",
+    "run_state_callbacks",
+    "start_run",
+    "write_json_atomically",
+]
+
+
+def start_run(training_args, publish_args):
+    """The checks before a run touches anything: a writable output folder, a final folder that may be replaced, and
+    the output folder's lock (returned; hold it for the whole run)."""
+    check_output_dir(training_args.output_dir)
+    check_final_model_dir(training_args, publish_args)
+    return lock_output_dir(training_args.output_dir, training_args.process_index == 0)
