@@ -19,7 +19,14 @@ from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
 from .lora import LoraArguments
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
-from .run_state import check_resume_identity, data_fingerprint, run_identity, run_state_callbacks, start_run
+from .run_state import (
+    check_resume_identity,
+    data_fingerprint,
+    run_identity,
+    run_state_callbacks,
+    start_run,
+    train_unless_finished,
+)
 from .vision_data import (
     ImageBatchCollator,
     ImageDataArguments,
@@ -222,8 +229,7 @@ def run_image_training(run: ImageRun) -> dict[str, Any]:
 
 def _train_and_finish(run: ImageRun) -> dict[str, Any]:
     trainer, training_args = run.trainer, run.training_args
-    train_result = trainer.train(resume_from_checkpoint=run.resume)
-    metrics = dict(train_result.metrics)
+    metrics = train_unless_finished(trainer, run.resume)
     results = []
     name = run.source.name
     if trainer.eval_dataset is not None:

@@ -29,6 +29,7 @@ from .run_state import (
     run_identity,
     run_state_callbacks,
     start_run,
+    train_unless_finished,
     write_json_atomically,
 )
 from .text_data import TextDataArguments, load_text_source, tokenize_and_pack
@@ -334,8 +335,7 @@ def run_lm_training(run: LMRun) -> dict[str, Any]:
 
 def _train_and_finish(run: LMRun) -> dict[str, Any]:
     trainer, training_args = run.trainer, run.training_args
-    train_result = trainer.train(resume_from_checkpoint=run.resume)
-    metrics = dict(train_result.metrics)
+    metrics = train_unless_finished(trainer, run.resume)
     results = []
     if trainer.eval_dataset is not None:
         eval_metrics = trainer.evaluate()

@@ -270,8 +270,29 @@ __all__ = [
     "run_identity",
     "run_state_callbacks",
     "start_run",
+    "train_unless_finished",
     "write_json_atomically",
 ]
+
+
+def train_unless_finished(trainer, resume: str | None) -> dict[str, Any]:
+    """`trainer.train(resume_from_checkpoint=resume)` and its metrics, except when `resume` already reached the
+    run's end (`--max_steps`, or `--num_train_epochs` without it): then its weights and state are loaded and
+    nothing is trained, so re-running a finished job re-exports it instead of adding steps past the end."""
+    if resume is not None:
+        state_file = Path(resume) / "trainer_state.json"
+        state = read_json(state_file) or {}
+        args = trainer.args
+        step, epoch = state.get("global_step", 0), state.get("epoch") or 0.0
+        done = step >= args.max_steps if args.max_steps > 0 else epoch >= args.num_train_epochs
+        if done:
+            from transformers import TrainerState
+
+            logger.warning("%s already reached the end of the run (step %d): nothing more to train.", resume, step)
+            trainer._load_from_checkpoint(resume)
+            trainer.state = TrainerState.load_from_json(str(state_file))
+            return {"train_steps_this_run": 0}
+    return dict(trainer.train(resume_from_checkpoint=resume).metrics)
 
 
 def start_run(training_args, publish_args):

@@ -1,0 +1,313 @@
+"""Issue 18, data loss: a training run never deletes, overwrites or mixes up files it does not own.
+
+One test (or a few) per item of the issue: the final folder (1), what a checkpoint and a cached tokenizer were made
+from (6), the output folder's lock (7), divergence (9), the output folder itself (11), markers a kill can break (14),
+and the smaller items of 15 (extra files, stale staging folders, re-running a finished job).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("datasets")
+
+from aot_transformers import AoTConfig, AoTForCausalLM, export_model  # noqa: E402
+from aot_transformers.cli import main  # noqa: E402
+from aot_transformers.errors import UsageError  # noqa: E402
+from aot_transformers.hub import EXPORT_MANIFEST, STAGING_MARKER, check_replaceable  # noqa: E402
+from aot_transformers.training.checkpoints import last_complete_checkpoint  # noqa: E402
+from aot_transformers.training.run_state import LOCK_FILE, RUN_RECORD  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A few kilobytes of text: enough for a 300-token BPE and blocks of 32 tokens, fast to train on."""
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "king", "queen", "sword", "crown", "night", "day", "the", "and"]
+    lines = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(400)]
+    path = tmp_path_factory.mktemp("data") / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tiny(corpus: Path, output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "train",
+        "lm",
+        "--preset",
+        "aot-mssa-l-tiny",
+        "--config_overrides",
+        "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,vocab_size=300",
+        "--tokenizer_vocab_size",
+        "300",
+        "--block_size",
+        "32",
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--per_device_train_batch_size",
+        "4",
+        "--dataset_name",
+        str(corpus),
+        "--output_dir",
+        str(output_dir),
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "1",
+        "--make_plots",
+        "false",
+        *extra,
+    ]
+
+
+def run(argv: list[str], capsys) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+# Item 1: the final folder replaces only an earlier export.
+
+
+def test_item1_final_model_dir_with_user_files_is_refused_before_training(corpus, tmp_path, capsys):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("x")
+    code, err = run(tiny(corpus, tmp_path / "a", "--final_model_dir", str(keep)), capsys)
+    assert code == 2 and "--final_model_dir" in err and "keep" in err and len(err.strip().splitlines()) == 1
+    assert (keep / "notes.txt").read_text() == "x"
+    assert not list((tmp_path / "a").glob("checkpoint-*"))  # refused before the first step
+
+
+@pytest.mark.parametrize("where", ["output_dir", "parent"])
+def test_item1_final_model_dir_may_not_be_the_output_folder_or_a_parent(corpus, tmp_path, where, capsys):
+    output = tmp_path / "runs" / "a"
+    output.mkdir(parents=True)
+    (output / "precious.txt").write_text("y")
+    final = output if where == "output_dir" else tmp_path / "runs"
+    code, err = run(tiny(corpus, output, "--final_model_dir", str(final)), capsys)
+    assert code == 2 and "--final_model_dir" in err and ("output folder" in err)
+    assert (output / "precious.txt").read_text() == "y"
+
+
+def test_item1_an_earlier_export_is_replaced_and_added_files_protect_it(tmp_path):
+    model = AoTForCausalLM(AoTConfig.from_preset("aot-mssa-l-tiny", hidden_size=32, num_hidden_layers=1))
+    folder = export_model(model, tmp_path / "export")
+    assert EXPORT_MANIFEST in os.listdir(folder)
+    export_model(model, folder)  # an earlier export: replaced
+    (folder / "my-notes.md").write_text("mine")
+    with pytest.raises(UsageError, match="my-notes.md"):
+        export_model(model, folder)
+    assert (folder / "my-notes.md").read_text() == "mine"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "data.csv").write_text("1,2")
+    with pytest.raises(UsageError, match="no earlier aot export"):
+        export_model(model, other)
+    assert (other / "data.csv").exists()
+    with pytest.raises(UsageError, match="output folder"):
+        check_replaceable(tmp_path, protected=(tmp_path / "export" / "run",))
+
+
+# Item 7: one run per output folder.
+
+
+def test_item7_second_run_on_a_locked_output_folder_fails_at_once(corpus, tmp_path, capsys):
+    output = tmp_path / "a"
+    output.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import sys, time
+                from filelock import FileLock
+                lock = FileLock({str(output / LOCK_FILE)!r}); lock.acquire()
+                print("held", flush=True); time.sleep(60)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code, err = run(tiny(corpus, output), capsys)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 2 and "another aot run holds" in err and LOCK_FILE in err
+    assert not list(output.glob("checkpoint-*"))
+    code, _ = run(tiny(corpus, output), capsys)  # the lock dies with its holder
+    assert code == 0
+
+
+# Item 9: a diverged run is a failure and exports nothing.
+
+
+def test_item9_non_finite_weights_stop_the_run_and_nothing_is_exported(corpus, tmp_path, capsys):
+    output = tmp_path / "a"
+    code, err = run(tiny(corpus, output, "--learning_rate", "inf", "--max_grad_norm", "0"), capsys)
+    assert code == 1 and "diverged at step 1" in err
+    assert not (output / "model").exists()
+    assert not list(output.glob("checkpoint-*"))  # step 1's weights were never saved
+
+
+def test_item9_the_last_good_checkpoint_is_kept(corpus, tmp_path, capsys):
+    """Diverge at step 3 of a run that saved steps 1 and 2: both stay, nothing later is written."""
+    import torch
+    from transformers import TrainerCallback
+
+    from aot_transformers.training.lm import parse_lm_arguments, prepare_lm_training, run_lm_training
+
+    class Poison(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 3:
+                with torch.no_grad():
+                    next(model.parameters()).fill_(float("nan"))
+
+    output = tmp_path / "a"
+    model_args, data_args, publish_args, lora, optim, training_args = parse_lm_arguments(
+        tiny(corpus, output, "--max_steps", "5")[2:]
+    )
+    prepared = prepare_lm_training(model_args, data_args, training_args, publish_args, callbacks=[Poison()])
+    with pytest.raises(Exception, match="diverged at step 3"):
+        run_lm_training(prepared)
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert not (output / "model").exists()
+    assert run(tiny(corpus, output, "--max_steps", "1"), capsys)[0] == 0  # the failed run released its lock
+
+
+# Item 6: what a checkpoint and a cached tokenizer were made from.
+
+
+def test_item6_resuming_another_runs_checkpoint_is_refused(corpus, tmp_path, capsys):
+    output = tmp_path / "a"
+    assert run(tiny(corpus, output, "--seed", "0"), capsys)[0] == 0
+    record = json.loads((output / "checkpoint-2" / RUN_RECORD).read_text())
+    assert record["seed"] == 0
+    other_seed = tiny(corpus, output, "--seed", "1", "--max_steps", "4", "--resume_from_checkpoint", "auto")
+    code, err = run(other_seed, capsys)
+    assert code == 2 and "seed: checkpoint 0, this run 1" in err and "--resume_from_checkpoint" in err
+    assert not (output / "checkpoint-3").exists()
+    code, _ = run(tiny(corpus, output, "--seed", "0", "--max_steps", "3", "--resume_from_checkpoint", "auto"), capsys)
+    assert code == 0 and (output / "checkpoint-3").is_dir()  # the same run resumes
+
+
+def test_item6_cached_tokenizer_is_rebuilt_when_data_or_vocabulary_change(corpus, tmp_path, capsys):
+    output = tmp_path / "a"
+    assert run(tiny(corpus, output, "--max_steps", "1"), capsys)[0] == 0
+    cached = output / "tokenizer" / "tokenizer.json"
+    first = json.loads(cached.read_text())
+    assert len(first["model"]["vocab"]) == 300
+    smaller = tiny(corpus, tmp_path / "unused", "--max_steps", "1")
+    smaller[smaller.index("--tokenizer_vocab_size") + 1] = "280"
+    smaller[smaller.index("--output_dir") + 1] = str(output)
+    assert run(smaller, capsys)[0] == 0
+    assert len(json.loads(cached.read_text())["model"]["vocab"]) == 280
+    other = tmp_path / "other.txt"
+    other.write_text(corpus.read_text().replace("alpha", "omega"))
+    changed = tiny(other, output, "--max_steps", "1")
+    assert run(changed, capsys)[0] == 0
+    assert "omega" in cached.read_text() and "alpha" not in json.loads(cached.read_text())["model"]["vocab"]
+
+
+# Item 11 (the output folder part; argument values are tests/test_bad_inputs.py).
+
+
+def test_item11_output_dir_that_is_a_file_is_refused(corpus, tmp_path, capsys):
+    path = tmp_path / "file"
+    path.write_text("keep")
+    code, err = run(tiny(corpus, path), capsys)
+    assert code == 2 and "--output_dir" in err and "is a file" in err
+    assert path.read_text() == "keep"
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
+def test_item11_read_only_output_dir_is_refused(corpus, tmp_path, capsys):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        code, err = run(tiny(corpus, folder), capsys)
+    finally:
+        folder.chmod(0o700)
+    assert code == 2 and "not writable" in err
+
+
+def test_item11_unwritable_output_dir_is_refused_even_for_root(corpus, tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == folder else real_access(path, mode))
+    code, err = run(tiny(corpus, folder), capsys)
+    assert code == 2 and "--output_dir" in err and "not writable" in err
+
+
+# Item 14: markers a kill or a power loss can break.
+
+
+def test_item14_truncated_trainer_state_makes_a_checkpoint_absent(corpus, tmp_path, capsys):
+    output = tmp_path / "a"
+    assert run(tiny(corpus, output), capsys)[0] == 0
+    (output / "checkpoint-2" / "trainer_state.json").write_text("")  # 0 bytes, as after a power loss
+    assert last_complete_checkpoint(output).endswith("checkpoint-1")
+    (output / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1, "log_hi')  # truncated
+    assert last_complete_checkpoint(output) is None
+    code, _ = run(tiny(corpus, output, "--resume_from_checkpoint", "auto"), capsys)
+    assert code == 0  # starts fresh instead of failing for good
+
+
+def test_item14_truncated_cached_tokenizer_is_rebuilt(corpus, tmp_path, capsys):
+    output = tmp_path / "a"
+    assert run(tiny(corpus, output, "--max_steps", "1"), capsys)[0] == 0
+    cached = output / "tokenizer" / "tokenizer.json"
+    cached.write_text(cached.read_text()[:100])
+    assert run(tiny(corpus, output, "--max_steps", "1"), capsys)[0] == 0
+    assert json.loads(cached.read_text())["model"]["vocab"]
+
+
+# Item 15 (the run's parts).
+
+
+@pytest.mark.parametrize("name", ["../escaped.txt", "/tmp/aot-absolute.txt", "sub/../../up.txt"])
+def test_item15_extra_files_cannot_leave_the_export(tmp_path, name):
+    model = AoTForCausalLM(AoTConfig.from_preset("aot-mssa-l-tiny", hidden_size=32, num_hidden_layers=1))
+    with pytest.raises(UsageError, match="outside the export"):
+        export_model(model, tmp_path / "export", extra_files={name: "x"})
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "export").exists()
+    assert not Path("/tmp/aot-absolute.txt").exists()
+
+
+def test_item15_staging_folders_of_killed_exports_are_removed(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / ".export.abc123"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+    (stale / STAGING_MARKER).write_text(json.dumps({"pid": int(dead.stdout), "host": os.uname().nodename}))
+    alive = tmp_path / ".export.def456"  # another process still writing: left alone
+    alive.mkdir()
+    (alive / STAGING_MARKER).write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))
+    model = AoTForCausalLM(AoTConfig.from_preset("aot-mssa-l-tiny", hidden_size=32, num_hidden_layers=1))
+    export_model(model, tmp_path / "export")
+    assert not stale.exists() and alive.exists()
+
+
+def test_item15_rerunning_a_finished_job_trains_no_further(corpus, tmp_path, capsys):
+    output = tmp_path / "a"
+    assert run(tiny(corpus, output), capsys)[0] == 0
+    assert run(tiny(corpus, output, "--resume_from_checkpoint", "auto"), capsys)[0] == 0
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    card = (output / "model" / "README.md").read_text()
+    results = json.loads((output / "model" / "results.json").read_text())
+    assert results["settings"]["steps"] == 2 and results["metrics"]["train_steps_this_run"] == 0
+    assert "| steps | 2 |" in card
