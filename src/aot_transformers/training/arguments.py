@@ -82,6 +82,27 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
     return overrides
 
 
+def config_field_names() -> set[str]:
+    """The names `--config_overrides` accepts: every field of an `AoTConfig`."""
+    return set(AoTConfig().to_dict()) | {"attn_implementation"}
+
+
+def check_override_names(overrides: dict[str, Any]) -> None:
+    """Refuse a `--config_overrides` name that is no config field (it would be stored and silently ignored)."""
+    import difflib
+
+    known = config_field_names()
+    for name in overrides:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise TrainingSetupError(
+                "is not a config field"
+                + (f"; did you mean {close[0]!r}?" if close else " (`aot info` lists presets)"),
+                argument="--config_overrides",
+                value=name,
+            )
+
+
 def build_config(
     model_name_or_path: str | None,
     preset: str | None,
@@ -100,6 +121,7 @@ def build_config(
             f"{', '.join(map(repr, sources))}."
         )
     overrides = {**parse_overrides(config_overrides), **{k: v for k, v in fields.items() if v is not None}}
+    check_override_names(parse_overrides(config_overrides))
     try:
         if model_name_or_path:
             if looks_like_path(model_name_or_path) and not Path(model_name_or_path).exists():
@@ -125,6 +147,50 @@ def build_config(
         raise TrainingSetupError(str(error)) from error
     except OSError as error:
         raise TrainingSetupError(f"Could not load the model config from {model_name_or_path!r}: {error}") from error
+
+
+def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixes: tuple[str, ...] = ()) -> None:
+    """Before fine-tuning from a local `folder`: its weights must be safetensors (never pickle), readable, and of the
+    shapes `config` gives `model_cls` (a truncated file or a wrong-shape tensor is named in one line, exit code 2,
+    not a traceback from deep inside loading). A Hub id is left to `from_pretrained`."""
+    if not folder or not Path(folder).is_dir():
+        return
+    import torch
+    from safetensors import safe_open
+
+    root = Path(folder)
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(
+            p.name for p in root.iterdir() if p.suffix.lower() in (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+        )
+        found = (
+            f"only pickle weights ({', '.join(pickles)}), which can run code when loaded" if pickles else "no weights"
+        )
+        raise TrainingSetupError(
+            f"holds {found}; fine-tune from a folder with model.safetensors",
+            argument="--model_name_or_path",
+            value=folder,
+        )
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in model_cls(config).state_dict().items()}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as weights:
+                shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+        except Exception as error:  # noqa: BLE001 - SafetensorError and OSError: both mean an unreadable file
+            raise TrainingSetupError(
+                f"{file} cannot be read ({error}); it may be truncated: save or download it again",
+                argument="--model_name_or_path",
+                value=folder,
+            ) from None
+        for name, shape in shapes.items():
+            if name in expected and expected[name] != shape and not name.startswith(skip_prefixes):
+                raise TrainingSetupError(
+                    f"{file.name}: {name} has shape {list(shape)} but its config.json gives {list(expected[name])}",
+                    argument="--model_name_or_path",
+                    value=folder,
+                )
 
 
 def looks_like_path(name: str) -> bool:
@@ -154,18 +220,86 @@ def parse_dataclasses(classes: tuple[type, ...], argv: list[str] | None = None) 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if len(argv) == 1 and argv[0].endswith(".json"):
-            return parser.parse_json_file(json_file=argv[0])
-        if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
-            return parser.parse_yaml_file(yaml_file=argv[0])
-        if len(argv) > 1 and argv[0].endswith((".yaml", ".yml", ".json")) and not argv[0].startswith("-"):
-            return _parse_file_with_overrides(parser, argv[0], argv[1:])
-        return parser.parse_args_into_dataclasses(args=argv)
+            parsed = parser.parse_json_file(json_file=argv[0])
+        elif len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
+            parsed = parser.parse_yaml_file(yaml_file=argv[0])
+        elif len(argv) > 1 and argv[0].endswith((".yaml", ".yml", ".json")) and not argv[0].startswith("-"):
+            parsed = _parse_file_with_overrides(parser, argv[0], argv[1:])
+        else:
+            parsed = parser.parse_args_into_dataclasses(args=argv)
+        for values in parsed[:-1]:
+            check_positive_fields(values)
+        check_training_arguments(parsed[-1])
+        return parsed
+    except TrainingSetupError:
+        raise
     except ValueError as error:  # unknown or invalid arguments: say so in one line, before anything runs
         raise TrainingSetupError(str(error)) from error
     except SystemExit as exit_:  # argparse's own error (already printed on one line): keep its code
         if exit_.code not in (0, None):
             raise TrainingSetupError("invalid command-line arguments (see the message above)") from None
         raise
+
+
+# Our own fields that count something: None means "the default", any given value must be at least 1.
+POSITIVE_FIELDS = (
+    "tokenizer_vocab_size",
+    "block_size",
+    "max_train_samples",
+    "max_eval_samples",
+    "preprocessing_num_workers",
+    "streaming_validation_examples",
+    "image_size",
+)
+
+
+def check_positive_fields(values: Any) -> None:
+    """Refuse 0 or a negative count in one of our argument dataclasses (0 used to mean "default" silently)."""
+    for name in POSITIVE_FIELDS:
+        value = getattr(values, name, None)
+        if value is not None and (isinstance(value, bool) or value < 1):
+            raise TrainingSetupError(
+                "must be at least 1 (leave it out for the default)", argument=f"--{name}", value=value
+            )
+
+
+def check_training_arguments(args) -> None:
+    """Refuse `TrainingArguments` values that transformers accepts but that train nothing, crash later or
+    silently mean something else: one line naming the flag, exit code 2."""
+    import math
+
+    def bad(name: str, allowed: str) -> TrainingSetupError:
+        return TrainingSetupError("is not allowed", argument=f"--{name}", value=getattr(args, name), allowed=allowed)
+
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        if getattr(args, name) < 1:
+            raise bad(name, "an integer >= 1")
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise bad("max_steps", "an integer >= 1, or -1 to train --num_train_epochs")
+    epochs = args.num_train_epochs
+    if not math.isfinite(epochs) or epochs < 0 or (epochs == 0 and args.max_steps == -1):
+        raise bad("num_train_epochs", "a finite number > 0")
+    for name in ("learning_rate", "weight_decay", "adam_epsilon"):
+        value = getattr(args, name)
+        if not math.isfinite(value) or value < 0:
+            raise bad(name, "a finite number >= 0")
+    if not (math.isfinite(args.max_grad_norm) and args.max_grad_norm >= 0):
+        raise bad("max_grad_norm", "a finite number >= 0 (0: no clipping)")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(args, name) < 1:
+            raise bad(name, "a number in [0, 1)")
+    if not 0 <= args.seed < 2**32:
+        raise bad("seed", "an integer in [0, 2**32 - 1]")
+    if args.data_seed is not None and not 0 <= args.data_seed < 2**32:
+        raise bad("data_seed", "an integer in [0, 2**32 - 1]")
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        raise bad("warmup_steps", "a number >= 0")
+    for name in ("save_steps", "logging_steps", "eval_steps"):
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise bad(name, "a number > 0 (steps, or a fraction of the run below 1)")
+    if args.save_total_limit is not None and args.save_total_limit < 1:
+        raise bad("save_total_limit", "an integer >= 1, or leave it out to keep every checkpoint")
 
 
 def _parse_file_with_overrides(parser, path: str, argv: list[str]) -> tuple[Any, ...]:
@@ -206,6 +340,8 @@ __all__ = [
     "PublishArguments",
     "TrainingSetupError",
     "build_config",
+    "check_checkpoint_weights",
+    "check_training_arguments",
     "is_hub_id",
     "parse_dataclasses",
     "parse_overrides",

@@ -8,6 +8,7 @@ Heavy libraries are imported only when a command runs.
 from __future__ import annotations
 
 import argparse
+import math
 
 # Arguments after `aot train lm` are not options of `aot`: no prefix character, so argparse passes them through.
 _NO_PREFIX = "\x00"
@@ -59,6 +60,22 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (argparse names the option and exits with code 2 otherwise)."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def seed_value(text: str) -> int:
+    """An argparse type: a seed in [0, 2**32 - 1], the range numpy and torch accept."""
+    value = int(text)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**32 - 1], got {text!r}")
+    return value
+
+
 def register(subcommands: argparse._SubParsersAction) -> None:
     """Add `train` (with `lm` and `image`), `push` and `demo` to the `aot` subcommands."""
     train = subcommands.add_parser("train", help="train an AoT model with transformers.Trainer")
@@ -88,8 +105,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         "demo", help="the main job: train, evaluate, export and reload a tiny AoT LM and image classifier (~5 min)"
     )
     demo.add_argument("--output-dir", default="aot-demo", help="where the hub-ready folders go (default: aot-demo)")
-    demo.add_argument("--lm-epochs", type=float, default=6.0)
-    demo.add_argument("--image-epochs", type=float, default=30.0)
+    demo.add_argument("--lm-epochs", type=positive_float, default=6.0, help="epochs of the language model (> 0)")
+    demo.add_argument("--image-epochs", type=positive_float, default=30.0, help="epochs of the image model (> 0)")
     demo.add_argument("--prompt", default="The ")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=seed_value, default=0)
     demo.set_defaults(func=_demo)

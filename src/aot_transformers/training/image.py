@@ -13,7 +13,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .arguments import ModelArguments, PublishArguments, TrainingSetupError, use_training_attention
+from .arguments import (
+    ModelArguments,
+    PublishArguments,
+    TrainingSetupError,
+    check_checkpoint_weights,
+    use_training_attention,
+)
 from .checkpoints import resolve_resume
 from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
@@ -132,6 +138,8 @@ def prepare_image_training(
         raise TrainingSetupError(f"--augment must be 'auto', 'yes' or 'no', got {data_args.augment!r}.")
     # The config first: a bad preset or override fails before any image is read.
     config = model_args.build_config(DEFAULT_IMAGE_PRESET, image_size=model_args.image_size)
+    # The classification head may be re-initialised for new classes; every other tensor must fit the config.
+    check_checkpoint_weights(model_args.model_name_or_path, AoTForImageClassification, config, ("classifier.",))
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError(
             "a stream has no length to plan epochs with: give --max_steps", argument="--streaming"

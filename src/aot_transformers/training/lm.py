@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .arguments import ModelArguments, PublishArguments, TrainingSetupError, use_training_attention
+from .arguments import (
+    ModelArguments,
+    PublishArguments,
+    TrainingSetupError,
+    check_checkpoint_weights,
+    use_training_attention,
+)
 from .checkpoints import resolve_resume
 from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, perplexity, take_over_hub_options, training_summary
@@ -211,6 +217,7 @@ def prepare_lm_training(
         raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
     hub = take_over_hub_options(training_args, publish_args)
     config = model_args.build_config(DEFAULT_LM_PRESET)
+    check_checkpoint_weights(model_args.model_name_or_path, AoTForCausalLM, config)
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError("--streaming has no length to plan epochs with: give --max_steps.")
     block_size = data_args.block_size or min(512, config.max_position_embeddings)

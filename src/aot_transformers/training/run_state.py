@@ -298,6 +298,9 @@ def train_unless_finished(trainer, resume: str | None) -> dict[str, Any]:
 def start_run(training_args, publish_args):
     """The checks before a run touches anything: a writable output folder, a final folder that may be replaced, and
     the output folder's lock (returned; hold it for the whole run)."""
+    from .arguments import check_training_arguments
+
+    check_training_arguments(training_args)  # again for runs started from Python, not the command line
     check_output_dir(training_args.output_dir)
     check_final_model_dir(training_args, publish_args)
     return lock_output_dir(training_args.output_dir, training_args.process_index == 0)

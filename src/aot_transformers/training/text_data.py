@@ -3,6 +3,7 @@ packing of token blocks."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -114,11 +115,76 @@ def collect_files(paths: list[str], what: str = "training") -> dict[str, list[st
     return grouped
 
 
+def check_text_file(path: str | os.PathLike, text_column: str = "text", what: str = "training") -> None:
+    """Read a local text, JSON Lines or CSV file once and refuse what `datasets` would choke on, naming the file and
+    the line: an empty file, bytes that are not UTF-8 (latin-1, UTF-16, binary data), a JSON line that is not a JSON
+    object, or a record whose `text_column` is missing, null or not a string.
+
+    Raises:
+        TrainingSetupError: The first problem found (exit code 2, before anything is tokenized).
+    """
+    path = Path(path)
+    builder = TEXT_BUILDERS.get(path.suffix.lower())
+    if builder not in ("text", "json", "csv"):
+        return  # parquet carries its own schema; `datasets` reports its errors with the file name
+    if path.stat().st_size == 0:
+        raise TrainingSetupError(f"{what} data: {path} is empty.")
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise TrainingSetupError(f"{what} data: {path} is UTF-16 text; convert it to UTF-8 (e.g. with iconv).")
+    if builder == "json" and head[:1] == b"[" and path.suffix.lower() == ".json":
+        return  # one JSON document (not JSON Lines): `datasets` parses it as a whole
+    records = 0
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if b"\x00" in raw:
+                raise TrainingSetupError(
+                    f"{what} data: {path} line {number} holds NUL bytes: a binary file, not text."
+                )
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise TrainingSetupError(
+                    f"{what} data: {path} line {number} is not UTF-8 (byte {raw[error.start]:#04x} at column "
+                    f"{error.start + 1}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)."
+                ) from None
+            if builder != "json" or not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise TrainingSetupError(
+                    f"{what} data: {path} line {number} is not valid JSON ({error.msg}); each line must be one "
+                    "JSON object."
+                ) from None
+            if not isinstance(record, dict):
+                raise TrainingSetupError(
+                    f"{what} data: {path} line {number} is a JSON {type(record).__name__}, not an object."
+                )
+            if text_column not in record:
+                raise TrainingSetupError(
+                    f"{what} data: {path} line {number} has no text column {text_column!r} (fields: "
+                    f"{sorted(record)[:10]}); choose one with --text_column."
+                )
+            value = record[text_column]
+            if not isinstance(value, str):
+                raise TrainingSetupError(
+                    f"{what} data: {path} line {number}: the text column {text_column!r} holds "
+                    f"{type(value).__name__} {value!r:.40}, not a string."
+                )
+            records += 1
+    if builder == "json" and records == 0:
+        raise TrainingSetupError(f"{what} data: {path} holds no JSON records.")
+
+
 def _load_local(paths: list[str], text_column: str, streaming: bool, what: str):
     import datasets
 
     parts = []
     for builder, files in collect_files(paths, what).items():
+        for file in files:
+            check_text_file(file, text_column, what)
         kwargs = {"keep_linebreaks": True} if builder == "text" else {}
         part = datasets.load_dataset(builder, data_files=files, split="train", streaming=streaming, **kwargs)
         check_text_column(part, text_column, f"{what} files {files[:3]}{'…' if len(files) > 3 else ''}")

@@ -10,6 +10,7 @@ import io
 import math
 import re
 import tarfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,12 +107,18 @@ def load_cifar10_archives(folder: str | Path, max_per_class: int | None = None):
     class_names = [_CIFAR_ARCHIVE.match(p.name).group("label") for p in archives]
     images, labels = [], []
     for index, archive in enumerate(archives):
-        with tarfile.open(archive, "r:gz") as tar:
-            members = sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name)
-            members = [m for m in members if Path(m.name).suffix.lower() in IMAGE_SUFFIXES][:max_per_class]
-            for member in members:
-                images.append({"bytes": tar.extractfile(member).read(), "path": None})
-                labels.append(index)
+        try:
+            with tarfile.open(archive, "r:gz") as tar:
+                members = sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name)
+                members = [m for m in members if Path(m.name).suffix.lower() in IMAGE_SUFFIXES][:max_per_class]
+                for member in members:
+                    images.append({"bytes": tar.extractfile(member).read(), "path": f"{archive}/{member.name}"})
+                    labels.append(index)
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
+            raise TrainingSetupError(
+                f"{archive} is not a readable .tar.gz archive ({type(error).__name__}: {error}); it may be truncated: "
+                "download it again."
+            ) from None
     return _class_label_dataset(images, labels, class_names)
 
 
@@ -123,23 +130,51 @@ def load_pixel_csv(path: str | Path):
 
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", newline="") as handle:
-        rows = list(csv.reader(handle))
-    if rows and not rows[0][0].strip().lstrip("-").replace(".", "").isdigit():
+    try:
+        with opener(path, "rt", newline="", encoding="utf-8") as handle:
+            rows = [(number, row) for number, row in enumerate(csv.reader(handle), start=1) if row]
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as error:
+        raise TrainingSetupError(f"{path} cannot be read as a UTF-8 CSV ({type(error).__name__}: {error}).") from None
+    if rows and not rows[0][1][0].strip().lstrip("-").replace(".", "").isdigit():
         rows = rows[1:]
     if not rows:
         raise TrainingSetupError(f"{path} has no data rows.")
-    pixels = np.asarray([row[:-1] for row in rows], dtype=np.float32)
+    width = len(rows[0][1])
+    pixels = np.empty((len(rows), width - 1), dtype=np.float32)
+    labels = np.empty(len(rows), dtype=np.int64)
+    for i, (number, row) in enumerate(rows):
+        if len(row) != width:
+            raise TrainingSetupError(f"{path} line {number} has {len(row)} columns; the first row has {width}.")
+        try:
+            values = np.asarray(row, dtype=np.float64)
+        except ValueError:
+            bad = next(v for v in row if not _is_number(v))
+            raise TrainingSetupError(f"{path} line {number}: {bad!r} is not a number.") from None
+        if not np.isfinite(values).all() or values[:-1].min() < 0 or values[:-1].max() > 255:
+            raise TrainingSetupError(
+                f"{path} line {number}: pixel values must be finite numbers in [0, 255], found "
+                f"{values[:-1][~np.isfinite(values[:-1]) | (values[:-1] < 0) | (values[:-1] > 255)][:3].tolist()}."
+            )
+        if not float(values[-1]).is_integer():
+            raise TrainingSetupError(f"{path} line {number}: the label (last column) {row[-1]!r} is not an integer.")
+        pixels[i], labels[i] = values[:-1], int(values[-1])
     side = int(round(math.sqrt(pixels.shape[1])))
     if side * side != pixels.shape[1]:
         raise TrainingSetupError(
             f"{path}: {pixels.shape[1]} pixel columns is not a square image; expected side² pixels then the label."
         )
-    labels = np.asarray([row[-1] for row in rows], dtype=np.float64).astype(np.int64)
     images = [Image.fromarray(p.reshape(side, side).clip(0, 255).astype(np.uint8), mode="L") for p in pixels]
     class_values = sorted(set(labels.tolist()))
     index = {value: i for i, value in enumerate(class_values)}
     return _class_label_dataset(images, [index[v] for v in labels.tolist()], [str(v) for v in class_values])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def load_sklearn_digits():
@@ -438,6 +473,10 @@ def preprocess_images(dataset, processor, num_channels: int, desc: str = "images
         }
     )
     streamed = isinstance(dataset, datasets.IterableDataset)
+    image_feature = (getattr(dataset, "features", None) or {}).get("image")
+    if isinstance(image_feature, datasets.Image) and image_feature.decode:
+        # Decoded in `_open`, so that a corrupt file is named in a one-line error, not a traceback from `datasets`.
+        dataset = dataset.cast_column("image", datasets.Image(decode=False))
 
     def convert(batch):
         images = [_open(image, mode) for image in batch["image"]]
@@ -465,9 +504,14 @@ def preprocess_images(dataset, processor, num_channels: int, desc: str = "images
 
 def _open(image, mode: str | None):
     if isinstance(image, dict):  # undecoded {"bytes", "path"}
-        from PIL import Image
+        from PIL import Image, UnidentifiedImageError
 
-        image = Image.open(io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"])
+        try:
+            image = Image.open(io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"])
+            image.load()
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+            where = image.get("path") or "an image given as bytes"
+            raise TrainingSetupError(f"{where} is not a readable image ({type(error).__name__}: {error}).") from None
     if mode is not None and getattr(image, "mode", mode) != mode:
         image = image.convert(mode)
     return image
