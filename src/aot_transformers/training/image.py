@@ -140,6 +140,13 @@ def prepare_image_training(
     config = model_args.build_config(DEFAULT_IMAGE_PRESET, image_size=model_args.image_size)
     # The classification head may be re-initialised for new classes; every other tensor must fit the config.
     check_checkpoint_weights(model_args.model_name_or_path, AoTForImageClassification, config, ("classifier.",))
+    if lora is not None:  # before any data is read
+        import torch
+
+        from .lora import check_lora_targets
+
+        with torch.device("meta"):
+            check_lora_targets(AoTForImageClassification(config), lora)
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError(
             "a stream has no length to plan epochs with: give --max_steps", argument="--streaming"

@@ -218,6 +218,13 @@ def prepare_lm_training(
     hub = take_over_hub_options(training_args, publish_args)
     config = model_args.build_config(DEFAULT_LM_PRESET)
     check_checkpoint_weights(model_args.model_name_or_path, AoTForCausalLM, config)
+    if lora is not None:  # before any data is read
+        import torch
+
+        from .lora import check_lora_targets
+
+        with torch.device("meta"):
+            check_lora_targets(AoTForCausalLM(config), lora)
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError("--streaming has no length to plan epochs with: give --max_steps.")
     block_size = data_args.block_size or min(512, config.max_position_embeddings)

@@ -71,10 +71,9 @@ def _require_peft():
     return peft
 
 
-def apply_lora(model, lora: LoraArguments, task: str):
-    """Wrap `model` in a `peft.PeftModel` with LoRA adapters as `lora` says; only the adapters (and an image
-    classifier's head) stay trainable. Raises `TrainingSetupError` for target modules the model does not have."""
-    peft = _require_peft()
+def check_lora_targets(model, lora: LoraArguments) -> list[str]:
+    """The modules LoRA adapts in `model` (which may live on the meta device, to check before any data is read).
+    Raises `TrainingSetupError` for target modules the model does not have."""
     targets = lora.lora_target_modules or DEFAULT_TARGETS[model.config.attention_type]
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [target for target in targets if target not in names]
@@ -86,6 +85,14 @@ def apply_lora(model, lora: LoraArguments, task: str):
             value=" ".join(targets),
             allowed=" ".join(allowed),
         )
+    return list(targets)
+
+
+def apply_lora(model, lora: LoraArguments, task: str):
+    """Wrap `model` in a `peft.PeftModel` with LoRA adapters as `lora` says; only the adapters (and an image
+    classifier's head) stay trainable. Raises `TrainingSetupError` for target modules the model does not have."""
+    peft = _require_peft()
+    targets = check_lora_targets(model, lora)
     config = peft.LoraConfig(
         r=lora.lora_r,
         lora_alpha=lora.lora_alpha or 2 * lora.lora_r,
