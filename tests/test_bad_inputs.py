@@ -1,0 +1,232 @@
+"""Issue 18, clear errors: bad training input is one line naming the argument or the file (and line), exit code 2,
+before any training step — never a traceback, never a silent default or a silently wrong dataset.
+
+Items 8 (bad data), 10 (zero or negative work, misspelt overrides), 11 (bad TrainingArguments values, bad
+fine-tuning folders) and the pixel-CSV part of 15. The output folder (item 11's last part) is in
+tests/test_data_loss.py, the evaluation and verify commands in tests/test_trust.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("datasets")
+
+from aot_transformers import AoTConfig, AoTForCausalLM, export_model  # noqa: E402
+from aot_transformers.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "corpus.txt"
+    path.write_text("\n".join(f"line {i} of a small corpus for the tokenizer" for i in range(300)) + "\n")
+    return path
+
+
+def lm(data: Path | str, output: Path, *extra: str) -> list[str]:
+    return [
+        "train",
+        "lm",
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(output),
+        "--tokenizer_vocab_size",
+        "300",
+        "--block_size",
+        "16",
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--max_steps",
+        "1",
+        *extra,
+    ]
+
+
+def image(data: Path | str, output: Path, *extra: str) -> list[str]:
+    return ["train", "image", "--dataset_name", str(data), "--output_dir", str(output), "--use_cpu", "--report_to",
+            "none", "--max_steps", "1", *extra]  # fmt: skip
+
+
+def refused(argv: list[str], capsys, *needles: str) -> str:
+    """Run `aot …`; it must exit 2 with exactly one error line holding every needle, and train nothing."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert code == 2, err
+    assert len(errors) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    if "--output_dir" in argv:
+        assert not list(Path(argv[argv.index("--output_dir") + 1]).glob("checkpoint-*"))
+    return errors[0]
+
+
+# Item 8: bad training data.
+
+
+@pytest.mark.parametrize(
+    "name, content, needles",
+    [
+        ("empty.txt", b"", ["is empty"]),
+        ("binary.txt", b"text\n\x00\x01\x02\xff\n", ["line 2", "binary"]),
+        ("latin1.txt", "caf\u00e9 au lait\n".encode("latin-1"), ["line 1", "not UTF-8"]),
+        ("utf16.txt", "hello\n".encode("utf-16"), ["UTF-16"]),
+        ("truncated.jsonl", b'{"text": "one"}\n{"text": "tw', ["line 2", "not valid JSON"]),
+        ("notjson.jsonl", b"just words\n", ["line 1", "not valid JSON"]),
+        ("null.jsonl", b'{"text": "ok"}\n{"text": null}\n', ["line 2", "NoneType"]),
+        ("number.jsonl", b'{"text": 3}\n', ["line 1", "int 3"]),
+        ("array.jsonl", b"[1, 2]\n", ["line 1", "not an object"]),
+        ("missing.jsonl", b'{"body": "x"}\n', ["line 1", "no text column 'text'"]),
+    ],
+)
+def test_item8_bad_text_files(tmp_path, capsys, name, content, needles):
+    path = tmp_path / name
+    path.write_bytes(content)
+    refused(lm(path, tmp_path / "out"), capsys, name, *needles)
+
+
+def test_item8_corrupt_image_is_named(tmp_path, capsys):
+    from PIL import Image
+
+    for label in ("cat", "dog"):
+        folder = tmp_path / "images" / label
+        folder.mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(folder / f"{i}.png")
+    (tmp_path / "images" / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    refused(image(tmp_path / "images", tmp_path / "out"), capsys, "broken.png", "not a readable image")
+
+
+def test_item8_truncated_cifar_archive_is_named(tmp_path, capsys):
+    from PIL import Image
+
+    folder = tmp_path / "cifar"
+    folder.mkdir()
+    for label in ("cat", "dog"):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for i in range(20):
+                encoded = io.BytesIO()
+                Image.new("RGB", (32, 32), (i, i, i)).save(encoded, format="PNG")
+                info = tarfile.TarInfo(f"train/{label}/{i:04d}.png")
+                info.size = len(encoded.getvalue())
+                tar.addfile(info, io.BytesIO(encoded.getvalue()))
+        data = buffer.getvalue()
+        (folder / f"train_{label}.tar.gz").write_bytes(data if label == "cat" else data[: len(data) // 2])
+    refused(image(folder, tmp_path / "out"), capsys, "train_dog.tar.gz", "truncated")
+
+
+@pytest.mark.parametrize(
+    "rows, needles",
+    [
+        (["1,2,3,4,0", "nan,2,3,4,1"], ["line 2", "finite numbers in [0, 255]"]),  # item 15: NaN used to become 0
+        (["1,2,3,4,0", "1,2,3,4,1.5"], ["line 2", "'1.5' is not an integer"]),  # item 15: 1.5 used to become 1
+        (["1,2,3,4,0", "1,2,3,300,1"], ["line 2", "[0, 255]"]),
+        (["1,2,3,4,0", "1,2,3,1"], ["line 2", "4 columns"]),
+        (["1,2,3,4,0", "1,2,x,4,1"], ["line 2", "'x' is not a number"]),
+        (["pixel0,pixel1,pixel2,pixel3,label"], ["no data rows"]),
+    ],
+)
+def test_item8_and_15_bad_pixel_csv(tmp_path, capsys, rows, needles):
+    path = tmp_path / "pixels.csv"
+    path.write_text("\n".join(rows) + "\n")
+    refused(image(path, tmp_path / "out"), capsys, "pixels.csv", *needles)
+
+
+def test_item8_truncated_gzipped_pixel_csv(tmp_path, capsys):
+    path = tmp_path / "pixels.csv.gz"
+    data = gzip.compress(("\n".join("1,2,3,4,0" for _ in range(2000)) + "\n").encode())
+    path.write_bytes(data[: len(data) // 2])
+    refused(image(path, tmp_path / "out"), capsys, "pixels.csv.gz", "cannot be read")
+
+
+# Item 10: zero or negative amounts of work, silent defaults, misspelt overrides.
+
+
+@pytest.mark.parametrize(
+    "extra, needles",
+    [
+        (["--num_train_epochs", "-1", "--max_steps", "-1"], ["--num_train_epochs -1.0"]),
+        (["--num_train_epochs", "0", "--max_steps", "-1"], ["--num_train_epochs 0.0"]),
+        (["--max_steps", "0"], ["--max_steps 0"]),
+        (["--max_steps", "-5"], ["--max_steps -5"]),
+        (["--block_size", "0"], ["--block_size 0", "at least 1"]),
+        (["--tokenizer_vocab_size", "0"], ["--tokenizer_vocab_size 0"]),
+        (["--max_train_samples", "-3"], ["--max_train_samples -3"]),
+        (["--config_overrides", "hiden_size=64"], ["--config_overrides 'hiden_size'", "did you mean 'hidden_size'"]),
+    ],
+)
+def test_item10_no_work_and_silent_defaults_are_refused(corpus, tmp_path, capsys, extra, needles):
+    argv = lm(corpus, tmp_path / "out")
+    for flag in ("--max_steps", "--block_size", "--tokenizer_vocab_size"):  # the last value given wins: drop ours
+        if flag in extra and flag in argv:
+            position = argv.index(flag)
+            del argv[position : position + 2]
+    refused(argv + extra, capsys, *needles)
+
+
+@pytest.mark.parametrize("flag, value", [("--lm-epochs", "-1"), ("--image-epochs", "0"), ("--lm-epochs", "nan"),
+                                         ("--seed", "-1")])  # fmt: skip
+def test_item10_demo_refuses_no_work(tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--output-dir", str(tmp_path / "demo"), flag, value])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and flag in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "demo").exists()
+
+
+# Item 11: bad TrainingArguments values and fine-tuning folders.
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size 0"),
+        (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps 0"),
+        (["--learning_rate", "nan"], "--learning_rate nan"),
+        (["--learning_rate", "inf"], "--learning_rate inf"),
+        (["--learning_rate", "-0.1"], "--learning_rate -0.1"),
+        (["--seed", "-1"], "--seed -1"),
+        (["--weight_decay", "nan"], "--weight_decay nan"),
+        (["--adam_beta2", "1.5"], "--adam_beta2 1.5"),
+        (["--save_steps", "0"], "--save_steps 0"),
+    ],
+)
+def test_item11_bad_training_arguments(corpus, tmp_path, capsys, extra, needle):
+    refused(lm(corpus, tmp_path / "out") + extra, capsys, needle)
+
+
+@pytest.fixture
+def saved(tmp_path) -> Path:
+    config = AoTConfig.from_preset("aot-mssa-l-tiny", hidden_size=32, num_hidden_layers=1, vocab_size=300)
+    return export_model(AoTForCausalLM(config), tmp_path / "base")
+
+
+def test_item11_fine_tuning_from_pickle_only_folder(saved, corpus, tmp_path, capsys):
+    import torch
+
+    state = AoTForCausalLM.from_pretrained(saved).state_dict()
+    (saved / "model.safetensors").unlink()
+    torch.save(state, saved / "pytorch_model.bin")
+    refused(lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved)), capsys, "--model_name_or_path", "pickle")
+
+
+def test_item11_fine_tuning_from_truncated_weights(saved, corpus, tmp_path, capsys):
+    weights = saved / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    refused(lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved)), capsys, "model.safetensors", "truncated")
+
+
+def test_item11_fine_tuning_from_wrong_shape_weights(saved, corpus, tmp_path, capsys):
+    config = json.loads((saved / "config.json").read_text())
+    config["hidden_size"] = 64  # the weights say 32
+    (saved / "config.json").write_text(json.dumps(config))
+    refused(lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved)), capsys, "has shape", "config.json gives")
