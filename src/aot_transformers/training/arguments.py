@@ -217,6 +217,11 @@ def parse_dataclasses(classes: tuple[type, ...], argv: list[str] | None = None) 
     from transformers import HfArgumentParser, TrainingArguments
 
     parser = HfArgumentParser((*classes, TrainingArguments))
+
+    def one_line_error(message: str):  # argparse would print the whole usage block (a hundred lines) first
+        raise TrainingSetupError(f"{message} (see `aot train --help`)")
+
+    parser.error = one_line_error
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if len(argv) == 1 and argv[0].endswith(".json"):
