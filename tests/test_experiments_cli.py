@@ -208,3 +208,49 @@ def test_summary_command_round_trips_boolean_options():
     assert "save-model" not in format_command("attention-maps", {"save_model": True}, attention_maps.OPTIONS)
     assert "--skip-training" in format_command("knn", {"skip_training": True}, knn.OPTIONS)
     assert "skip-training" not in format_command("knn", {"skip_training": False}, knn.OPTIONS)
+
+
+# Issue 18 item 12: every bad input to `aot inspect` and `aot experiment` is one line and exit code 2.
+
+
+@pytest.fixture
+def junk(tmp_path):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    (tmp_path / "afile").write_text("x")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["inspect", "{root}/missing"], "must be a saved AoT folder"),
+        (["inspect", "{root}/afile"], "must be a saved AoT folder"),
+        (["inspect", "{root}/broken"], "invalid config.json"),
+        (["inspect", "aot-mssa-l-tiny", "--num-samples", "0"], "num_samples"),
+        (["inspect", "aot-mssa-l-tiny", "--seq-len", "abc"], "--seq-len"),
+        (["inspect", "aot-mssa-l-tiny", "--threads", "0"], "--threads 0"),
+        (["inspect", "aot-mssa-l-tiny", "--eps", "-1"], "eps"),
+        (["inspect", "aot-mssa-l-tiny", "--data", "{root}/missing.txt"], "missing.txt"),
+        (["inspect", "aot-mssa-l-tiny", "--out", "{root}/afile"], "--out"),
+        (["experiment", "denoising", "--out", "{root}/afile"], "--out"),
+        (["experiment", "knn", "--threads", "0"], "threads"),
+    ],
+)
+def test_item12_bad_inspect_and_experiment_input_is_one_line(junk, capsys, argv, needle):
+    argv = [part.format(root=junk) for part in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1 and "Traceback" not in err and needle in err, err
+
+
+@pytest.mark.parametrize("argv", [["inspect", "aot-mssa-l-tiny"], ["experiment", "denoising"]])
+def test_item12_missing_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys, argv):
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    code = main([*argv, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "aot-transformers[experiments]" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()

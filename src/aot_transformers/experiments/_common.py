@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -82,9 +83,31 @@ def make_generator(seed: int) -> torch.Generator:
 
 def output_dir(out: str | Path | None, study: str) -> Path:
     """The folder a study writes into (created): `out`, or `out/experiments/<study>` under the working directory."""
+    from ..errors import UsageError
+
     path = Path(out) if out is not None else DEFAULT_OUTPUT_ROOT / study
-    path.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_dir():
+        raise UsageError("is a file, not a folder", argument="--out", value=str(path))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"cannot be created ({error.strerror or error})", argument="--out", value=str(path)) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError("is not writable", argument="--out", value=str(path))
     return path
+
+
+def require_matplotlib(command: str) -> None:
+    """Say which extra to install when matplotlib is missing, before any work (every study writes figures)."""
+    import importlib.util
+
+    from ..errors import UsageError
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(
+            f"{command} draws its figures with matplotlib, which is not installed: "
+            "pip install 'aot-transformers[experiments]'"
+        )
 
 
 def _jsonable(value: Any) -> Any:

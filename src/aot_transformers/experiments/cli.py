@@ -52,18 +52,20 @@ def _run_experiment(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ._common import resolve_options
+    from ..errors import UsageError
+    from ._common import require_matplotlib, resolve_options
 
     options = {key: value for key, value in vars(args).items() if key not in ("command", "study", "func", "threads")}
     module = _study_module(args.study)
     prog = f"aot experiment {args.study}"
     try:
+        require_matplotlib(prog)
         if args.threads < 1:
             raise ValueError(f"`threads` must be an int >= 1, got {args.threads}.")
         resolve_options(module.OPTIONS, {k: v for k, v in options.items() if k != "out"})
         torch.set_num_threads(args.threads)
         results = module.run(**options)
-    except (ValueError, FileNotFoundError) as error:
+    except (UsageError, ValueError, FileNotFoundError) as error:
         # A bad option (or a missing data folder) is the user's to fix: one line and exit code 2, as argparse does.
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
@@ -74,9 +76,14 @@ def _run_experiment(args: argparse.Namespace) -> int:
 def _run_inspect(args: argparse.Namespace) -> int:
     import torch
 
+    from ..errors import UsageError
+    from ._common import require_matplotlib
     from .diagnostics import run
 
-    torch.set_num_threads(max(1, args.threads))
+    require_matplotlib("aot inspect")
+    if args.threads < 1:
+        raise UsageError("must be at least 1", argument="--threads", value=args.threads)
+    torch.set_num_threads(args.threads)
     options = {key: value for key, value in vars(args).items() if key not in ("command", "func", "threads")}
     results = run(**options)
     _print_claims(results, options.get("out") or Path("out") / "experiments" / "inspect")

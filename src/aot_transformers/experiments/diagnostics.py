@@ -81,7 +81,10 @@ def load_model(model: str | Path) -> nn.Module:
             f"`model` must be a saved AoT folder (with config.json) or one of the presets "
             f"{list_presets()}, got {str(model)!r}."
         )
-    config = AoTConfig.from_pretrained(path)
+    try:
+        config = AoTConfig.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as error:
+        raise ValueError(f"`model` {str(model)!r} has an unreadable or invalid config.json: {error}") from None
     architectures = config.architectures or []
     if any("ImageClassification" in name for name in architectures):
         return AoTForImageClassification.from_pretrained(path)
@@ -94,7 +97,7 @@ def _text_inputs(
     """Token ids (num_samples, seq_len) from a text file, with the model's tokenizer when it has one."""
     path = Path(source) if source else _vision.default_data_dir() / "text" / "tinyshakespeare" / "input.txt"
     if not path.exists():
-        raise FileNotFoundError(f"Text file {path} not found; pass `data` (a UTF-8 text file).")
+        raise ValueError(f"`data`: text file {path} not found; pass a UTF-8 text file.")
     text = path.read_text(encoding="utf-8", errors="replace")[:200_000]
     vocab = model.config.vocab_size
     ids, how = None, ""
