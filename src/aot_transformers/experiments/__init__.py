@@ -10,6 +10,7 @@ a `run(out=..., **options)` that fills a shared `Study` record and writes `resul
 - `clustering` — Maulen-Soto, Marion, Boyer: two-head attention learns the centroids; in-context quantization
   (`clustering_theory` holds the paper's closed forms, apart from the training loops).
 - `knn` — KVT: noise distillation of k-NN attention and its training speed on CIFAR-10.
+- `knn_evidence` — KVT's own evidence: slow vs fast definition, Lemmas 1 and 3, Figs 1–4.
 - `attention_maps` — AoT Fig. 7: [CLS]-to-patch attention of each head of a trained image classifier.
 - `diagnostics` — `aot inspect MODEL`: layer-wise coding rates and head subspace energy.
 
@@ -27,6 +28,7 @@ STUDIES: dict[str, str] = {
     "icl": "icl",
     "clustering": "clustering",
     "knn": "knn",
+    "knn-evidence": "knn_evidence",
     "attention-maps": "attention_maps",
 }
 

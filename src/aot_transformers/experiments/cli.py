@@ -17,6 +17,7 @@ _HELP = {
     "icl": "AoT Fig. 6: in-context linear / sparse regression",
     "clustering": "attention-based clustering: Figs 1-15 and the closed forms",
     "knn": "KVT: noise distillation and training speed of k-NN attention",
+    "knn-evidence": "KVT: slow vs fast definition, Lemmas 1 and 3, Figs 1-4 (k sweep, diagnostics, maps)",
     "attention-maps": "AoT Fig. 7: [CLS]-to-patch attention of each head (penultimate layer)",
 }
 
@@ -90,6 +91,11 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _knn_k(text: str) -> int | float:
+    """`--knn-k`: an integer count of keys (`16`) or a fraction of them (`0.5`), as `AoTConfig.knn_k`."""
+    return float(text) if any(c in text for c in ".eE") else int(text)
+
+
 def _print_claims(results: dict, folder) -> None:
     for claim in results.get("claims", []):
         verdict = {True: "ok", False: "MISMATCH", None: "-"}[claim["holds"]]
@@ -124,5 +130,11 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     inspect.add_argument("--num-samples", type=int, default=S)
     inspect.add_argument("--seq-len", type=int, default=S)
     inspect.add_argument("--eps", type=float, default=S)
+    inspect.add_argument(
+        "--knn-k",
+        type=_knn_k,
+        default=S,
+        help="also compare dense and k-NN attention per layer (KVT Fig. 2) at this k",
+    )
     inspect.add_argument("--threads", type=int, default=1)
     inspect.set_defaults(func=_run_inspect)

@@ -153,6 +153,7 @@ def layerwise_diagnostics(model: nn.Module, inputs: torch.Tensor, eps: float = 0
         model: `AoTForCausalLM` (inputs are token ids (B, T)) or `AoTForImageClassification` (pixels (B, C, S, S)).
         inputs: The batch.
         eps: Precision ε of the coding rates.
+        knn_k: k of the k-NN comparison (an int, or a fraction of the keys in (0, 1]); None: no comparison.
     """
     check_real("eps", eps, 0.0, open_min=True)
     model.eval()
@@ -190,8 +191,11 @@ def run(
     num_samples: int = 16,
     seq_len: int = 128,
     eps: float = 0.5,
+    knn_k: float | int | None = None,
 ) -> dict[str, Any]:
     """`aot inspect MODEL`: layer-wise coding rates and head energy shares, as results.json, two PNGs and summary.md.
+    With `knn_k`, also KVT's Fig. 2 diagnostics per layer for dense attention against k-NN attention with that k
+    (`knn_evidence.layer_diagnostics`: token cosine similarity, spread of the attention weights, residual ratio).
 
     Args:
         model: Saved AoT folder or preset name (random weights).
@@ -201,6 +205,7 @@ def run(
         num_samples: Sequences or images.
         seq_len: Tokens per sequence (language models).
         eps: Precision ε of the coding rates.
+        knn_k: k of the k-NN comparison (an int, or a fraction of the keys in (0, 1]); None: no comparison.
     """
     check_int("num_samples", num_samples)
     check_int("seq_len", seq_len, 2)
@@ -226,7 +231,11 @@ def run(
         xlabel="layer", ylabel="head", title=f"energy share per head (random: {rows['random_subspace_share'][0]:.3f})"
     )
     fig.colorbar(image, ax=axes[0, 1])
-    figure = save_figure(fig, folder / "layerwise.png")
+    figures = [save_figure(fig, folder / "layerwise.png")]
+    comparison = None
+    if knn_k is not None:
+        comparison, figure = _knn_comparison(network, inputs, knn_k, folder)
+        figures.append(figure)
     results = {
         "study": "inspect",
         "model": str(model),
@@ -236,6 +245,8 @@ def run(
         "layers": rows,
         "seconds": clock.seconds(),
     }
+    if comparison is not None:
+        results["knn_comparison"] = comparison
     claims = [
         Claim(
             "coding rate R(Z), first → last layer",
@@ -262,8 +273,8 @@ def run(
         folder / "summary.md",
         f"Layer-wise diagnostics of {model}",
         claims,
-        command=f"aot inspect {model}" + (f" --data {data}" if data else ""),
-        figures=[figure],
+        command=f"aot inspect {model}" + (f" --data {data}" if data else "") + (f" --knn-k {knn_k}" if knn_k else ""),
+        figures=figures,
         notes=[
             f"Inputs: {inputs.shape[0]} × {source}.",
             "Tokens measured after each layer's LayerNorm; head subspaces from the MSSA projection "
@@ -272,6 +283,31 @@ def run(
         ],
     )
     return results
+
+
+def _knn_comparison(network, inputs: torch.Tensor, knn_k: float | int, folder: Path) -> tuple[dict, str]:
+    """KVT Fig. 2's three metrics per layer with the model's dense attention and with k-NN attention (`knn_k`)."""
+    from ..attention_aot import check_knn_k
+    from .knn_evidence import layer_diagnostics, set_k
+
+    check_knn_k(knn_k)
+    original = network.config.knn_k
+    series = {}
+    try:
+        for name, k in (("dense", None), (f"knn_k={knn_k}", knn_k)):
+            set_k(network, k)
+            series[name] = layer_diagnostics(network, inputs)
+    finally:
+        set_k(network, original)
+    fig, axes = new_figure(ncols=3)
+    titles = {"cosine_similarity": "token cosine similarity", "attention_std": "std of attention weights",
+              "residual_ratio": "‖f_l(t)‖ / ‖t‖"}  # fmt: skip
+    for col, (metric, title) in enumerate(titles.items()):
+        for name, values in series.items():
+            axes[0, col].plot(range(len(values[metric])), values[metric], "o--", label=name)
+        axes[0, col].set(xlabel="layer", title=title)
+        axes[0, col].legend()
+    return series, save_figure(fig, folder / "knn_comparison.png")
 
 
 __all__ = [
