@@ -114,7 +114,7 @@ def test_study_writes_every_claim_and_figure(tmp_path, capsys):
     results = json.loads((tmp_path / "results.json").read_text())
     for key in ("slow_vs_fast", "lemma3", "k_sweep", "lemma1", "fig2"):
         assert key in results
-    assert len(results["claims"]) == 7
+    assert len(results["claims"]) == 8
     for png in ("lemma3_recall.png", "fig1_k_sweep.png", "lemma1_gradients.png", "fig2_layer_diagnostics.png",
                 "figs3_4_attention_maps.png"):  # fmt: skip
         assert (tmp_path / png).stat().st_size > 0

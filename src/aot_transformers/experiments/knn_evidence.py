@@ -42,7 +42,8 @@ OPTIONS = (
     Option("k_fractions", [0.25, 0.5, 0.75], "k as fractions of the tokens, beside dense attention", many=True,
            minimum=0.0, maximum=1.0, open_min=True),
     Option("seeds", [0, 1, 2], "training seeds of the k sweep (Fig. 1)", many=True, minimum=0),
-    Option("epochs", 2, "training epochs of each model", minimum=1),
+    Option("epochs", 8, "training epochs of each model", minimum=1),
+    Option("lr", 3e-3, "peak learning rate (AdamW, cosine decay, batch 32)", minimum=0.0, open_min=True),
     Option("train_images", 4000, "MNIST training images", minimum=50),
     Option("hidden_size", 64, "width of the classifier", minimum=8),
     Option("num_layers", 3, "layers of the classifier", minimum=1),
@@ -95,14 +96,16 @@ def slow_vs_fast(study: Study, o: dict[str, Any]) -> None:
     # Table 3: one forward over a batch of images with 3 heads (DeiT-Tiny's), slow loop vs fast top-k, float32.
     shapes = (o["timing_batch"] * 3, n, d)
     tq, tk, tv = (torch.randn(*shapes, generator=generator) for _ in range(3))
-    start = time.perf_counter()
-    for b in range(shapes[0]):
-        knn_slow(tq[b], tk[b], tv[b], k)
-    slow = time.perf_counter() - start
-    start = time.perf_counter()
-    for _ in range(5):
+    knn_fast(tq, tk, tv, k)  # warm-up
+    slow = fast = math.inf
+    for _ in range(3):  # best of three: the machine is shared
+        start = time.perf_counter()
+        for b in range(shapes[0]):
+            knn_slow(tq[b], tk[b], tv[b], k)
+        slow = min(slow, time.perf_counter() - start)
+        start = time.perf_counter()
         knn_fast(tq, tk, tv, k)
-    fast = (time.perf_counter() - start) / 5
+        fast = min(fast, time.perf_counter() - start)
     study.results["slow_vs_fast"] = {
         "tokens": n, "dim": d, "k": k, "agreement_equal_norm_keys": agree_equal, "agreement_gaussian_keys": agree_raw,
         "max_output_difference_equal_norms": difference, "slow_seconds": slow, "fast_seconds": fast,
@@ -198,7 +201,7 @@ def k_sweep(study: Study, o: dict[str, Any], data: dict) -> dict:
         accuracies = []
         for seed in o["seeds"]:
             model = _classifier(o, k, seed)
-            history = _vision.train_classifier(model, data, epochs=o["epochs"], seed=seed, lr=2e-3)
+            history = _vision.train_classifier(model, data, epochs=o["epochs"], seed=seed, lr=o["lr"], batch_size=32)
             accuracies.append(history["val_accuracy"][-1])
             models.setdefault(k, model)  # the first seed's model is inspected below
         table["dense" if k is None else f"{k:g}"] = accuracies
@@ -287,15 +290,21 @@ def lemma1(study: Study, o: dict[str, Any], dense_model, data: dict) -> None:
         axes[0, 0].annotate(str(row["k"]), (row["mean_trace_var"], row["grad_norm_wq_wk"]))
     axes[0, 0].set(xlabel="mean tr Var_a(x)", ylabel="‖∂L/∂(W_Q, W_K)‖", title="Lemma 1 on the trained dense model")
     study.save(fig, "lemma1_gradients.png")
-    increasing = all(a <= b for a, b in zip(variances, variances[1:], strict=False)) and all(
-        a <= b for a, b in zip(grads, grads[1:], strict=False)
+    grads_grow = all(a <= b for a, b in zip(grads, grads[1:], strict=False))
+    variance_grows = all(a <= b for a, b in zip(variances, variances[1:], strict=False))
+    study.claim(
+        "Lemma 1: the W_Q, W_K gradients shrink as k shrinks (k = " + ", ".join(str(r["k"]) for r in rows) + ")",
+        "gradient norms " + ", ".join(f"{g:.3g}" for g in grads),
+        "fewer, more similar keys: smaller gradients than dense attention (Eq. 6)",
+        grads_grow,
     )
     study.claim(
-        "Lemma 1: W_Q, W_K gradients grow with Var_a(x), which grows with k",
-        ", ".join(f"k={r['k']}: grad {r['grad_norm_wq_wk']:.3g}, tr Var {r['mean_trace_var']:.3g}" for r in rows)
-        + f"; correlation {correlation:.2f}",
-        "∂V̂/∂W_Q ∝ Var_a(x) and ∂V̂/∂W_K ∝ Var_a(x) (Eq. 6)",
-        increasing and correlation > 0.8,
+        "Lemma 1: ... because tr Var_a(x) shrinks with k",
+        "tr Var_a(x) "
+        + ", ".join(f"{v:.3g}" for v in variances)
+        + f"; correlation with the gradients {correlation:.2f}",
+        "∂V̂/∂W_Q ∝ Var_a(x) and ∂V̂/∂W_K ∝ Var_a(x)",
+        variance_grows and correlation > 0.8,
     )
 
 
