@@ -178,7 +178,7 @@ def test_unknown_study_is_a_clear_error(capsys):
     assert "invalid choice" in capsys.readouterr().err
     with pytest.raises(ValueError, match="Unknown study 'telepathy'"):
         run_experiment("telepathy")
-    assert set(STUDIES) == {"denoising", "icl", "clustering", "knn", "attention-maps"}
+    assert set(STUDIES) == {"denoising", "icl", "clustering", "knn", "knn-evidence", "attention-maps"}
 
 
 def test_bad_option_value_is_a_clear_error(tmp_path, capsys):
