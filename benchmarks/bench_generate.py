@@ -18,6 +18,7 @@ import torch
 from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel
 
 from aot_transformers import AoTConfig, AoTForCausalLM
+from aot_transformers.modeling_aot import CACHE_FIELD
 
 from ._common import RESULTS_DIR, interleaved_best_times, setup, write_results
 
@@ -81,7 +82,7 @@ def generator(model, new_tokens: int, use_cache: bool = True, batch: int = 1, st
 
 def cache_bytes(model, length: int = 512) -> int:
     with torch.no_grad():
-        cache = model(torch.randint(1, VOCAB, (1, length)), use_cache=True).past_key_values
+        cache = getattr(model(torch.randint(1, VOCAB, (1, length)), use_cache=True), CACHE_FIELD)
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 

@@ -35,6 +35,7 @@ from aot_transformers import (
     AoTVisionModel,
 )
 from aot_transformers.attention_aot import subspace_attention
+from aot_transformers.modeling_aot import CACHE_FIELD
 from conftest import REPO_ROOT, tiny_config
 
 VARIANTS = {
@@ -187,6 +188,27 @@ def test_static_cache_greedy_generation_equals_dynamic_cache(variant):
         ids, attention_mask=mask, max_new_tokens=10, do_sample=False, cache_implementation="static"
     )
     assert torch.equal(static, dynamic)
+
+
+@pytest.mark.parametrize("head", ["lm", "sequence"])
+def test_cache_is_accepted_under_both_names_of_the_transformers_5_24_rename(head):
+    # transformers 5.24 renamed `past_key_values` to `cache`; the supported range (>=5.5,<6) spans the rename.
+    model = _lm() if head == "lm" else AoTForSequenceClassification(tiny_config(pad_token_id=0)).eval()
+    ids, step = torch.randint(2, 97, (2, 5)), torch.randint(2, 97, (2, 1))
+    with torch.no_grad():
+        prefix = model(ids, use_cache=True)
+        assert getattr(prefix, CACHE_FIELD) is not None and prefix.to_tuple()[1] is getattr(prefix, CACHE_FIELD)
+        by_name = {}
+        for name in ("cache", "past_key_values"):
+            cache = model(ids, use_cache=True)[CACHE_FIELD]
+            by_name[name] = model(step, use_cache=True, **{name: cache}).logits
+            assert getattr(model(step, use_cache=True, **{name: cache}), CACHE_FIELD).get_seq_length() == 7
+        whole = model(torch.cat([ids, step], dim=1)).logits
+        torch.testing.assert_close(by_name["cache"], by_name["past_key_values"])
+        torch.testing.assert_close(by_name["cache"][:, -1], whole[:, -1], atol=1e-5, rtol=1e-5)
+        first, second = (model(ids, use_cache=True)[CACHE_FIELD] for _ in range(2))
+        with pytest.raises(ValueError, match="Pass the cache once"):
+            model(step, cache=first, past_key_values=second)
 
 
 def test_mssa_static_cache_stores_its_key_value_tensor_once():

@@ -119,7 +119,7 @@ class AoTConfig(PretrainedConfig):
     """
 
     model_type = "aot"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the cache field before and after transformers 5.24
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ C channels, P patch side, N patches, L labels, V vocabulary.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -55,6 +58,25 @@ VISION_AUTO_MAP = {
     "AutoModel": "modeling_aot.AoTVisionModel",
     "AutoModelForImageClassification": "modeling_aot.AoTForImageClassification",
 }
+# transformers 5.24 renamed the cache argument and output field from `past_key_values` to `cache` (the old name still
+# works there, with a deprecation warning). The supported range, transformers>=5.5,<6, spans the rename: the models
+# accept both names and speak to transformers, and fill their outputs, in the name of the installed version.
+CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+_MASK_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+# The paged cache of continuous batching is written by the attention function before 5.24 (it arrives in its kwargs)
+# and by the model's attention layer since (`cache.update(..., kwargs=kwargs)`, as Llama does).
+_LAYER_UPDATES_PAGED_CACHE = "cache" not in inspect.signature(sdpa_attention_forward).parameters
+
+
+def _one_cache(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
+    """The cache given under either name (`cache`, or the pre-5.24 `past_key_values`); both at once is an error."""
+    if past_key_values is None:
+        return cache
+    if cache is not None and cache is not past_key_values:
+        raise ValueError("Pass the cache once: as `cache` (transformers >= 5.24) or as `past_key_values`, not both.")
+    return past_key_values
+
+
 # Backends that cannot be combined with `knn_k` (they attend to every key).
 DENSE_BACKENDS = ("eager", "sdpa", "shared_projection")
 
@@ -168,7 +190,11 @@ class AoTAttention(nn.Module):
         if self.config.attention_type == "mssa":
             subspace = self.subspace_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, T, D)
             query = key = value = subspace
-            if past_key_values is not None:
+            if isinstance(past_key_values, PagedAttentionCache):
+                key, value = past_key_values.update(
+                    subspace, subspace, self.layer_idx, kwargs=kwargs
+                )  # sets the kernel's kwargs
+            elif past_key_values is not None:
                 # Store the single key = value tensor once: the value slot holds an empty (B, H, T, 0) view.
                 key, _ = past_key_values.update(subspace, subspace[..., :0], self.layer_idx)
                 value = key
@@ -176,7 +202,11 @@ class AoTAttention(nn.Module):
             query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
             key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
             value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-            if past_key_values is not None:
+            if isinstance(past_key_values, PagedAttentionCache):
+                key, value = past_key_values.update(
+                    key, value, self.layer_idx, kwargs=kwargs
+                )  # sets the kernel's kwargs
+            elif past_key_values is not None:
                 key, value = past_key_values.update(key, value, self.layer_idx)
         if self.config.normalize_query:
             query = F.normalize(query, dim=-1)
@@ -241,7 +271,7 @@ class AoTPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["AoTLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
@@ -423,6 +453,7 @@ class AoTModel(AoTPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
         """Run the backbone.
@@ -434,7 +465,8 @@ class AoTModel(AoTPreTrainedModel):
             position_ids: Positions (B, T). By default counted from each sequence's first real token (so left
                 padding works); positions that restart at 0 inside a row mark packed sequences, which then attend
                 only within themselves.
-            past_key_values: A `Cache` (dynamic or static) from an earlier call.
+            past_key_values: A `Cache` (dynamic or static) from an earlier call; `cache` is its name since
+                transformers 5.24, and either is accepted (outputs carry it under the installed version's name).
             inputs_embeds: Token embeddings (B, T, d) instead of `input_ids`.
             use_cache: Return a cache (`DynamicCache` unless one is given) for further decoding.
             output_attentions: Return the attention weights of every layer (backends that compute them: `"eager"`,
@@ -451,11 +483,17 @@ class AoTModel(AoTPreTrainedModel):
             use_cache = self.config.use_cache and not self.training
         if self.gradient_checkpointing and self.training:
             use_cache = False
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        if not use_cache:
-            past_key_values = None
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        cache = _one_cache(cache, past_key_values)
+        if isinstance(cache, PagedAttentionCache):  # continuous batching: positions and lengths come in kwargs
+            if not _LAYER_UPDATES_PAGED_CACHE:
+                kwargs["cache"], cache = cache, None  # the attention function reads and writes it
+            past_length = 0
+        else:
+            if use_cache and cache is None:
+                cache = DynamicCache(config=self.config)
+            if not use_cache:
+                cache = None
+            past_length = cache.get_seq_length() if cache is not None else 0
         self._check_inputs(input_ids, inputs_embeds, attention_mask, position_ids, past_length)
 
         if inputs_embeds is None:
@@ -476,8 +514,8 @@ class AoTModel(AoTPreTrainedModel):
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
             position_ids=given_position_ids,
+            **{_MASK_CACHE_ARGUMENT: cache},
         )
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
@@ -485,7 +523,7 @@ class AoTModel(AoTPreTrainedModel):
             hidden_states, attn_weights = layer(
                 hidden_states,
                 attention_mask=mask,
-                past_key_values=past_key_values,
+                past_key_values=cache,  # the layers' own name for it, apart from the `cache` kwarg of backends
                 output_attentions=output_attentions,
                 **kwargs,
             )
@@ -500,9 +538,9 @@ class AoTModel(AoTPreTrainedModel):
 
         return BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values,
             hidden_states=all_hidden_states,
             attentions=all_attentions,
+            **{CACHE_FIELD: cache},
         )
 
 
@@ -536,6 +574,7 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        cache: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """Next-token logits, and the loss when `labels` (B, T) are given (shifted inside; -100 is ignored).
@@ -548,7 +587,7 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=_one_cache(cache, past_key_values),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
@@ -575,9 +614,9 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
         )
 
 
@@ -621,6 +660,7 @@ class AoTForSequenceClassification(AoTPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> SequenceClassifierOutputWithPast | tuple:
         """Sequence logits (B, L), and the loss when `labels` (B,) are given (regression, single- or multi-label by
@@ -629,7 +669,7 @@ class AoTForSequenceClassification(AoTPreTrainedModel):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=_one_cache(cache, past_key_values),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
@@ -651,9 +691,9 @@ class AoTForSequenceClassification(AoTPreTrainedModel):
         return SequenceClassifierOutputWithPast(
             loss=loss,
             logits=pooled_logits,
-            past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
         )
 
 
