@@ -430,3 +430,50 @@ def test_run_smoke(tmp_path):
         len(results["claims"]) >= 10
         and "aot experiment clustering --parts theory fig3_4" in (tmp_path / "summary.md").read_text()
     )
+
+
+def test_fig6a_sigma_zero_a_small_regulariser_aligns_the_heads_to_precision():
+    # App. A / Fig. 6a: under (P₀) from the sphere, ρ = 0 stalls at partial alignment, ρ = 0.1 reaches the centroids.
+    run = C.train_heads(
+        sigma=0.0, lam=0.6, rho=[0.0, 0.1], init="sphere", steps=1500, batch_size=16, lr=0.1, runs=3, record_every=500
+    )
+    final = torch.tensor(run["final"]).reshape(2, 3)
+    assert final[0].min() > 0.1 and final[1].max() < 1e-4
+
+
+def test_appendix_g_parts_run_and_record_the_papers_panels(tmp_path):
+    options = dict(
+        parts=["fig6a", "high_dim", "dimension"],
+        runs=2,
+        steps=6,
+        sweep_steps=4,
+        batch_size=4,
+        degenerate_num_rhos=3,
+        dims=[4, 6],
+        high_dim=8,
+        random_dim=6,
+    )
+    results = C.run(out=tmp_path, **options)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"fig6a_degenerate_rho.png", "fig7_8_11_high_dim.png", "fig9_10_12_dimension.png"} <= names
+    assert results["figure6a"]["rhos"] == pytest.approx([0.0, 0.15, 0.3])
+    for figure in ("fig7_manifold", "fig8_sphere", "fig11_random_centroids"):
+        assert set(results["high_dim"][figure]) == {"sigma=0.0", "sigma=0.3", "sigma=1.0"}  # the paper's three panels
+        curve = results["high_dim"][figure]["sigma=0.3"]
+        assert curve["steps"][-1] == 6 and len(curve["median_rmse"]) == len(curve["steps"])
+    for figure in ("fig9_manifold", "fig10_sphere", "fig12_random_centroids"):
+        assert [len(results["dimension"][figure][f"sigma={s}"]) for s in (0.0, 0.3, 1.0)] == [2, 2, 2]
+    claims = [c["quantity"] for c in results["claims"]]
+    assert any(c.startswith("Fig. 6a") for c in claims) and sum("App. G (fig7" in c for c in claims) == 1
+
+
+def test_appendix_g_minimal_rmse_is_the_distance_over_root_d():
+    run = C.train_heads(dim=16, sigma=0.3, lam=0.6, init="sphere", steps=2, batch_size=4, runs=2, record_every=1)
+    record = C._rmse_record(run, 16)
+    assert record["rows"][-1] == pytest.approx([value / 4 for value in run["final"]])
+    assert record["final"] == C.percentile_band([value / 4 for value in run["final"]])
+
+
+def test_appendix_g_sigmas_and_lambdas_must_pair_up():
+    with pytest.raises(ValueError, match="appendix_g_sigmas"):
+        C.run(parts=["high_dim"], appendix_g_sigmas=[0.0, 0.3], appendix_g_lams=[0.6], steps=1, runs=1)
