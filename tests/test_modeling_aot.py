@@ -168,7 +168,9 @@ def test_gradient_checkpointing_gives_same_gradients():
     model(ids, labels=ids).loss.backward()
     reference = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    model.activation_checkpointing_enable()
+    # `activation_checkpointing_enable` (transformers >= 5.24) was `gradient_checkpointing_enable` before.
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
     model(ids, labels=ids).loss.backward()
     for p, g in zip(model.parameters(), reference, strict=True):
         torch.testing.assert_close(p.grad, g)

@@ -27,7 +27,6 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.generation.continuous_batching.cache import PagedAttentionCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -63,9 +62,9 @@ VISION_AUTO_MAP = {
 # accept both names and speak to transformers, and fill their outputs, in the name of the installed version.
 CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 _MASK_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
-# The paged cache of continuous batching is written by the attention function before 5.24 (it arrives in its kwargs)
-# and by the model's attention layer since (`cache.update(..., kwargs=kwargs)`, as Llama does).
-_LAYER_UPDATES_PAGED_CACHE = "cache" not in inspect.signature(sdpa_attention_forward).parameters
+# The same release moved the write of continuous batching's paged cache from the attention function (which found it
+# in its kwargs) into the model's attention layer (`cache.update(..., kwargs=kwargs)`, as Llama does).
+_LAYER_UPDATES_PAGED_CACHE = CACHE_FIELD == "cache"
 
 
 def _one_cache(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
