@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -201,7 +202,11 @@ def test_cache_is_accepted_under_both_names_of_the_transformers_5_24_rename(head
         by_name = {}
         for name in ("cache", "past_key_values"):
             cache = model(ids, use_cache=True)[CACHE_FIELD]
-            by_name[name] = model(step, use_cache=True, **{name: cache}).logits
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                by_name[name] = model(step, use_cache=True, **{name: cache}).logits
+            deprecated = name == "past_key_values" and CACHE_FIELD == "cache"  # as transformers deprecates it
+            assert any("`past_key_values` is deprecated" in str(w.message) for w in caught) == deprecated
             assert getattr(model(step, use_cache=True, **{name: cache}), CACHE_FIELD).get_seq_length() == 7
         whole = model(torch.cat([ids, step], dim=1)).logits
         torch.testing.assert_close(by_name["cache"], by_name["past_key_values"])
@@ -217,7 +222,7 @@ def test_mssa_static_cache_stores_its_key_value_tensor_once():
         model = _lm(attention_type=attention_type)
         cache = StaticCache(config=model.config, max_cache_len=16)
         with torch.no_grad():
-            model(torch.randint(0, 97, (1, 6)), past_key_values=cache, use_cache=True)
+            model(torch.randint(0, 97, (1, 6)), use_cache=True, **{CACHE_FIELD: cache})
         sizes[attention_type] = sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers)
     assert sizes["mssa"] * 2 == sizes["mhsa"]
 
@@ -248,12 +253,12 @@ def test_static_cache_decoding_compiles_without_graph_breaks():
     reference_cache = StaticCache(config=model.config, max_cache_len=12)
     decode = torch.compile(model.forward, fullgraph=True)  # a graph break raises
     with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True)
-        model(ids, past_key_values=reference_cache, use_cache=True)
+        model(ids, use_cache=True, **{CACHE_FIELD: cache})
+        model(ids, use_cache=True, **{CACHE_FIELD: reference_cache})
         token = torch.randint(2, 97, (2, 1))
         for _ in range(3):
-            compiled = decode(token, past_key_values=cache, use_cache=True).logits
-            eager = model(token, past_key_values=reference_cache, use_cache=True).logits
+            compiled = decode(token, use_cache=True, **{CACHE_FIELD: cache}).logits
+            eager = model(token, use_cache=True, **{CACHE_FIELD: reference_cache}).logits
             torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-4)
             token = eager[:, -1:].argmax(-1)
 
