@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 import torch
@@ -254,3 +257,24 @@ def test_item12_missing_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err
     assert code == 2 and "aot-transformers[experiments]" in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+# Every number in a README comes from a committed results folder whose summary names the command that regenerates it.
+RESULTS = Path(__file__).resolve().parents[1] / "src" / "aot_transformers" / "experiments" / "results"
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in RESULTS.iterdir() if (p / "results.json").is_file()))
+def test_committed_results_name_the_command_that_regenerates_them(folder):
+    from aot_transformers.cli import build_parser
+    from aot_transformers.experiments._common import resolve_options
+    from aot_transformers.experiments.cli import _study_module
+
+    summary = (RESULTS / folder / "summary.md").read_text()
+    command = re.search(r"^Command: `aot (experiment .+)`$", summary, re.MULTILINE)
+    assert command, f"{folder}/summary.md names no command"
+    args = build_parser().parse_args(shlex.split(command.group(1)))
+    given = {k: v for k, v in vars(args).items() if k not in ("command", "study", "func", "threads", "out", "debug")}
+    recorded = json.loads((RESULTS / folder / "results.json").read_text())
+    assert recorded["study"] == args.study
+    # The command, parsed by today's CLI, asks for exactly the options the committed run used.
+    assert resolve_options(_study_module(args.study).OPTIONS, given) == recorded["options"]
