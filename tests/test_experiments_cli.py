@@ -267,13 +267,13 @@ RESULTS = Path(__file__).resolve().parents[1] / "src" / "aot_transformers" / "ex
 def test_committed_results_name_the_command_that_regenerates_them(folder):
     from aot_transformers.cli import build_parser
     from aot_transformers.experiments._common import resolve_options
-    from aot_transformers.experiments.cli import _study_module
+    from aot_transformers.experiments.cli import _study_module, study_options
 
     summary = (RESULTS / folder / "summary.md").read_text()
     command = re.search(r"^Command: `aot (experiment .+)`$", summary, re.MULTILINE)
     assert command, f"{folder}/summary.md names no command"
     args = build_parser().parse_args(shlex.split(command.group(1)))
-    given = {k: v for k, v in vars(args).items() if k not in ("command", "study", "func", "threads", "out", "debug")}
+    given = {k: v for k, v in study_options(args).items() if k != "out"}
     recorded = json.loads((RESULTS / folder / "results.json").read_text())
     assert recorded["study"] == args.study
     # The command, parsed by today's CLI, asks for exactly the options the committed run used.

@@ -72,12 +72,9 @@ def _one_cache(cache: Cache | None, past_key_values: Cache | None) -> Cache | No
     """The cache given under either name (`cache`, or the pre-5.24 `past_key_values`); both at once is an error."""
     if past_key_values is None:
         return cache
-    if (
-        CACHE_FIELD == "cache" and not torch.compiler.is_compiling()
-    ):  # as transformers' own models warn from 5.24 on (`deprecate_kwarg`)
-        warnings.warn(
-            "`past_key_values` is deprecated since transformers 5.24; use `cache` instead.", FutureWarning, 3
-        )
+    # Warn as transformers' own models do from 5.24 on (`deprecate_kwarg`, silent under torch.compile).
+    if CACHE_FIELD == "cache" and not torch.compiler.is_compiling():
+        warnings.warn("`past_key_values` is deprecated since transformers 5.24; use `cache`.", FutureWarning, 3)
     if cache is not None and cache is not past_key_values:
         raise ValueError("Pass the cache once: as `cache` (transformers >= 5.24) or as `past_key_values`, not both.")
     return past_key_values

@@ -48,6 +48,12 @@ def _study_module(name: str):
     return importlib.import_module(f"{__package__}.{STUDIES[name]}")
 
 
+def study_options(args: argparse.Namespace) -> dict:
+    """The study's own options (and `out`) from a parsed `aot experiment NAME ...`, without the command's plumbing."""
+    plumbing = ("command", "study", "func", "threads", "debug")
+    return {key: value for key, value in vars(args).items() if key not in plumbing}
+
+
 def _run_experiment(args: argparse.Namespace) -> int:
     import sys
 
@@ -56,7 +62,7 @@ def _run_experiment(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ._common import require_matplotlib, resolve_options
 
-    options = {key: value for key, value in vars(args).items() if key not in ("command", "study", "func", "threads")}
+    options = study_options(args)
     module = _study_module(args.study)
     prog = f"aot experiment {args.study}"
     try:
