@@ -18,7 +18,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from aot_transformers.attention_aot import SHARED_KERNEL_MAX_LENGTH, _SharedProjectionAttention
+from aot_transformers.shared_projection import SHARED_KERNEL_MAX_LENGTH, _SharedProjectionAttention
 
 from ._common import interleaved_best_times, setup, write_results
 

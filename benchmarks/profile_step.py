@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from aot_transformers import attention_aot
+from aot_transformers import shared_projection
 
 from ._common import MATMUL_OPS, setup, write_results
 from .bench_train import aot_lm, aot_vision, gpt2, image_step, lm_step, vit
@@ -40,7 +40,7 @@ GROUPS = {
 }  # fmt: skip
 
 
-# The autograd function of MSSA's shared-projection attention kernel (`attention_aot._SharedProjectionAttention`),
+# The autograd function of MSSA's shared-projection attention kernel (`shared_projection._SharedProjectionAttention`),
 # forward and backward: every operator under these events is attention.
 SHARED_KERNEL_EVENTS = ("_SharedProjectionAttention", "_SharedProjectionAttentionBackward")
 
@@ -98,7 +98,7 @@ def step_flops(step) -> dict[str, int]:
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward_flops,
     }
     with (
-        mock.patch.dict(attention_aot.SHARED_KERNEL_MAX_LENGTH, {True: 0, False: 0}),
+        mock.patch.dict(shared_projection.SHARED_KERNEL_MAX_LENGTH, {True: 0, False: 0}),
         FlopCounterMode(display=False, custom_mapping=mapping) as counter,
     ):
         step()

@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 
-from aot_transformers.attention_aot import subspace_attention
 from aot_transformers.experiments import clustering as C
 from aot_transformers.experiments import clustering_theory as T
+from aot_transformers.experiments.subspace import subspace_attention
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,5 +1,6 @@
-"""The k-NN attention kernel: exact values and gradients (integer and fractional k, masks, chunk edges, ties,
-dropout), memory saved for the backward linear in the length, differentiable attention weights, and
+"""The k-NN attention kernel: exact values and gradients against the reference (integer and fractional k, masks, a
+missing mask read as SDPA reads it, chunk edges, ties, dropout, additive biases, soft-capping, sinks), k >= n equals
+dense attention, memory saved for the backward linear in the length, differentiable attention weights, and
 `torch.export` with dynamic batch and sequence."""
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import torch
 from torch.export import Dim
 
 from aot_transformers import AoTForCausalLM
-from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward, knn_attention_reference
+from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward, resolve_knn_k
 from conftest import tiny_config
+from knn_reference import knn_attention_reference
 
 CHUNK = 8
 
@@ -21,11 +23,14 @@ def _qkv(batch=2, heads=2, q_len=17, k_len=17, dim=4, dtype=torch.float64):
 
 
 def _mask(masking: str, batch: int, q_len: int, k_len: int) -> tuple[torch.Tensor | None, bool]:
-    """(attention_mask, is_causal) for a masking scheme; "cache" has Tq < Tk with the last query at the last key."""
-    if masking in ("none", "causal", "cache"):
+    """(attention_mask, is_causal) for a masking scheme. "cache": Tq < Tk with the last query at the last key (an
+    explicit mask, as transformers builds it for a dynamic cache); "static": no mask and Tq < Tk, which means SDPA's
+    `is_causal` aligned top-left (a static-cache prefill, whose later slots are empty)."""
+    if masking in ("none", "causal", "static"):
         return None, masking != "none"
     key_valid = torch.ones(batch, k_len, dtype=torch.bool)
-    key_valid[0, : k_len // 3] = False  # left padding on the first sequence
+    if masking == "padding":
+        key_valid[0, : k_len // 3] = False  # left padding on the first sequence
     causal = torch.arange(k_len)[None, :] <= torch.arange(q_len)[:, None] + (k_len - q_len)
     return key_valid[:, None, None, :] & causal, False
 
@@ -36,9 +41,9 @@ def _grads(output: torch.Tensor, inputs, upstream: torch.Tensor) -> list[torch.T
 
 @pytest.mark.parametrize("knn_k", [1, 3, 0.5, 0.3])
 @pytest.mark.parametrize("length", [CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 1])
-@pytest.mark.parametrize("masking", ["none", "causal", "padding", "cache"])
+@pytest.mark.parametrize("masking", ["none", "causal", "padding", "cache", "static"])
 def test_chunked_knn_equals_reference_values_and_gradients(knn_k, length, masking):
-    q_len = 3 if masking == "cache" else length
+    q_len = 3 if masking in ("cache", "static") else length
     q, k, v = _qkv(q_len=q_len, k_len=length)
     mask, is_causal = _mask(masking, 2, q_len, length)
     out, _ = knn_attention_forward(None, q, k, v, mask, 0.7, is_causal=is_causal, knn_k=knn_k, knn_chunk_size=CHUNK)
@@ -50,11 +55,11 @@ def test_chunked_knn_equals_reference_values_and_gradients(knn_k, length, maskin
 
 
 @pytest.mark.parametrize("knn_k", [1, 3])
-@pytest.mark.parametrize("masking", ["none", "causal", "padding", "cache"])
+@pytest.mark.parametrize("masking", ["none", "causal", "padding", "cache", "static"])
 @pytest.mark.parametrize("ties", [False, True])
 def test_small_k_two_stage_selection_equals_reference(knn_k, masking, ties):
-    # n >= 16 (k + 1) and a multiple of 4: the kernel selects through group maxima (`_topk_scores`).
-    q, k, v = _qkv(q_len=5 if masking == "cache" else 64, k_len=64)
+    # n >= 16 (k + 1) and a multiple of 4: the kernel selects through group maxima (`_topk_values`).
+    q, k, v = _qkv(q_len=5 if masking in ("cache", "static") else 64, k_len=64)
     if ties:  # scores from a few integer values (and a power-of-two scaling, so exact): many keys tie
         q, k = (torch.randint(-1, 2, t.shape).double().requires_grad_() for t in (q, k))
     mask, is_causal = _mask(masking, 2, q.shape[2], 64)
@@ -116,6 +121,132 @@ def test_dropout_output_is_the_dropped_probabilities_times_values():
     kept = weights[0, 0].detach()
     dropped_or_doubled = torch.where(coefficients.abs() < 1e-8, torch.zeros_like(kept), 2 * kept)
     torch.testing.assert_close(coefficients, dropped_or_doubled, rtol=0, atol=1e-8)
+
+
+def _qkv_wide(batch=2, heads=3, q_len=37, k_len=37, dim=8, dtype=torch.float64, grad=False):
+    make = lambda n: torch.randn(batch, heads, n, dim, dtype=dtype, requires_grad=grad)
+    return make(q_len), make(k_len), make(k_len)
+
+
+def _padding_mask(lengths, k_len):
+    key_valid = torch.zeros(len(lengths), k_len, dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        key_valid[row, k_len - n :] = True  # left padding
+    return key_valid[:, None, None, :] & torch.ones(k_len, k_len, dtype=torch.bool).tril()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_knn_with_k_at_least_n_equals_dense(causal):
+    q, k, v = _qkv_wide()
+    dense, _ = eager_attention_forward(None, q, k, v, None, 0.3, is_causal=causal)
+    for knn_k in (37, 100, 1.0):
+        out, _ = knn_attention_forward(None, q, k, v, None, 0.3, is_causal=causal, knn_k=knn_k, knn_chunk_size=8)
+        torch.testing.assert_close(out, dense)
+
+
+def test_knn_gradcheck():
+    q, k, v = _qkv_wide(batch=1, heads=2, q_len=9, k_len=9, dim=4, grad=True)
+    mask = _padding_mask([9], 9)
+    fn = lambda q, k, v: knn_attention_forward(None, q, k, v, mask, 0.5, knn_k=3, knn_chunk_size=4)[0]
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_knn_keeps_exactly_k_visible_keys_and_respects_masks():
+    q, k, v = _qkv_wide(q_len=20, k_len=20)
+    mask = _padding_mask([20, 12], 20)
+    _, weights = knn_attention_forward(
+        None, q, k, v, mask, 0.3, is_causal=True, knn_k=4, knn_chunk_size=7, output_attentions=True
+    )
+    kept = (weights > 0).sum(-1)  # (B, H, Tq)
+    visible = mask.sum(-1).expand_as(kept)
+    real = visible > 0
+    assert torch.equal(kept[real], torch.clamp(visible[real], max=4))
+    assert not (weights > 0)[(~mask).expand_as(weights) & real[..., None]].any(), "attended to a masked key"
+    # the kept keys carry the highest scores among the visible ones
+    scores = (q @ k.transpose(-1, -2) * 0.3).masked_fill(~mask, float("-inf"))
+    kept_min = scores.masked_fill(weights == 0, float("inf")).amin(-1)
+    dropped_max = scores.masked_fill((weights > 0) | ~mask, float("-inf")).amax(-1)
+    assert (kept_min[real] >= dropped_max[real]).all()
+
+
+def test_k_equals_one_picks_argmax_key():
+    q, k, v = _qkv_wide()
+    out, _ = knn_attention_forward(None, q, k, v, None, 1.0, knn_k=1)
+    best = (q @ k.transpose(-1, -2)).argmax(-1)  # (B, H, Tq)
+    expected = v.gather(2, best[..., None].expand(-1, -1, -1, v.shape[-1]))
+    torch.testing.assert_close(out.transpose(1, 2), expected)
+
+
+def test_two_stage_topk_used_on_long_rows_matches_topk():
+    torch.manual_seed(1)
+    q, k, v = _qkv_wide(batch=1, heads=2, q_len=40, k_len=512, dim=16, grad=True)
+    out, _ = knn_attention_forward(None, q, k, v, None, 0.25, knn_k=8, knn_chunk_size=16)
+    ref, _ = knn_attention_reference(None, q, k, v, None, 0.25, knn_k=8)
+    torch.testing.assert_close(out, ref)
+
+
+def test_resolve_knn_k():
+    visible = torch.tensor([0, 1, 3, 10, 100])
+    assert resolve_knn_k(4, visible).tolist() == [1, 1, 3, 4, 4]
+    assert resolve_knn_k(0.5, visible).tolist() == [1, 1, 2, 5, 50]
+    assert resolve_knn_k(1.0, visible).tolist() == [1, 1, 3, 10, 100]
+
+
+def test_knn_bf16_finite_and_close():
+    q, k, v = _qkv_wide(batch=1, heads=2, q_len=300, k_len=300, dim=16, dtype=torch.float32)
+    out32, _ = knn_attention_forward(None, q, k, v, None, 0.25, knn_k=16, is_causal=True)
+    out16, _ = knn_attention_forward(
+        None, q.bfloat16(), k.bfloat16(), v.bfloat16(), None, 0.25, knn_k=16, is_causal=True
+    )
+    assert torch.isfinite(out16).all()
+    assert (out16.float() - out32).abs().mean() < 0.05
+
+
+def test_a_missing_mask_with_fewer_queries_than_keys_hides_the_keys_past_each_query():
+    """SDPA's `is_causal` is aligned top-left: query i sees keys 0..i, so the empty slots of a static cache (keys
+    past the last query) change nothing, and a single query sees every key."""
+    q, k, v = _qkv(q_len=5, k_len=12)
+    out, _ = knn_attention_forward(None, q, k, v, None, 0.7, is_causal=True, knn_k=2, knn_chunk_size=2)
+    noisy_k, noisy_v = k.detach().clone(), v.detach().clone()
+    noisy_k[:, :, 5:], noisy_v[:, :, 5:] = 100.0, 100.0  # slots no query may see
+    noisy, _ = knn_attention_forward(None, q, noisy_k, noisy_v, None, 0.7, is_causal=True, knn_k=2)
+    torch.testing.assert_close(noisy, out, rtol=0, atol=1e-12)
+    single, _ = knn_attention_forward(None, q[:, :, :1], k, v, None, 0.7, is_causal=True, knn_k=12)
+    dense, _ = eager_attention_forward(None, q[:, :, :1], k, v, None, 0.7, is_causal=False)
+    torch.testing.assert_close(single, dense, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("knn_k", [2, 0.5, 100])
+@pytest.mark.parametrize("argument", ["bias", "softcap", "sinks", "all"])
+def test_biases_softcapping_and_sinks_are_applied_as_eager_attention_applies_them(knn_k, argument):
+    """T5's position bias (an additive float mask), Gemma 2's soft-capping and GPT-OSS's sinks: values and
+    gradients (the bias and the sinks are learned) equal the reference, chunk by chunk."""
+    q, k, v = _qkv(q_len=11, k_len=11)
+    bias = None
+    if argument in ("bias", "all"):
+        bias = torch.randn(1, 2, 11, 11, dtype=torch.float64)
+        bias = bias.masked_fill(~_mask("padding", 2, 11, 11)[0][:1], torch.finfo(torch.float64).min)
+        bias.requires_grad_()
+    softcap = 1.5 if argument in ("softcap", "all") else None
+    sinks = torch.randn(2, dtype=torch.float64, requires_grad=True) if argument in ("sinks", "all") else None
+    kwargs = dict(knn_k=knn_k, softcap=softcap, s_aux=sinks)
+    out, _ = knn_attention_forward(None, q, k, v, bias, 0.7, knn_chunk_size=4, **kwargs)
+    ref, _ = knn_attention_reference(None, q, k, v, bias, 0.7, **kwargs)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    inputs = [t for t in (q, k, v, bias, sinks) if t is not None]
+    upstream = torch.randn_like(out)
+    for got, want in zip(_grads(out, inputs, upstream), _grads(ref, inputs, upstream), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_fractional_k_counts_keys_in_integers():
+    """ceil(k · n) computed without float64 (which some accelerators lack), as a person would: 0.1 · 10 keeps 1 key
+    (float64 gives 1.0000000000000002 before the ceiling on some paths), 0.3 · 10 keeps 3, 1/3 · 9 keeps 3."""
+    visible = torch.tensor([0, 1, 3, 9, 10, 20, 30])
+    assert resolve_knn_k(0.1, visible).tolist() == [1, 1, 1, 1, 1, 2, 3]
+    assert resolve_knn_k(0.3, visible).tolist() == [1, 1, 1, 3, 3, 6, 9]
+    assert resolve_knn_k(1 / 3, visible).tolist() == [1, 1, 1, 3, 4, 7, 10]
+    assert resolve_knn_k(0.7, visible).tolist() == [1, 1, 3, 7, 7, 14, 21]
 
 
 def _saved_bytes_beyond_inputs(length: int, knn_k) -> int:

@@ -35,7 +35,7 @@ from aot_transformers import (
     AoTModel,
     AoTVisionModel,
 )
-from aot_transformers.attention_aot import subspace_attention
+from aot_transformers.experiments.subspace import subspace_attention
 from aot_transformers.modeling_aot import CACHE_FIELD
 from conftest import REPO_ROOT, tiny_config
 

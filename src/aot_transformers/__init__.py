@@ -15,7 +15,8 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
-from .attention_aot import knn_attention_forward, subspace_attention
+from . import shared_projection  # noqa: F401  (registers MSSA's CPU training backend)
+from .attention_aot import knn_attention_forward
 from .configuration_aot import AoTConfig
 from .hub import export_model
 from .modeling_aot import (
@@ -60,6 +61,5 @@ __all__ = [
     "export_model",
     "knn_attention_forward",
     "list_presets",
-    "subspace_attention",
     "__version__",
 ]

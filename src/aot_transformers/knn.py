@@ -18,13 +18,16 @@ many queries are scored at once.
 
 from __future__ import annotations
 
-from transformers import PretrainedConfig
+from transformers import AttentionInterface, PretrainedConfig
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .attention_aot import ATTENTION_BACKENDS, check_knn_k, knn_attention_backend
+from .attention_aot import check_knn_k, knn_attention_forward
 
-KNN_ATTENTION = "knn"  # registered in `AttentionInterface` when `attention_aot` is imported
-if ATTENTION_BACKENDS[KNN_ATTENTION] is not knn_attention_backend:  # pragma: no cover - a packaging error
-    raise ImportError("aot_transformers.attention_aot no longer registers the k-NN backend as 'knn'.")
+KNN_ATTENTION = "knn"
+# The installed package's kernel, whatever a model folder's copy of `attention_aot` registered before it (AoT models
+# run their own file's kernel either way).
+AttentionInterface.register(KNN_ATTENTION, knn_attention_forward)
+AttentionMaskInterface.register(KNN_ATTENTION, sdpa_mask)
 
 # `from_pretrained(..., knn_k=0.5)` hands a keyword to the config only if the config already has that attribute
 # (otherwise it goes to the model's `__init__`, which rejects it). A class-level default makes every config accept
@@ -34,4 +37,4 @@ for _name in ("knn_k", "knn_chunk_size"):
         setattr(PretrainedConfig, _name, None)
 
 
-__all__ = ["KNN_ATTENTION", "check_knn_k", "knn_attention_backend"]
+__all__ = ["KNN_ATTENTION", "check_knn_k", "knn_attention_forward"]

@@ -29,19 +29,21 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.generation.continuous_batching.cache import PagedAttentionCache
 from transformers.masking_utils import create_causal_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_layers import (
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    GradientCheckpointingLayer,
+)
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     BaseModelOutputWithPooling,
     CausalLMOutputWithPast,
     ImageClassifierOutput,
-    SequenceClassifierOutputWithPast,
-    TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
-from .attention_aot import eager_attention_forward
+from .attention_aot import ATTENTION_FUNCTIONS, eager_attention_forward
 from .configuration_aot import REQUIRED_TRANSFORMERS, AoTConfig
 
 # What `auto_map` in a saved config.json points each Auto class to, by the kind of checkpoint: a folder maps only
@@ -58,13 +60,17 @@ VISION_AUTO_MAP = {
     "AutoModel": "modeling_aot.AoTVisionModel",
     "AutoModelForImageClassification": "modeling_aot.AoTForImageClassification",
 }
-# transformers 5.24 renamed the cache argument and output field from `past_key_values` to `cache` (the old name still
-# works there, with a deprecation warning). The supported range, transformers>=5.5,<6, spans the rename: the models
-# accept both names and speak to transformers, and fill their outputs, in the name of the installed version.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # as verify.PICKLE_SUFFIXES, any case
+CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
+KNN_BACKENDS = ("knn",)  # the backends that honour `knn_k`; with `knn_k` set, no other is accepted
+
+# transformers-version shims, all in one place. The supported range, transformers>=5.5,<6, spans 5.24, which renamed
+# the cache argument and output field from `past_key_values` to `cache` (the old name still works there, with a
+# deprecation warning) and moved the write of continuous batching's paged cache from the attention function (which
+# found the cache in its kwargs) into the attention layer (`cache.update(..., kwargs=kwargs)`, as Llama does). The
+# models accept both names and speak to transformers, and fill their outputs, in the installed version's.
 CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 _MASK_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
-# The same release moved the write of continuous batching's paged cache from the attention function (which found it
-# in its kwargs) into the model's attention layer (`cache.update(..., kwargs=kwargs)`, as Llama does).
 _LAYER_UPDATES_PAGED_CACHE = CACHE_FIELD == "cache"
 
 
@@ -72,20 +78,11 @@ def _one_cache(cache: Cache | None, past_key_values: Cache | None) -> Cache | No
     """The cache given under either name (`cache`, or the pre-5.24 `past_key_values`); both at once is an error."""
     if past_key_values is None:
         return cache
-    # Warn as transformers' own models do from 5.24 on (`deprecate_kwarg`, silent under torch.compile).
-    if CACHE_FIELD == "cache" and not torch.compiler.is_compiling():
+    if CACHE_FIELD == "cache" and not torch.compiler.is_compiling():  # as transformers' own `deprecate_kwarg`
         warnings.warn("`past_key_values` is deprecated since transformers 5.24; use `cache`.", FutureWarning, 3)
     if cache is not None and cache is not past_key_values:
         raise ValueError("Pass the cache once: as `cache` (transformers >= 5.24) or as `past_key_values`, not both.")
     return past_key_values
-
-
-# Backends that cannot be combined with `knn_k` (they attend to every key).
-DENSE_BACKENDS = ("eager", "sdpa", "shared_projection")
-
-
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # as verify.PICKLE_SUFFIXES, any case
-CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
 
 
 def code_file_hashes(folder: Path) -> dict[str, str]:
@@ -111,34 +108,27 @@ def _check_code_files(config: AoTConfig, source: str) -> None:
         )
 
 
-def _is_compiling() -> bool:
-    return torch.compiler.is_compiling()
-
-
-def _check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
-    if input_ids.dtype not in (torch.long, torch.int32, torch.int64, torch.int16, torch.uint8):
-        raise TypeError(f"`input_ids` must be an integer tensor, got dtype {input_ids.dtype}.")
-    if input_ids.dim() != 2:
-        raise ValueError(f"`input_ids` must have shape (batch, sequence), got {tuple(input_ids.shape)}.")
-    if not _is_compiling() and input_ids.numel() > 0:
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= vocab_size:
-            raise ValueError(
-                f"`input_ids` must lie in [0, {vocab_size - 1}] (vocab_size={vocab_size}); got values in "
-                f"[{low}, {high}]."
-            )
+def _check_values(condition: torch.Tensor, message: str) -> None:
+    """A check of tensor values that never waits for the device: on CPU it raises at once (RuntimeError with
+    `message`), on an accelerator the device raises when it gets there; skipped while compiling."""
+    if not torch.compiler.is_compiling():
+        torch._assert_async(condition.all(), message)
 
 
 def _check_labels(labels: torch.Tensor, num_classes: int, field: str) -> None:
-    """Class labels must lie in [0, num_classes) or be -100 (ignored); say so instead of an IndexError in torch."""
-    if _is_compiling() or labels.numel() == 0 or torch.is_floating_point(labels):
-        return
-    scored = labels[labels != -100]
-    if scored.numel() and (int(scored.min()) < 0 or int(scored.max()) >= num_classes):
-        raise ValueError(
-            f"`labels` must lie in [0, {num_classes - 1}] ({field}={num_classes}) or be -100 (ignored), got values "
-            f"in [{int(scored.min())}, {int(scored.max())}]."
+    if not torch.is_floating_point(labels):
+        _check_values(
+            (labels == -100) | ((labels >= 0) & (labels < num_classes)),
+            f"`labels` must lie in [0, {num_classes - 1}] ({field}={num_classes}) or be -100 (ignored).",
         )
+
+
+def _transposed(linear: nn.Module, outputs: torch.Tensor) -> torch.Tensor:
+    """`outputs @ W` for the weight W that `linear` applies (x ↦ x Wᵀ + b), through the module itself: the
+    vector-Jacobian product of an affine map is its transposed linear map. A LoRA adapter, a quantised or a sharded
+    weight is thus seen as the projection sees it (merging an adapter keeps the model's function)."""
+    _, vjp = torch.func.vjp(linear, torch.zeros_like(outputs))
+    return vjp(outputs)[0]
 
 
 class AoTMLP(nn.Module):
@@ -166,7 +156,6 @@ class AoTAttention(nn.Module):
         self.config = config
         self.layer_idx = layer_idx
         self.is_causal = is_causal
-        self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         hidden, bias = config.hidden_size, config.attention_bias
         if config.attention_type == "mssa":
@@ -190,32 +179,28 @@ class AoTAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)  # (B, T, H, D)
-        if self.config.attention_type == "mssa":
-            subspace = self.subspace_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, T, D)
-            query = key = value = subspace
-            if isinstance(past_key_values, PagedAttentionCache):
-                key, value = past_key_values.update(
-                    subspace, subspace, self.layer_idx, kwargs=kwargs
-                )  # sets the kernel's kwargs
-            elif past_key_values is not None:
-                # Store the single key = value tensor once: the value slot holds an empty (B, H, T, 0) view.
-                key, _ = past_key_values.update(subspace, subspace[..., :0], self.layer_idx)
-                value = key
+        mssa = self.config.attention_type == "mssa"
+        if mssa:
+            query = key = value = self.subspace_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, T, D)
         else:
             query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
             key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
             value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-            if isinstance(past_key_values, PagedAttentionCache):
-                key, value = past_key_values.update(
-                    key, value, self.layer_idx, kwargs=kwargs
-                )  # sets the kernel's kwargs
-            elif past_key_values is not None:
-                key, value = past_key_values.update(key, value, self.layer_idx)
+        if past_key_values is not None:
+            # MSSA stores its key = value tensor once (the value slot holds an empty (B, H, T, 0) view), except in the
+            # paged cache of continuous batching, whose kernels read both. From 5.24 every cache takes the kwargs.
+            once = mssa and not isinstance(past_key_values, PagedAttentionCache)
+            update_kwargs = {"kwargs": kwargs} if _LAYER_UPDATES_PAGED_CACHE else {}
+            key, value = past_key_values.update(
+                key, value[..., :0] if once else value, self.layer_idx, **update_kwargs
+            )
+            value = key if once else value
         if self.config.normalize_query:
             query = F.normalize(query, dim=-1)
 
-        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
+        implementation = self.config._attn_implementation
+        attention_interface = ATTENTION_FUNCTIONS.get(implementation) or ALL_ATTENTION_FUNCTIONS.get_interface(
+            implementation, eager_attention_forward
         )
         attn_output, attn_weights = attention_interface(
             self,
@@ -228,8 +213,8 @@ class AoTAttention(nn.Module):
             **kwargs,
         )
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()  # (B, T, d)
-        if self.o_proj is None:  # Σ_k U_k (head k's output): the tied W^O = [U_1 … U_K]
-            return F.linear(attn_output, self.subspace_proj.weight.t()), attn_weights
+        if self.o_proj is None:  # Σ_k U_k (head k's output): W^O = [U_1 … U_K], the transpose of the projection
+            return _transposed(self.subspace_proj, attn_output), attn_weights
         return self.o_proj(attn_output), attn_weights
 
 
@@ -286,22 +271,38 @@ class AoTPreTrainedModel(PreTrainedModel):
         config.validate()  # fields may have been changed since the config was built
         super().__init__(config, *inputs, **kwargs)
 
-    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """The attention backend to use: by default `"knn"` when `config.knn_k` is set, else `"sdpa"`; any backend
-        registered in `transformers.AttentionInterface` when asked for (`"shared_projection"` speeds up MSSA
-        training on CPU; `aot train` picks it there).
-
-        `knn_k` and a dense backend contradict each other (the model would silently attend to every key), so that
-        combination raises; set `knn_k=None` for dense attention.
-        """
-        if requested_attention is None and self.config.knn_k is not None:
-            return "knn"
-        if self.config.knn_k is not None and requested_attention in DENSE_BACKENDS:
+    def _knn_guard(self, requested: str | None) -> str | None:
+        """`"knn"` by default when `config.knn_k` is set; with `knn_k` only a k-NN backend, and a k-NN backend only
+        with `knn_k` (else the model would silently attend to every key, or have no k)."""
+        knn_k = self.config.knn_k
+        if requested is None:
+            return "knn" if knn_k is not None else None
+        if knn_k is not None and requested not in KNN_BACKENDS:
             raise ValueError(
-                f"`attn_implementation={requested_attention!r}` attends to every key, but the config sets "
-                f"`knn_k={self.config.knn_k!r}` (k-NN attention, backend 'knn'). Use attn_implementation='knn', or "
-                "set `config.knn_k = None` for dense attention."
+                f"`attn_implementation={requested!r}` attends to every key, but the config sets `knn_k={knn_k!r}` "
+                f"(k-NN attention, which only the {', '.join(map(repr, KNN_BACKENDS))} backend computes; continuous "
+                "batching's paged kernels are dense too). Use attn_implementation='knn', or set "
+                "`config.knn_k = None` for dense attention."
             )
+        if knn_k is None and requested in KNN_BACKENDS:
+            raise ValueError(
+                f"`attn_implementation={requested!r}` is k-NN attention and needs `knn_k` in the config: an int >= 1 "
+                "(keys kept per query) or a float in (0, 1] (fraction of the visible keys), e.g. knn_k=0.5."
+            )
+        return requested
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs) -> str:
+        attn_implementation = self._knn_guard(attn_implementation)
+        if attn_implementation in KNN_BACKENDS:
+            return attn_implementation
+        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """The attention backend to use: `"knn"` when `config.knn_k` is set, `"sdpa"` by default otherwise, or any
+        backend registered in `transformers.AttentionInterface` (see `_knn_guard` for what is refused)."""
+        requested_attention = self._knn_guard(requested_attention)
+        if requested_attention in ATTENTION_FUNCTIONS:
+            return requested_attention
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -403,10 +404,19 @@ class AoTModel(AoTPreTrainedModel):
         self.embed_tokens = value
 
     def _check_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, past_length) -> None:
+        """Shapes raise a ValueError here; values are checked without waiting for the device (`_check_values`)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
+        vocab, limit = self.config.vocab_size, self.config.max_position_embeddings
         if input_ids is not None:
-            _check_token_ids(input_ids, self.config.vocab_size)
+            if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+                raise TypeError(f"`input_ids` must be an integer tensor, got dtype {input_ids.dtype}.")
+            if input_ids.dim() != 2:
+                raise ValueError(f"`input_ids` must have shape (batch, sequence), got {tuple(input_ids.shape)}.")
+            _check_values(
+                (input_ids >= 0) & (input_ids < vocab),
+                f"`input_ids` must lie in [0, {vocab - 1}] (vocab_size={vocab}).",
+            )
             batch, length = input_ids.shape
         else:
             if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.hidden_size:
@@ -415,35 +425,31 @@ class AoTModel(AoTPreTrainedModel):
                     f"{tuple(inputs_embeds.shape)}."
                 )
             batch, length = inputs_embeds.shape[:2]
-        if _is_compiling():
-            return  # the checks below read tensor values, which would break the graph
-        limit = self.config.max_position_embeddings
-        if position_ids is None and past_length + length > limit:
+        if position_ids is None and past_length + length > limit and not torch.compiler.is_compiling():
             raise ValueError(
                 f"Sequence length {past_length + length} (cached {past_length} + new {length}) exceeds "
                 f"`max_position_embeddings` ({limit}); truncate the input or use a model with more positions."
             )
         if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
-            if tuple(attention_mask.shape) != (batch, past_length + length):
+            if tuple(attention_mask.shape) != (batch, past_length + length) and not torch.compiler.is_compiling():
                 raise ValueError(
                     f"A 2-D `attention_mask` must have shape (batch, cached + new tokens) = ({batch}, "
                     f"{past_length + length}), got {tuple(attention_mask.shape)}."
                 )
-            if attention_mask.dtype != torch.bool and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-                values = sorted(set(attention_mask.unique().tolist()) - {0, 1})[:5]
-                raise ValueError(
-                    f"A 2-D `attention_mask` holds 1 for real tokens and 0 for padding, got other values {values}."
+            if attention_mask.dtype != torch.bool:
+                _check_values(
+                    (attention_mask == 0) | (attention_mask == 1),
+                    "A 2-D `attention_mask` holds 1 for real tokens and 0 for padding, and no other values.",
                 )
         if position_ids is not None:
             if position_ids.shape[-1] != length:
                 raise ValueError(
                     f"`position_ids` must have {length} positions per sequence, got shape {tuple(position_ids.shape)}."
                 )
-            if position_ids.numel() > 0 and not 0 <= int(position_ids.min()) <= int(position_ids.max()) < limit:
-                raise ValueError(
-                    f"`position_ids` must lie in [0, {limit - 1}] (max_position_embeddings={limit}), got values in "
-                    f"[{int(position_ids.min())}, {int(position_ids.max())}]."
-                )
+            _check_values(
+                (position_ids >= 0) & (position_ids < limit),
+                f"`position_ids` must lie in [0, {limit - 1}] (max_position_embeddings={limit}).",
+            )
 
     @can_return_tuple
     def forward(
@@ -468,14 +474,14 @@ class AoTModel(AoTPreTrainedModel):
             position_ids: Positions (B, T). By default counted from each sequence's first real token (so left
                 padding works); positions that restart at 0 inside a row mark packed sequences, which then attend
                 only within themselves.
-            past_key_values: A `Cache` (dynamic or static) from an earlier call; `cache` is its name since
-                transformers 5.24, and either is accepted (outputs carry it under the installed version's name).
+            past_key_values: A `Cache` (dynamic, static, offloaded or paged) from an earlier call; `cache` is its name
+                since transformers 5.24, and either is accepted (outputs carry it under the installed version's name).
             inputs_embeds: Token embeddings (B, T, d) instead of `input_ids`.
             use_cache: Return a cache (`DynamicCache` unless one is given) for further decoding.
             output_attentions: Return the attention weights of every layer (backends that compute them: `"eager"`,
                 `"knn"`).
             output_hidden_states: Return the residual stream after the embeddings and after every layer.
-            kwargs: Passed on to the attention backend (e.g. the paged cache of continuous batching).
+            kwargs: Passed on to the attention backend (e.g. the paged cache's positions in continuous batching).
         """
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
@@ -489,7 +495,7 @@ class AoTModel(AoTPreTrainedModel):
         cache = _one_cache(cache, past_key_values)
         if isinstance(cache, PagedAttentionCache):  # continuous batching: positions and lengths come in kwargs
             if not _LAYER_UPDATES_PAGED_CACHE:
-                kwargs["cache"], cache = cache, None  # the attention function reads and writes it
+                kwargs["cache"], cache = cache, None  # before 5.24 the attention function writes it
             past_length = 0
         else:
             if use_cache and cache is None:
@@ -623,132 +629,30 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         )
 
 
-class AoTForSequenceClassification(AoTPreTrainedModel):
-    """`AoTModel` with a linear head on the last real token of each sequence (as GPT-2's): the causal model has
-    seen the whole sequence only there.
-
-    The last real token is the rightmost token that is not `config.pad_token_id` (so left and right padding both
-    work); without a `pad_token_id` only batches of one sequence, or unpadded `inputs_embeds`, can be classified.
-    """
+class AoTForSequenceClassification(GenericForSequenceClassification, AoTPreTrainedModel):
+    """`AoTModel` with a linear head on the last real token of each sequence (as GPT-2's): the causal model has seen
+    the whole sequence only there. The last real token is the rightmost one that is not `config.pad_token_id`
+    (left and right padding both work); without a `pad_token_id` only batches of one sequence can be classified."""
 
     def __init__(self, config: AoTConfig):
-        super().__init__(config)
+        AoTPreTrainedModel.__init__(self, config)  # transformers' own `__init__` builds the backbone by AutoModel
         self.num_labels = config.num_labels
         self.model = AoTModel(config)
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
-    def _last_token(self, input_ids: torch.Tensor | None, batch: int, device: torch.device) -> torch.Tensor | int:
-        pad_token_id = self.config.pad_token_id
-        if pad_token_id is None or input_ids is None:
-            if batch != 1 and pad_token_id is None:
-                raise ValueError(
-                    "AoTForSequenceClassification needs `config.pad_token_id` to find the last real token of each "
-                    f"sequence in a batch of {batch}; set it (e.g. to the tokenizer's pad or eos token id)."
-                )
-            return -1
-        not_pad = (input_ids != pad_token_id).to(device, torch.int32)
-        positions = torch.arange(input_ids.shape[-1], device=device, dtype=torch.int32)
-        return (positions * not_pad).argmax(-1)  # (B,) rightmost non-pad token
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        cache: Cache | None = None,
-        **kwargs,
-    ) -> SequenceClassifierOutputWithPast | tuple:
-        """Sequence logits (B, L), and the loss when `labels` (B,) are given (regression, single- or multi-label by
-        `config.problem_type`, as in transformers)."""
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=_one_cache(cache, past_key_values),
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = self.score(outputs.last_hidden_state)  # (B, T, L)
-        batch = logits.shape[0]
-        last = self._last_token(input_ids, batch, logits.device)
-        pooled_logits = logits[torch.arange(batch, device=logits.device), last]  # (B, L)
-        loss = None
-        if labels is not None:
-            if labels.shape[0] != batch:
-                raise ValueError(
-                    f"`labels` must have {batch} entries (one per sequence), got shape {tuple(labels.shape)}."
-                )
-            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
-        return SequenceClassifierOutputWithPast(
-            loss=loss,
-            logits=pooled_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
-        )
-
-
-class AoTForTokenClassification(AoTPreTrainedModel):
+class AoTForTokenClassification(GenericForTokenClassification, AoTPreTrainedModel):
     """`AoTModel` with dropout and a linear head on every token (as GPT-2's): each token is labelled from its
     prefix."""
 
     def __init__(self, config: AoTConfig):
-        super().__init__(config)
+        AoTPreTrainedModel.__init__(self, config)
         self.num_labels = config.num_labels
         self.model = AoTModel(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        **kwargs,
-    ) -> TokenClassifierOutput | tuple:
-        """Token logits (B, T, L), and the loss when `labels` (B, T) are given (-100 is ignored)."""
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=False,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = self.score(self.dropout(outputs.last_hidden_state))  # (B, T, L)
-        loss = None
-        if labels is not None:
-            if labels.shape != logits.shape[:2]:
-                raise ValueError(
-                    f"`labels` must have the shape of the input (batch, sequence) = {tuple(logits.shape[:2])}, got "
-                    f"{tuple(labels.shape)}."
-                )
-            _check_labels(labels, self.num_labels, "num_labels")
-            loss = self.loss_function(logits, labels, self.config, **kwargs)
-        return TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
 
 
 class AoTPatchEmbeddings(nn.Module):
@@ -863,7 +767,7 @@ class AoTVisionModel(AoTPreTrainedModel):
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
-        if not _is_compiling():
+        if not torch.compiler.is_compiling():
             self._check_pixels(pixel_values, interpolate_pos_encoding)
         pixel_values = pixel_values.to(self.embeddings.cls_token.dtype)
         hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)

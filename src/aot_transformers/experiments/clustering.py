@@ -7,7 +7,7 @@ Predictors (tokens as rows):
 
 - `linear_attention_predictor` — T_lin of Eqs. (3)–(4): one head per row μ_k with query = key = μ_k and identity
   values, H(X)_ℓ = (2λ/L) Σ_m ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩ X_m, T = Σ_k H_k. `values="projected"` (V = μ_k μ_kᵀ) is MSSA with
-  rank-1 subspaces and φ linear, computed by `aot_transformers.attention_aot.subspace_attention` — the link to AoT.
+  rank-1 subspaces and φ linear, computed by `experiments.subspace.subspace_attention` — the link to AoT.
 - `softmax_attention_predictor` — App. H, Eq. (34): Σ_k softmax_m(λ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩) X_m − (ψ/L) Σ_m X_m,
   identity values, every token (itself included) visible, λ and ψ learned (PSGD_soft of App. F.1).
 - `in_context_quantizer` — T_ctx of Eq. (12): (2λ/L) Σ_m ⟨X_ℓ, X_m⟩ X_m, `subspace_attention` with U = I.
@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from ..attention_aot import subspace_attention
 from . import clustering_theory as theory
 from ._common import (
     Option,
@@ -45,6 +44,7 @@ from ._common import (
     resolve_options,
 )
 from .clustering_theory import VALUES, _check_mixture
+from .subspace import subspace_attention
 
 INITS = ("manifold", "manifold_tilde", "sphere")
 PREDICTORS = ("linear", "softmax")

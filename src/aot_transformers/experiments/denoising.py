@@ -8,7 +8,7 @@ with K orthonormal, mutually orthogonal bases `U_k` (d × p). One layer is the r
 
     Z ← Z + η · Σ_k U_k U_kᵀ Z φ(Zᵀ U_k U_kᵀ Z)        (columns as tokens)
 
-computed by `aot_transformers.attention_aot.subspace_attention` with the known `U_k`. The per-cluster
+computed by `aot_transformers.experiments.subspace.subspace_attention` with the known `U_k`. The per-cluster
 signal-to-noise ratio (Eq. 6) is ‖U_k U_kᵀ Z_k‖_F / ‖(I − U_k U_kᵀ) Z_k‖_F over the tokens Z_k of cluster k.
 
 Theorem 1 uses φ = h∘softmax with the hard threshold h(x) = τ·1{x > τ} applied to each attention weight, for
@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from ..attention_aot import subspace_attention
 from ._common import (
     Option,
     Study,
@@ -43,6 +42,7 @@ from ._common import (
     new_figure,
     resolve_options,
 )
+from .subspace import subspace_attention
 
 PHIS = ("softmax", "threshold")
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from ..attention_aot import subspace_attention
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
@@ -30,6 +29,7 @@ from ._common import (
     new_figure,
     resolve_options,
 )
+from .subspace import subspace_attention
 
 ARCHITECTURES = ("aot", "vit")
 
