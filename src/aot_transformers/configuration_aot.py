@@ -70,52 +70,31 @@ def _check_bool(name: str, value: Any) -> None:
 
 
 class AoTConfig(PretrainedConfig):
-    r"""Configuration of an attention-only transformer.
-
-    Each layer is `x + step_size * attention(LayerNorm(x))` (plus an MLP block in the ablations), where the
-    attention is multi-head subspace self-attention (MSSA: one projection per head is query, key and value) or
-    standard multi-head self-attention (MHSA).
+    r"""Configuration of an attention-only transformer: each layer is `x + step_size * attention(LayerNorm(x))` (plus
+    an MLP block in the ablations), with multi-head subspace self-attention (MSSA: one projection per head is query,
+    key and value) or standard multi-head self-attention (MHSA). The common fields keep transformers' names
+    (`vocab_size`, `hidden_size`, `num_hidden_layers`, `num_attention_heads`, `max_position_embeddings`,
+    `hidden_act`, `attention_bias`, `attention_dropout`, `layer_norm_eps`, `initializer_range`, `image_size`,
+    `patch_size`, `num_channels`, `tie_word_embeddings`, `use_cache`).
 
     Args:
-        vocab_size: Size of the token vocabulary (text models).
-        hidden_size: Width of the residual stream.
-        num_hidden_layers: Number of layers.
-        num_attention_heads: Number of heads; must divide `hidden_size`.
-        max_position_embeddings: Longest sequence the learned position table covers (text models).
-        attention_type: `"mssa"` (a shared query = key = value projection per head and an output projection,
-            2·d² weights per layer) or `"mhsa"` (separate query, key, value and output projections, 4·d²).
-        knn_k: k-NN attention (KVT): keep only the k highest-scoring keys per query. `None` attends to every key;
-            an `int` keeps that many; a `float` in (0, 1] keeps `ceil(knn_k * n)` of the `n` keys the query may see
-            (KVT's k = n/2 is 0.5). Each query keeps exactly min(k, visible keys) keys, at least 1; where several
-            keys tie at the k-th largest score, those with the lowest position are kept. k >= the sequence length
-            is dense attention. Setting it makes `"knn"` the model's attention backend.
-        knn_chunk_size: Queries scored at once by the k-NN kernel. Forward and backward hold a few buffers of
-            `knn_chunk_size` x key-length scores per head plus at most two numbers per query (the backward
-            recomputes each chunk's scores), so memory grows linearly with the sequence length for every `knn_k`,
-            integer or fractional; smaller chunks use less. `output_attentions=True` builds the full weights.
-        tie_output_projection: MSSA only: use `[U_1 … U_K]`, the transpose of the subspace projection, as the
-            output projection instead of a separate learned one — the operator of the AoT paper's Eq. (4) exactly
-            (`W^O = [U_1, …, U_K]`, Sec. 2.2), the white-box form in which every head writes back into its own
-            subspace; d² fewer weights per layer.
-        normalize_query: Project the query side of each head onto the unit sphere (the causal MSSA of the AoT
-            paper). The attention logits are then `<q/|q|, k>` without the 1/sqrt(head_dim) factor.
+        attention_type: `"mssa"` (shared query = key = value projection and an output projection, 2·d² weights per
+            layer) or `"mhsa"` (query, key, value and output projections, 4·d²).
+        knn_k: k-NN attention (KVT): `None` attends to every key; an `int` keeps that many keys per query; a `float` in
+            (0, 1] keeps `ceil(knn_k * n)` of the `n` keys a query may see (KVT's k = n/2 is 0.5). Each query keeps
+            exactly min(k, visible) keys, at least 1, the lowest positions among keys tied at the k-th score. Setting
+            it makes `"knn"` the attention backend, and the only one accepted.
+        knn_chunk_size: Most queries the k-NN kernel scores at once; its memory grows linearly with the sequence.
+        tie_output_projection: MSSA only: the output projection is `[U_1 … U_K]`, the transpose of the subspace
+            projection, as in the AoT paper's Eq. (4) (every head writes back into its own subspace; d² fewer weights).
+        normalize_query: Project each head's query onto the unit sphere (causal MSSA); the logits are then
+            `<q/|q|, k>` without the 1/sqrt(head_dim) factor.
         step_size: η, the residual step size of `x + η·attention(...)`.
-        layer_norm: Apply LayerNorm before each attention block (the vision model may run without it).
-        mlp_layers: `"none"` (AoT), `"first_half"` (hybrid ablation: MLP blocks in the first half of the layers)
-            or `"all"` (a standard transformer).
-        mlp_ratio: Hidden width of the MLP blocks as a multiple of `hidden_size`.
-        hidden_act: Activation of the MLP blocks (a key of `transformers.activations.ACT2FN`).
-        attention_bias: Add biases to the attention projections.
-        attention_dropout: Dropout on attention probabilities.
+        layer_norm: LayerNorm before each attention block (the vision model may run without).
+        mlp_layers: `"none"` (AoT), `"first_half"` (hybrid ablation) or `"all"` (a standard transformer), with
+            `mlp_ratio` the MLP width as a multiple of `hidden_size` and `hidden_act` its activation.
         hidden_dropout: Dropout on embeddings and residual branches.
-        layer_norm_eps: Epsilon of the LayerNorms.
-        initializer_range: Standard deviation of the normal initialisation.
-        image_size: Side of the (square) input images (vision models).
-        patch_size: Side of the square patches; must divide `image_size`.
-        num_channels: Channels of the input images.
-        pooling: How the image classifier pools tokens: `"cls"` token or `"mean"` of the patch tokens.
-        tie_word_embeddings: Share the input embedding and output projection of the language model.
-        use_cache: Return a key/value cache from the language model.
+        pooling: How the image classifier pools tokens: the `"cls"` token or the `"mean"` patch token.
     """
 
     model_type = "aot"

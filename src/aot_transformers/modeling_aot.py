@@ -250,6 +250,57 @@ class AoTLayer(GradientCheckpointingLayer):
         return hidden_states, attn_weights
 
 
+class AoTPatchEmbeddings(nn.Module):
+    """Patchify, then LayerNorm → Linear → LayerNorm (as in simple ViT / CRATE)."""
+
+    def __init__(self, config: AoTConfig):
+        super().__init__()
+        self.patch_size = config.patch_size
+        patch_dim = config.num_channels * config.patch_size**2
+        self.patch_norm = nn.LayerNorm(patch_dim, eps=config.layer_norm_eps)
+        self.projection = nn.Linear(patch_dim, config.hidden_size)
+        self.embed_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        batch, channels, height, width = pixel_values.shape
+        p = self.patch_size
+        patches = pixel_values.reshape(batch, channels, height // p, p, width // p, p)  # (B, C, h, P, w, P)
+        patches = patches.permute(0, 2, 4, 3, 5, 1).reshape(batch, (height // p) * (width // p), p * p * channels)
+        return self.embed_norm(self.projection(self.patch_norm(patches)))  # (B, N, d)
+
+
+class AoTVisionEmbeddings(nn.Module):
+    """Patch embeddings, a CLS token and learned position embeddings."""
+
+    def __init__(self, config: AoTConfig):
+        super().__init__()
+        self.patch_size = config.patch_size
+        self.patch_embeddings = AoTPatchEmbeddings(config)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
+        self.position_embeddings = nn.Parameter(torch.zeros(1, config.num_patches + 1, config.hidden_size))
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def interpolate_pos_encoding(self, height: int, width: int) -> torch.Tensor:
+        """The position table resized (bicubic, as ViT and DINO) to a `height` × `width` image: the CLS position is
+        kept and the square grid of patch positions is interpolated to the new grid."""
+        patch_positions = self.position_embeddings[:, 1:]  # (1, N, d)
+        side = int(math.isqrt(patch_positions.shape[1]))
+        grid = patch_positions.reshape(1, side, side, -1).permute(0, 3, 1, 2)  # (1, d, n, n)
+        grid = F.interpolate(
+            grid, size=(height // self.patch_size, width // self.patch_size), mode="bicubic", align_corners=False
+        )
+        patch_positions = grid.permute(0, 2, 3, 1).flatten(1, 2)  # (1, N', d)
+        return torch.cat([self.position_embeddings[:, :1], patch_positions], dim=1)
+
+    def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
+        patches = self.patch_embeddings(pixel_values)  # (B, N, d)
+        cls = self.cls_token.expand(patches.shape[0], -1, -1)
+        positions = self.position_embeddings
+        if interpolate_pos_encoding:
+            positions = self.interpolate_pos_encoding(pixel_values.shape[-2], pixel_values.shape[-1])
+        return self.dropout(torch.cat([cls, patches], dim=1) + positions)  # (B, N+1, d)
+
+
 class AoTPreTrainedModel(PreTrainedModel):
     """Weight initialisation, capability flags, attention-backend choice and safe saving/loading for AoT models."""
 
@@ -306,13 +357,9 @@ class AoTPreTrainedModel(PreTrainedModel):
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save weights (safetensors), config and the three code files, with an `auto_map` for the checkpoint's kind.
-
-        A text folder maps `AutoModel` to `AoTModel` and the causal-LM, sequence- and token-classification heads; an
-        image folder maps `AutoModel` to `AoTVisionModel` and the image classifier. The config records the SHA-256 of
-        each code file (`code_sha256`), so that `aot verify DIR` and loading can tell whether they were edited, and
-        the transformers versions the code needs (`required_transformers`).
-        """
+        """Save weights (safetensors only), config and the three code files, with the `auto_map` of the checkpoint's
+        kind (`TEXT_AUTO_MAP`, `VISION_AUTO_MAP`), the SHA-256 of each code file (`code_sha256`, read by `aot verify`
+        and at load) and the transformers versions the code needs."""
         if kwargs.get("safe_serialization") is False:
             raise ValueError("AoT models are saved as safetensors only; drop `safe_serialization=False`.")
         self.config.auto_map = dict(VISION_AUTO_MAP if self._is_vision else TEXT_AUTO_MAP)
@@ -322,12 +369,8 @@ class AoTPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, allow_pickle: bool = False, **kwargs):
-        """Load a saved AoT model (see `transformers.PreTrainedModel.from_pretrained`).
-
-        Only safetensors weights are read unless `allow_pickle=True`: pickle files can run arbitrary code. A
-        corrupted or truncated weights file, or code files that differ from the ones recorded at save time, raise
-        a clear error.
-        """
+        """`PreTrainedModel.from_pretrained` reading only safetensors unless `allow_pickle=True` (a pickle can run
+        code); corrupted weights, and code files that differ from those recorded at save time, raise a clear error."""
         source = str(pretrained_model_name_or_path)
         if not allow_pickle:
             if kwargs.get("use_safetensors") is False:
@@ -356,27 +399,15 @@ class AoTPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """GPT-2 initialisation; residual output projections scaled by 1/sqrt(number of residual branches).
-
-        Uses `transformers.initialization`, which leaves weights loaded from a checkpoint untouched.
-        """
+        """GPT-2's initialisation (transformers' default for linear, embedding and norm layers), with the residual
+        output projections scaled by 1/sqrt(number of residual branches); loaded weights are left untouched."""
+        super()._init_weights(module)
         std = self.config.initializer_range
-        num_branches = self.config.num_hidden_layers + sum(
-            self.config.layer_has_mlp(i) for i in range(self.config.num_hidden_layers)
-        )
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
         if isinstance(module, (AoTAttention, AoTMLP)):
             projection = module.o_proj if isinstance(module, AoTAttention) else module.fc_out
             if projection is not None:  # a tied MSSA output is the subspace projection itself
-                init.normal_(projection.weight, mean=0.0, std=std / math.sqrt(num_branches))
+                branches = sum(1 + self.config.layer_has_mlp(i) for i in range(self.config.num_hidden_layers))
+                init.normal_(projection.weight, mean=0.0, std=std / math.sqrt(branches))
         elif isinstance(module, AoTVisionEmbeddings):
             init.trunc_normal_(module.cls_token, mean=0.0, std=std)
             init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
@@ -405,51 +436,40 @@ class AoTModel(AoTPreTrainedModel):
 
     def _check_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, past_length) -> None:
         """Shapes raise a ValueError here; values are checked without waiting for the device (`_check_values`)."""
+        vocab, limit, width = self.config.vocab_size, self.config.max_position_embeddings, self.config.hidden_size
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
-        vocab, limit = self.config.vocab_size, self.config.max_position_embeddings
         if input_ids is not None:
             if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
                 raise TypeError(f"`input_ids` must be an integer tensor, got dtype {input_ids.dtype}.")
             if input_ids.dim() != 2:
                 raise ValueError(f"`input_ids` must have shape (batch, sequence), got {tuple(input_ids.shape)}.")
-            _check_values(
-                (input_ids >= 0) & (input_ids < vocab),
-                f"`input_ids` must lie in [0, {vocab - 1}] (vocab_size={vocab}).",
-            )
-            batch, length = input_ids.shape
-        else:
-            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.hidden_size:
-                raise ValueError(
-                    f"`inputs_embeds` must have shape (batch, sequence, {self.config.hidden_size}), got "
-                    f"{tuple(inputs_embeds.shape)}."
-                )
-            batch, length = inputs_embeds.shape[:2]
-        if position_ids is None and past_length + length > limit and not torch.compiler.is_compiling():
+            _check_values((input_ids >= 0) & (input_ids < vocab), f"`input_ids` must lie in [0, {vocab - 1}].")
+        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
+            raise ValueError(f"`inputs_embeds` must be (batch, sequence, {width}), got {tuple(inputs_embeds.shape)}.")
+        batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        if torch.compiler.is_compiling():
+            return
+        if position_ids is None and past_length + length > limit:
             raise ValueError(
                 f"Sequence length {past_length + length} (cached {past_length} + new {length}) exceeds "
                 f"`max_position_embeddings` ({limit}); truncate the input or use a model with more positions."
             )
         if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
-            if tuple(attention_mask.shape) != (batch, past_length + length) and not torch.compiler.is_compiling():
+            if tuple(attention_mask.shape) != (batch, past_length + length):
                 raise ValueError(
                     f"A 2-D `attention_mask` must have shape (batch, cached + new tokens) = ({batch}, "
                     f"{past_length + length}), got {tuple(attention_mask.shape)}."
                 )
-            if attention_mask.dtype != torch.bool:
-                _check_values(
-                    (attention_mask == 0) | (attention_mask == 1),
-                    "A 2-D `attention_mask` holds 1 for real tokens and 0 for padding, and no other values.",
-                )
+            message = "A 2-D `attention_mask` holds 1 for real tokens and 0 for padding, and no other values."
+            _check_values((attention_mask == 0) | (attention_mask == 1), message)
         if position_ids is not None:
             if position_ids.shape[-1] != length:
                 raise ValueError(
-                    f"`position_ids` must have {length} positions per sequence, got shape {tuple(position_ids.shape)}."
+                    f"`position_ids` must have {length} positions per row, got {tuple(position_ids.shape)}."
                 )
-            _check_values(
-                (position_ids >= 0) & (position_ids < limit),
-                f"`position_ids` must lie in [0, {limit - 1}] (max_position_embeddings={limit}).",
-            )
+            message = f"`position_ids` must lie in [0, {limit - 1}] (max_position_embeddings={limit})."
+            _check_values((position_ids >= 0) & (position_ids < limit), message)
 
     @can_return_tuple
     def forward(
@@ -465,24 +485,10 @@ class AoTModel(AoTPreTrainedModel):
         cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
-        """Run the backbone.
-
-        Args:
-            input_ids: Token ids (B, T).
-            attention_mask: 2-D padding mask (B, cached + new tokens), 1 for real tokens; or a prepared 4-D mask
-                (B, 1, T, Tk), boolean (True = may attend) or additive, used as given.
-            position_ids: Positions (B, T). By default counted from each sequence's first real token (so left
-                padding works); positions that restart at 0 inside a row mark packed sequences, which then attend
-                only within themselves.
-            past_key_values: A `Cache` (dynamic, static, offloaded or paged) from an earlier call; `cache` is its name
-                since transformers 5.24, and either is accepted (outputs carry it under the installed version's name).
-            inputs_embeds: Token embeddings (B, T, d) instead of `input_ids`.
-            use_cache: Return a cache (`DynamicCache` unless one is given) for further decoding.
-            output_attentions: Return the attention weights of every layer (backends that compute them: `"eager"`,
-                `"knn"`).
-            output_hidden_states: Return the residual stream after the embeddings and after every layer.
-            kwargs: Passed on to the attention backend (e.g. the paged cache's positions in continuous batching).
-        """
+        """Run the backbone, as transformers' decoders do. `attention_mask` is a 2-D padding mask (B, cached + new
+        tokens) or a prepared 4-D mask used as given; `position_ids` default to counting from each sequence's first
+        real token (left padding), and positions that restart at 0 inside a row mark packed sequences; the cache
+        (dynamic, static, offloaded or paged) comes as `cache` or, before transformers 5.24, `past_key_values`."""
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -655,57 +661,6 @@ class AoTForTokenClassification(GenericForTokenClassification, AoTPreTrainedMode
         self.post_init()
 
 
-class AoTPatchEmbeddings(nn.Module):
-    """Patchify, then LayerNorm → Linear → LayerNorm (as in simple ViT / CRATE)."""
-
-    def __init__(self, config: AoTConfig):
-        super().__init__()
-        self.patch_size = config.patch_size
-        patch_dim = config.num_channels * config.patch_size**2
-        self.patch_norm = nn.LayerNorm(patch_dim, eps=config.layer_norm_eps)
-        self.projection = nn.Linear(patch_dim, config.hidden_size)
-        self.embed_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        batch, channels, height, width = pixel_values.shape
-        p = self.patch_size
-        patches = pixel_values.reshape(batch, channels, height // p, p, width // p, p)  # (B, C, h, P, w, P)
-        patches = patches.permute(0, 2, 4, 3, 5, 1).reshape(batch, (height // p) * (width // p), p * p * channels)
-        return self.embed_norm(self.projection(self.patch_norm(patches)))  # (B, N, d)
-
-
-class AoTVisionEmbeddings(nn.Module):
-    """Patch embeddings, a CLS token and learned position embeddings."""
-
-    def __init__(self, config: AoTConfig):
-        super().__init__()
-        self.patch_size = config.patch_size
-        self.patch_embeddings = AoTPatchEmbeddings(config)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
-        self.position_embeddings = nn.Parameter(torch.zeros(1, config.num_patches + 1, config.hidden_size))
-        self.dropout = nn.Dropout(config.hidden_dropout)
-
-    def interpolate_pos_encoding(self, height: int, width: int) -> torch.Tensor:
-        """The position table resized (bicubic, as ViT and DINO) to a `height` × `width` image: the CLS position is
-        kept and the square grid of patch positions is interpolated to the new grid."""
-        patch_positions = self.position_embeddings[:, 1:]  # (1, N, d)
-        side = int(math.isqrt(patch_positions.shape[1]))
-        grid = patch_positions.reshape(1, side, side, -1).permute(0, 3, 1, 2)  # (1, d, n, n)
-        grid = F.interpolate(
-            grid, size=(height // self.patch_size, width // self.patch_size), mode="bicubic", align_corners=False
-        )
-        patch_positions = grid.permute(0, 2, 3, 1).flatten(1, 2)  # (1, N', d)
-        return torch.cat([self.position_embeddings[:, :1], patch_positions], dim=1)
-
-    def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
-        patches = self.patch_embeddings(pixel_values)  # (B, N, d)
-        cls = self.cls_token.expand(patches.shape[0], -1, -1)
-        positions = self.position_embeddings
-        if interpolate_pos_encoding:
-            positions = self.interpolate_pos_encoding(pixel_values.shape[-2], pixel_values.shape[-1])
-        return self.dropout(torch.cat([cls, patches], dim=1) + positions)  # (B, N+1, d)
-
-
 class AoTVisionModel(AoTPreTrainedModel):
     """The bidirectional vision backbone; `pooler_output` is the CLS token or the mean patch token."""
 
@@ -725,28 +680,24 @@ class AoTVisionModel(AoTPreTrainedModel):
         return self.embeddings.patch_embeddings
 
     def _check_pixels(self, pixel_values: torch.Tensor | None, interpolate_pos_encoding: bool) -> None:
-        config = self.config
-        if pixel_values is None:
-            raise ValueError("`pixel_values` is required.")
-        if not torch.is_floating_point(pixel_values):
-            raise TypeError(f"`pixel_values` must be a floating-point tensor, got dtype {pixel_values.dtype}.")
-        if pixel_values.dim() != 4 or pixel_values.shape[1] != config.num_channels:
+        channels, side, patch = self.config.num_channels, self.config.image_size, self.config.patch_size
+        if pixel_values is None or not torch.is_floating_point(pixel_values):
+            raise TypeError(f"`pixel_values` must be a floating-point tensor, got {type(pixel_values).__name__}.")
+        if pixel_values.dim() != 4 or pixel_values.shape[1] != channels:
             raise ValueError(
-                f"`pixel_values` must have shape (batch, {config.num_channels}, height, width) (num_channels = "
-                f"{config.num_channels}), got {tuple(pixel_values.shape)}."
+                f"`pixel_values` must have shape (batch, {channels}, height, width) (num_channels = {channels}), got "
+                f"{tuple(pixel_values.shape)}."
             )
         height, width = pixel_values.shape[-2:]
-        if interpolate_pos_encoding:
-            if height % config.patch_size or width % config.patch_size or min(height, width) < config.patch_size:
-                raise ValueError(
-                    f"With `interpolate_pos_encoding=True` the image sides must be positive multiples of `patch_size` "
-                    f"({config.patch_size}), got {height} x {width}."
-                )
-        elif (height, width) != (config.image_size, config.image_size):
+        if interpolate_pos_encoding and (height % patch or width % patch or min(height, width) < patch):
             raise ValueError(
-                f"`pixel_values` must be {config.image_size} x {config.image_size} (`image_size`), got {height} x "
-                f"{width}; resize the images, use the model's image processor, or pass "
-                "`interpolate_pos_encoding=True` to resize the position embeddings."
+                f"With `interpolate_pos_encoding=True` the image sides must be positive multiples of `patch_size` "
+                f"({patch}), got {height} x {width}."
+            )
+        if not interpolate_pos_encoding and (height, width) != (side, side):
+            raise ValueError(
+                f"`pixel_values` must be {side} x {side} (`image_size`), got {height} x {width}; resize the images, "
+                "use the model's image processor, or pass `interpolate_pos_encoding=True` to resize the positions."
             )
 
     @can_return_tuple
@@ -758,11 +709,8 @@ class AoTVisionModel(AoTPreTrainedModel):
         interpolate_pos_encoding: bool = False,
         **kwargs,
     ) -> BaseModelOutputWithPooling | tuple:
-        """Encode images (B, C, H, W) into tokens (B, N+1, d) and a pooled vector (B, d).
-
-        Images are `image_size` square unless `interpolate_pos_encoding=True`, which resizes the learned position
-        table to any size that the patches tile (fine-tuning or inference at another resolution).
-        """
+        """Encode images (B, C, H, W) into tokens (B, N+1, d) and a pooled vector (B, d); images are `image_size`
+        square unless `interpolate_pos_encoding=True` resizes the position table to any size the patches tile."""
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
