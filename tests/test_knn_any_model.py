@@ -127,13 +127,22 @@ def test_k_equal_one_picks_the_arg_max_key_with_grouped_query_heads():
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "aot"])
-def test_cached_generation_equals_uncached(name):
+def test_cached_generation_logits_equal_the_uncached_forward(name):
     model = _with_backend(name, KNN_ATTENTION, knn_k=0.5).eval()
     prompt = torch.randint(1, 97, (2, 7))
-    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
-    cached = model.generate(prompt, use_cache=True, **kwargs)
-    uncached = model.generate(prompt, use_cache=False, **kwargs)
-    assert torch.equal(cached, uncached)
+    for cache in ("dynamic", "static"):
+        out = model.generate(
+            prompt,
+            max_new_tokens=8,
+            do_sample=False,
+            pad_token_id=0,
+            cache_implementation=cache,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        with torch.no_grad():
+            expected = model(out.sequences, use_cache=False).logits[:, prompt.shape[1] - 1 : -1]
+        torch.testing.assert_close(torch.stack(out.logits, dim=1), expected, rtol=0, atol=1e-5, msg=cache)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "aot"])

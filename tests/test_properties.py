@@ -60,7 +60,7 @@ def test_config_builds_or_names_the_field(kwargs):
     CASES["config"] += 1
     try:
         config = AoTConfig(**kwargs)
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, RuntimeError) as error:  # RuntimeError: `_check_values`, on the device's time
         CASES["errors"] += 1
         assert _names_an_argument(error, kwargs), f"{error!r} names none of {sorted(kwargs)}"
         return
@@ -115,7 +115,7 @@ def test_text_model_boundary(data):
     try:
         with torch.no_grad():
             out = model(ids, attention_mask=mask, output_attentions=data.draw(st.booleans()))
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, RuntimeError) as error:  # RuntimeError: `_check_values`, on the device's time
         CASES["errors"] += 1
         assert _names_an_argument(error, ["input_ids", "max_position_embeddings", "attention_mask"]), repr(error)
         return
@@ -153,7 +153,7 @@ def test_vision_model_boundary(data):
     try:
         with torch.no_grad():
             out = model(pixels, labels=labels)
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, RuntimeError) as error:  # RuntimeError: `_check_values`, on the device's time
         CASES["errors"] += 1
         assert _names_an_argument(error, ["pixel_values", "labels", "num_channels", "image_size"]), repr(error)
         return

@@ -10,7 +10,7 @@ from torch.export import Dim
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from aot_transformers import AoTForCausalLM, AoTForImageClassification, AoTModel
+from aot_transformers import AoTForCausalLM, AoTForImageClassification, AoTModel, modeling_aot
 from aot_transformers.attention_aot import resolve_knn_k
 from aot_transformers.graph_export import GraphExportError, export_program
 from conftest import tiny_config
@@ -148,9 +148,11 @@ def _dense_topk_attention(module, query, key, value, attention_mask, scaling, dr
 
 
 @pytest.fixture
-def dense_topk_backend():
+def dense_topk_backend(monkeypatch):
     AttentionInterface.register("dense_topk_probe", _dense_topk_attention)
     AttentionMaskInterface.register("dense_topk_probe", sdpa_mask)
+    # A k-NN kernel of its own: the allow-list of backends that honour `knn_k` admits it.
+    monkeypatch.setattr(modeling_aot, "KNN_BACKENDS", (*modeling_aot.KNN_BACKENDS, "dense_topk_probe"))
     yield "dense_topk_probe"
 
 

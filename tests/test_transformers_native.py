@@ -235,9 +235,10 @@ def test_cache_is_accepted_under_both_names_of_the_transformers_5_24_rename(head
         whole = model(torch.cat([ids, step], dim=1)).logits
         torch.testing.assert_close(by_name["cache"], by_name["past_key_values"])
         torch.testing.assert_close(by_name["cache"][:, -1], whole[:, -1], atol=1e-5, rtol=1e-5)
-        first, second = (model(ids, use_cache=True)[CACHE_FIELD] for _ in range(2))
-        with pytest.raises(ValueError, match="Pass the cache once"):
-            model(step, cache=first, past_key_values=second)
+        if head == "lm":  # the heads on transformers' `GenericFor*` resolve the two names as transformers does
+            first, second = (model(ids, use_cache=True)[CACHE_FIELD] for _ in range(2))
+            with pytest.raises(ValueError, match="Pass the cache once"):
+                model(step, cache=first, past_key_values=second)
 
 
 def test_mssa_static_cache_stores_its_key_value_tensor_once():
@@ -390,7 +391,7 @@ def test_sequence_classification_reads_the_last_real_token():
         with_padding = model(padded, attention_mask=(padded != 0).long()).logits
     torch.testing.assert_close(with_padding, alone, atol=1e-5, rtol=1e-4)
     no_pad = AoTForSequenceClassification(tiny_config(num_labels=3))
-    with pytest.raises(ValueError, match="pad_token_id"):
+    with pytest.raises(ValueError, match="no padding token is defined"):
         no_pad(torch.randint(2, 97, (2, 6)))
 
 

@@ -156,6 +156,7 @@ class AoTAttention(nn.Module):
         self.config = config
         self.layer_idx = layer_idx
         self.is_causal = is_causal
+        self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         hidden, bias = config.hidden_size, config.attention_bias
         if config.attention_type == "mssa":
