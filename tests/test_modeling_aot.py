@@ -357,3 +357,11 @@ def test_config_numbers_are_stored_as_python_numbers_and_rechecked(tmp_path):
     config.knn_k = 0  # changed after construction
     with pytest.raises(ValueError, match="knn_k"):
         AoTForCausalLM(config)
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (2, 0)])
+def test_an_empty_batch_or_sequence_gets_a_clear_error(shape):
+    with pytest.raises(ValueError, match="at least one sequence of at least one token"):
+        _lm()(torch.zeros(shape, dtype=torch.long))
+    with pytest.raises(ValueError, match="at least one image"):
+        AoTForImageClassification(tiny_config())(torch.zeros(0, 3, 16, 16))

@@ -29,6 +29,15 @@ if not Version("5.5") <= Version(transformers.__version__) < Version("6"):
     )
 
 ATTENTION_TYPES = ("mssa", "mhsa")
+INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")
+BOOL_FIELDS = (
+    "normalize_query",
+    "tie_output_projection",
+    "layer_norm",
+    "attention_bias",
+    "tie_word_embeddings",
+    "use_cache",
+)
 # Model classes built on the vision backbone; a checkpoint of one also names the backbone (see `to_dict`).
 VISION_ARCHITECTURES = ("AoTVisionModel", "AoTForImageClassification")
 MLP_LAYERS = ("none", "first_half", "all")
@@ -185,9 +194,7 @@ class AoTConfig(PretrainedConfig):
 
     def _check_aot_fields(self) -> None:
         # Numbers are stored as Python ints and floats (numpy scalars and Fractions would not serialise).
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
-            setattr(self, name, _check_int(name, getattr(self, name)))
-        for name in ("max_position_embeddings", "knn_chunk_size", "image_size", "patch_size", "num_channels"):
+        for name in (*INT_FIELDS, "knn_chunk_size", "image_size", "patch_size", "num_channels"):
             setattr(self, name, _check_int(name, getattr(self, name)))
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
@@ -199,30 +206,17 @@ class AoTConfig(PretrainedConfig):
         _check_choice("pooling", self.pooling, POOLING_TYPES)
         if self.hidden_act not in ACT2FN:
             raise ValueError(f"`hidden_act` must be one of {sorted(ACT2FN)}, got {self.hidden_act!r}.")
-        if self.knn_k is not None:
-            if isinstance(self.knn_k, bool) or not isinstance(self.knn_k, Real):
-                raise TypeError(
-                    f"`knn_k` must be None, an int >= 1 or a float in (0, 1], got {self.knn_k!r} "
-                    f"({type(self.knn_k).__name__})."
-                )
-            if isinstance(self.knn_k, Integral):
-                self.knn_k = _check_int("knn_k", self.knn_k)
-            else:
-                self.knn_k = _check_real("knn_k", self.knn_k, 0.0, 1.0, low_open=True, high_open=False)
+        if isinstance(self.knn_k, Integral) and not isinstance(self.knn_k, bool):
+            self.knn_k = _check_int("knn_k", self.knn_k)
+        elif self.knn_k is not None:  # a fraction of the visible keys (a bool or a string fails as "a number")
+            self.knn_k = _check_real("knn_k", self.knn_k, 0.0, 1.0, low_open=True, high_open=False)
         self.step_size = _check_real("step_size", self.step_size, 0.0, math.inf, low_open=True, high_open=True)
         self.mlp_ratio = _check_real("mlp_ratio", self.mlp_ratio, 0.0, math.inf, low_open=True, high_open=True)
         for name in ("attention_dropout", "hidden_dropout"):
             setattr(self, name, _check_real(name, getattr(self, name), 0.0, 1.0, low_open=False, high_open=True))
         self.layer_norm_eps = _check_real("layer_norm_eps", self.layer_norm_eps, 0.0, math.inf, True, True)
         self.initializer_range = _check_real("initializer_range", self.initializer_range, 0.0, math.inf, False, True)
-        for name in (
-            "normalize_query",
-            "tie_output_projection",
-            "layer_norm",
-            "attention_bias",
-            "tie_word_embeddings",
-            "use_cache",
-        ):
+        for name in BOOL_FIELDS:
             _check_bool(name, getattr(self, name))
         if self.tie_output_projection and self.attention_type != "mssa":
             raise ValueError(

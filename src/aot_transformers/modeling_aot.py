@@ -178,15 +178,12 @@ class AoTAttention(nn.Module):
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        input_shape = hidden_states.shape[:-1]
-        hidden_shape = (*input_shape, -1, self.head_dim)  # (B, T, H, D)
+        heads = lambda projection: projection(hidden_states).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
         mssa = self.config.attention_type == "mssa"
         if mssa:
-            query = key = value = self.subspace_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, T, D)
+            query = key = value = heads(self.subspace_proj)  # (B, H, T, D)
         else:
-            query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-            key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-            value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            query, key, value = heads(self.q_proj), heads(self.k_proj), heads(self.v_proj)
         if past_key_values is not None:
             # MSSA stores its key = value tensor once (the value slot holds an empty (B, H, T, 0) view), except in the
             # paged cache of continuous batching, whose kernels read both. From 5.24 every cache takes the kwargs.
@@ -213,7 +210,7 @@ class AoTAttention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )
-        attn_output = attn_output.reshape(*input_shape, -1).contiguous()  # (B, T, d)
+        attn_output = attn_output.flatten(-2).contiguous()  # (B, T, d)
         if self.o_proj is None:  # Σ_k U_k (head k's output): W^O = [U_1 … U_K], the transpose of the projection
             return _transposed(self.subspace_proj, attn_output), attn_weights
         return self.o_proj(attn_output), attn_weights
@@ -343,6 +340,22 @@ class AoTPreTrainedModel(PreTrainedModel):
             )
         return requested
 
+    def _run_layers(self, hidden_states, output_attentions, output_hidden_states, **kwargs):
+        """The residual stream through `self.layers`, with every layer's output and attention maps when asked."""
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        all_hidden_states = [hidden_states] if output_hidden_states else None
+        all_attentions = [] if output_attentions else None
+        for layer in self.layers:
+            hidden_states, attn_weights = layer(hidden_states, output_attentions=output_attentions, **kwargs)
+            if output_hidden_states:
+                all_hidden_states.append(hidden_states)
+            if output_attentions:
+                all_attentions.append(attn_weights)
+        return hidden_states, all_hidden_states, all_attentions and tuple(all_attentions)
+
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs) -> str:
         attn_implementation = self._knn_guard(attn_implementation)
         if attn_implementation in KNN_BACKENDS:
@@ -451,6 +464,10 @@ class AoTModel(AoTPreTrainedModel):
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         if torch.compiler.is_compiling():
             return
+        if batch == 0 or length == 0:  # transformers' attention kernels cannot reshape an empty batch
+            raise ValueError(
+                f"The input must hold at least one sequence of at least one token, got {batch} x {length}."
+            )
         if position_ids is None and past_length + length > limit:
             raise ValueError(
                 f"Sequence length {past_length + length} (cached {past_length} + new {length}) exceeds "
@@ -490,10 +507,6 @@ class AoTModel(AoTPreTrainedModel):
         tokens) or a prepared 4-D mask used as given; `position_ids` default to counting from each sequence's first
         real token (left padding), and positions that restart at 0 inside a row mark packed sequences; the cache
         (dynamic, static, offloaded or paged) comes as `cache` or, before transformers 5.24, `past_key_values`."""
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
         if use_cache is None:
             # A cache only serves decoding; building one in training would copy every layer's keys for nothing.
             use_cache = self.config.use_cache and not self.training
@@ -533,24 +546,18 @@ class AoTModel(AoTPreTrainedModel):
             position_ids=given_position_ids,
             **{_MASK_CACHE_ARGUMENT: cache},
         )
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        for layer in self.layers:
-            hidden_states, attn_weights = layer(
-                hidden_states,
-                attention_mask=mask,
-                past_key_values=cache,  # the layers' own name for it, apart from the `cache` kwarg of backends
-                output_attentions=output_attentions,
-                **kwargs,
-            )
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            if output_attentions:
-                all_attentions += (attn_weights,)
+        # `past_key_values` is the layers' own name for the cache, apart from the `cache` kwarg of backends.
+        hidden_states, all_hidden_states, all_attentions = self._run_layers(
+            hidden_states,
+            output_attentions,
+            output_hidden_states,
+            attention_mask=mask,
+            past_key_values=cache,
+            **kwargs,
+        )
         hidden_states = self.norm(hidden_states)
-        if output_hidden_states:
-            # As in GPT-2, the last entry is the normalised output.
-            all_hidden_states = all_hidden_states[:-1] + (hidden_states,)
+        if all_hidden_states is not None:  # as in GPT-2, the last entry is the normalised output
+            all_hidden_states = (*all_hidden_states[:-1], hidden_states)
 
         return BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
@@ -690,6 +697,8 @@ class AoTVisionModel(AoTPreTrainedModel):
                 f"{tuple(pixel_values.shape)}."
             )
         height, width = pixel_values.shape[-2:]
+        if pixel_values.shape[0] == 0:
+            raise ValueError("`pixel_values` must hold at least one image, got a batch of 0.")
         if interpolate_pos_encoding and (height % patch or width % patch or min(height, width) < patch):
             raise ValueError(
                 f"With `interpolate_pos_encoding=True` the image sides must be positive multiples of `patch_size` "
@@ -712,30 +721,18 @@ class AoTVisionModel(AoTPreTrainedModel):
     ) -> BaseModelOutputWithPooling | tuple:
         """Encode images (B, C, H, W) into tokens (B, N+1, d) and a pooled vector (B, d); images are `image_size`
         square unless `interpolate_pos_encoding=True` resizes the position table to any size the patches tile."""
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
         if not torch.compiler.is_compiling():
             self._check_pixels(pixel_values, interpolate_pos_encoding)
         pixel_values = pixel_values.to(self.embeddings.cls_token.dtype)
         hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        for layer in self.layers:  # every token sees every token: no mask
-            hidden_states, attn_weights = layer(hidden_states, output_attentions=output_attentions, **kwargs)
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            if output_attentions:
-                all_attentions += (attn_weights,)
-        if self.config.pooling == "cls":
-            pooled = hidden_states[:, 0]  # (B, d)
-        else:
-            pooled = hidden_states[:, 1:].mean(dim=1)
+        hidden_states, all_hidden_states, all_attentions = self._run_layers(  # every token sees every token
+            hidden_states, output_attentions, output_hidden_states, **kwargs
+        )
+        pooled = hidden_states[:, 0] if self.config.pooling == "cls" else hidden_states[:, 1:].mean(dim=1)  # (B, d)
         return BaseModelOutputWithPooling(
             last_hidden_state=hidden_states,
             pooler_output=pooled,
-            hidden_states=all_hidden_states,
+            hidden_states=all_hidden_states and tuple(all_hidden_states),
             attentions=all_attentions,
         )
 
