@@ -181,10 +181,9 @@ def test_bidirectional_vision_model_keeps_k_keys_per_query():
         (True, TypeError, "bool"),
     ],
 )
-def test_bad_knn_k_gets_a_clear_error(knn_k, error, match):
-    model = _with_backend("gpt2", KNN_ATTENTION, knn_k=knn_k)
+def test_bad_knn_k_gets_a_clear_error_when_the_model_is_switched_to_knn(knn_k, error, match):
     with pytest.raises(error, match=match):
-        model(**_inputs("gpt2"))
+        _with_backend("gpt2", KNN_ATTENTION, knn_k=knn_k)
 
 
 def test_numpy_knn_k_is_read_as_a_python_number():
@@ -471,3 +470,26 @@ def test_finite_values_of_an_additive_float_mask_are_added_to_the_scores():
     out, _ = knn_attention_forward(Module(), query, key, value, mask, scaling=0.5)
     expected = torch.softmax(query @ key.transpose(-1, -2) * 0.5 + mask, dim=-1) @ value  # (B, H, Tq, D)
     torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "match"),
+    [
+        ("knn_k", -1, "knn_k"),
+        ("knn_k", 10**30, "knn_k"),
+        ("knn_k", 1.5, "knn_k"),
+        ("knn_chunk_size", -1, "knn_chunk_size"),
+        ("knn_chunk_size", "a", "knn_chunk_size"),
+        ("knn_chunk_size", 1.5, "knn_chunk_size"),
+    ],
+)
+def test_bad_knn_settings_of_any_model_are_refused_when_it_is_built(tmp_path, setting, value, match):
+    llama().save_pretrained(tmp_path)
+    settings = {"knn_k": 2, setting: value}
+    with pytest.raises((ValueError, TypeError), match=match):
+        LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation=KNN_ATTENTION, **settings)
+    model = llama()
+    for name, given in settings.items():
+        setattr(model.config, name, given)
+    with pytest.raises((ValueError, TypeError), match=match):
+        model.set_attn_implementation(KNN_ATTENTION)

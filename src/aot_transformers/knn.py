@@ -18,10 +18,10 @@ many queries are scored at once.
 
 from __future__ import annotations
 
-from transformers import AttentionInterface, PretrainedConfig
+from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .attention_aot import check_knn_k, knn_attention_forward
+from .attention_aot import check_knn_chunk_size, check_knn_k, knn_attention_forward
 
 KNN_ATTENTION = "knn"
 # The installed package's kernel, whatever a model folder's copy of `attention_aot` registered before it (AoT models
@@ -35,6 +35,22 @@ AttentionMaskInterface.register(KNN_ATTENTION, sdpa_mask)
 for _name in ("knn_k", "knn_chunk_size"):
     if not hasattr(PretrainedConfig, _name):
         setattr(PretrainedConfig, _name, None)
+
+
+_check_and_adjust_attn_implementation = PreTrainedModel._check_and_adjust_attn_implementation
+
+
+def _check_knn_settings_at_load(self, attn_implementation, *args, **kwargs):
+    """Bad `knn_k` / `knn_chunk_size` raise when the model is built or switched to "knn", not at its first forward."""
+    if attn_implementation == KNN_ATTENTION:
+        check_knn_k(getattr(self.config, "knn_k", None))
+        check_knn_chunk_size(getattr(self.config, "knn_chunk_size", None))
+    return _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs)
+
+
+if not getattr(_check_and_adjust_attn_implementation, "_aot_knn_checks", False):
+    _check_knn_settings_at_load._aot_knn_checks = True
+    PreTrainedModel._check_and_adjust_attn_implementation = _check_knn_settings_at_load
 
 
 __all__ = ["KNN_ATTENTION", "check_knn_k", "knn_attention_forward"]
