@@ -365,3 +365,50 @@ def test_an_empty_batch_or_sequence_gets_a_clear_error(shape):
         _lm()(torch.zeros(shape, dtype=torch.long))
     with pytest.raises(ValueError, match="at least one image"):
         AoTForImageClassification(tiny_config())(torch.zeros(0, 3, 16, 16))
+
+
+def test_inputs_of_the_wrong_kind_or_not_finite_get_a_clear_error():
+    model = _lm()
+    with pytest.raises(TypeError, match="input_ids.*tensor.*list"):
+        model([[1, 2, 3]])
+    with pytest.raises(TypeError, match="labels.*integer"):
+        model(_ids(), labels=_ids().float())
+    embeds = torch.randn(2, 5, 32)
+    embeds[1, 2, 3] = float("nan")
+    with pytest.raises(RuntimeError, match="inputs_embeds.*finite"):
+        model(inputs_embeds=embeds)
+    pixels = torch.randn(2, 3, 16, 16)
+    pixels[0, 0, 0, 0] = float("inf")
+    with pytest.raises(RuntimeError, match="pixel_values.*finite"):
+        AoTForImageClassification(tiny_config())(pixels)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(num_labels=0), "num_labels"),
+        (dict(mlp_layers="all", mlp_ratio=1e-9), "mlp_ratio"),
+        (dict(eos_token_id=[-1, 5]), "eos_token_id"),
+        (dict(eos_token_id=[3, 999]), "eos_token_id"),
+    ],
+)
+def test_configs_that_would_build_a_wrong_model_are_refused(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        AoTForImageClassification(tiny_config(**overrides))
+
+
+def test_a_folder_whose_code_hashes_are_not_a_mapping_is_refused_at_remote_load(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    AoTForCausalLM(tiny_config()).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["code_sha256"] = "0" * 64
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    script = (
+        "from transformers import AutoModelForCausalLM\n"
+        f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode != 0 and "ValueError: `code_sha256`" in result.stderr, result.stderr[-1500:]

@@ -182,6 +182,8 @@ class AoTConfig(PretrainedConfig):
         common fields run after the AoT ones (they read `head_dim`, which needs valid sizes).
         """
         self._check_aot_fields()
+        if self.num_labels < 1:  # a head with no outputs
+            raise ValueError(f"`num_labels` must be an int >= 1, got {self.num_labels}.")
         if self.output_attentions and self._attn_implementation == "knn":
             # transformers' `validate_output_attentions` accepts only "eager"; the "knn" kernel returns the maps too.
             self._output_attentions = False
@@ -229,12 +231,17 @@ class AoTConfig(PretrainedConfig):
             )
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             value = getattr(self, name)
-            if value is None or isinstance(value, list):
+            if value is None:
                 continue
-            value = _check_int(name, value, minimum=0)
-            setattr(self, name, value)
-            if value >= self.vocab_size:
+            values = [_check_int(name, v, minimum=0) for v in (value if isinstance(value, list) else [value])]
+            setattr(self, name, values if isinstance(value, list) else values[0])
+            if max(values, default=0) >= self.vocab_size:
                 raise ValueError(f"`{name}` ({value}) must be < `vocab_size` ({self.vocab_size}).")
+        if self.mlp_layers != "none" and self.intermediate_size < 1:
+            raise ValueError(
+                f"`mlp_ratio` ({self.mlp_ratio}) gives MLP blocks of width {self.intermediate_size}; it must give at "
+                f"least 1 (mlp_ratio >= {0.5 / self.hidden_size:.3g} at hidden_size {self.hidden_size})."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a dict; a vision checkpoint lists `AoTVisionModel` among its `architectures` too, so that

@@ -99,6 +99,8 @@ def _check_code_files(config: AoTConfig, source: str) -> None:
     recorded = getattr(config, "code_sha256", None)
     if not recorded or not __name__.startswith("transformers_modules"):
         return  # the installed package's own code is running, or the folder predates the hashes
+    if not isinstance(recorded, dict):
+        raise ValueError(f"`code_sha256` in the config.json of {source} must map each code file to its SHA-256.")
     actual = code_file_hashes(Path(__file__).parent)
     edited = sorted(name for name in CODE_FILES if recorded.get(name) != actual[name])
     if edited:
@@ -454,6 +456,8 @@ class AoTModel(AoTPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         if input_ids is not None:
+            if not isinstance(input_ids, torch.Tensor):
+                raise TypeError(f"`input_ids` must be a tensor of token ids, got {type(input_ids).__name__}.")
             if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
                 raise TypeError(f"`input_ids` must be an integer tensor, got dtype {input_ids.dtype}.")
             if input_ids.dim() != 2:
@@ -461,6 +465,8 @@ class AoTModel(AoTPreTrainedModel):
             _check_values((input_ids >= 0) & (input_ids < vocab), f"`input_ids` must lie in [0, {vocab - 1}].")
         elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
             raise ValueError(f"`inputs_embeds` must be (batch, sequence, {width}), got {tuple(inputs_embeds.shape)}.")
+        else:
+            _check_values(torch.isfinite(inputs_embeds), "`inputs_embeds` must be finite (no NaN or inf).")
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         if torch.compiler.is_compiling():
             return
@@ -631,6 +637,8 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
                 )
             if logits.shape[1] != labels.shape[1]:
                 raise ValueError("`labels` need the logits of every position: use `logits_to_keep=0`.")
+            if torch.is_floating_point(labels):
+                raise TypeError(f"`labels` must be token ids (an integer tensor), got dtype {labels.dtype}.")
             _check_labels(labels, self.config.vocab_size, "vocab_size")
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
 
@@ -704,6 +712,7 @@ class AoTVisionModel(AoTPreTrainedModel):
                 f"With `interpolate_pos_encoding=True` the image sides must be positive multiples of `patch_size` "
                 f"({patch}), got {height} x {width}."
             )
+        _check_values(torch.isfinite(pixel_values), "`pixel_values` must be finite (no NaN or inf).")
         if not interpolate_pos_encoding and (height, width) != (side, side):
             raise ValueError(
                 f"`pixel_values` must be {side} x {side} (`image_size`), got {height} x {width}; resize the images, "
