@@ -107,6 +107,12 @@ class AoTConfig(PretrainedConfig):
     """
 
     model_type = "aot"
+    # transformers' pipeline parallelism: the text backbone's stages.
+    base_model_pp_plan = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
     keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the cache field before and after transformers 5.24
 
     def __init__(
@@ -273,6 +279,19 @@ class AoTConfig(PretrainedConfig):
         self._output_attentions = value
 
     # Derived values live here, in one place.
+    @property
+    def base_model_tp_plan(self) -> dict[str, str]:
+        """transformers' tensor parallelism (`from_pretrained(..., tp_plan="auto")`): heads split across ranks (the
+        MSSA projection, MHSA's query, key and value, and the MLP's first layer column-wise), the projections back into
+        the residual stream row-wise. A tied MSSA output goes through the column-wise projection's transpose."""
+        attention = ("subspace_proj",) if self.attention_type == "mssa" else ("q_proj", "k_proj", "v_proj")
+        plan = {f"layers.*.attention.{name}": "colwise" for name in attention}
+        if not self.tie_output_projection:
+            plan["layers.*.attention.o_proj"] = "rowwise"
+        if self.mlp_layers != "none":
+            plan.update({"layers.*.mlp.fc_in": "colwise", "layers.*.mlp.fc_out": "rowwise"})
+        return plan
+
     @property
     def head_dim(self) -> int:
         """Width of one attention head."""

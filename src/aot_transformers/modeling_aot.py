@@ -127,10 +127,21 @@ def _check_labels(labels: torch.Tensor, num_classes: int, field: str) -> None:
 
 def _transposed(linear: nn.Module, outputs: torch.Tensor) -> torch.Tensor:
     """`outputs @ W` for the weight W that `linear` applies (x ↦ x Wᵀ + b), through the module itself: the
-    vector-Jacobian product of an affine map is its transposed linear map. A LoRA adapter, a quantised or a sharded
-    weight is thus seen as the projection sees it (merging an adapter keeps the model's function)."""
-    _, vjp = torch.func.vjp(linear, torch.zeros_like(outputs))
-    return vjp(outputs)[0]
+    vector-Jacobian product of an affine map is its transposed linear map. A LoRA adapter, a quantised weight or a
+    tensor-parallel shard is thus seen as the projection sees it (merging an adapter keeps the model's function; the
+    shards' products are summed by the parallel layer's own backward)."""
+    probe = outputs.new_zeros(*outputs.shape[:-1], linear.in_features)
+    if torch.compiler.is_compiling():  # dynamo traces torch.func, not torch.autograd.grad
+        return torch.func.vjp(linear, probe)[1](outputs)[0]
+    create_graph = torch.is_grad_enabled()  # training: the product stays differentiable in W and `outputs`
+    if create_graph and hasattr(getattr(linear, "weight", None), "device_mesh"):
+        raise NotImplementedError(
+            "Training MSSA with `tie_output_projection=True` under tensor parallelism is not supported: the parallel "
+            "layer's backward cannot be differentiated again. Use tp_plan for inference, or untied output projections."
+        )
+    with torch.enable_grad():
+        probe.requires_grad_(True)
+        return torch.autograd.grad(linear(probe), probe, outputs, create_graph=create_graph)[0]
 
 
 class AoTMLP(nn.Module):
@@ -577,6 +588,8 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
     """AoT language model: `AoTModel` plus a linear head tied to the token embedding."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
 
     def __init__(self, config: AoTConfig):
         super().__init__(config)
