@@ -6,6 +6,8 @@ Importing the package registers `AoTConfig` and the model classes with transform
 `trust_remote_code=True`.
 """
 
+import importlib.util
+
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -48,6 +50,21 @@ AoTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 AoTForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
 AoTForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
 AoTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
+
+
+def _peft_installed() -> bool:
+    try:
+        return importlib.util.find_spec("peft") is not None
+    except (ImportError, ValueError):  # a parent package that fails, or a module set to None in sys.modules
+        return False
+
+
+# PEFT's default LoRA targets for model_type "aot" (`LoraConfig(task_type=...)` without `target_modules`); peft is
+# an optional dependency: without it nothing is imported.
+if _peft_installed():
+    from .peft_defaults import register as _register_peft_defaults
+
+    _register_peft_defaults()
 
 __all__ = [
     "AoTConfig",

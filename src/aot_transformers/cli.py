@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .graph_export import register as register_graph_export  # `aot export onnx`
 
     register_graph_export(subcommands)
+    from .serving import register as register_serve  # `aot serve`: transformers' OpenAI-compatible server
+
+    register_serve(subcommands)
     for register in _subcommand_registrars():
         register(subcommands)
     return parser
