@@ -18,7 +18,7 @@ import torch
 from aot_transformers.cli import main as aot
 from aot_transformers.errors import UsageError
 from aot_transformers.evaluation import evaluate_model, markdown_table, read_results, update_model_card
-from aot_transformers.evaluation.results import NonFiniteMetricError, _atomic_write
+from aot_transformers.evaluation.results import NonFiniteMetricError, atomic_write_text
 from aot_transformers.evaluation.runner import EvaluationReport, load_model_and_tokenizer, remote_code_allowed
 from aot_transformers.hub import push_to_hub
 from aot_transformers.verify import verify_folder
@@ -373,7 +373,7 @@ def test_item7_card_write_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="disk full"):
-        _atomic_write(card, "new card\n")
+        atomic_write_text(card, "new card\n")
     assert card.read_text() == "old card\n" and [p.name for p in tmp_path.iterdir()] == ["README.md"]
 
 

@@ -20,13 +20,12 @@ from .arguments import (
     check_checkpoint_weights,
     use_training_attention,
 )
-from .checkpoints import resolve_resume
 from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
 from .lora import LoraArguments
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
 from .run_state import (
-    check_resume_identity,
+    RecordRunTrainerMixin,
     data_fingerprint,
     run_identity,
     run_state_callbacks,
@@ -76,7 +75,7 @@ class ImageRun:
 def _augmenting_trainer_class():
     from transformers import Trainer
 
-    class AugmentingTrainer(Trainer):
+    class AugmentingTrainer(RecordRunTrainerMixin, Trainer):
         """`Trainer` whose training batches go through `train_data_collator` (with augmentation) while evaluation
         batches use the plain `data_collator`."""
 
@@ -151,9 +150,6 @@ def prepare_image_training(
         raise TrainingSetupError(
             "a stream has no length to plan epochs with: give --max_steps", argument="--streaming"
         )
-    lock = start_run(training_args, publish_args)
-    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
-    training_args.resume_from_checkpoint = resume
     identity = run_identity(
         training_args,
         config,
@@ -162,7 +158,7 @@ def prepare_image_training(
         base_model=model_args.model_name_or_path,
         lora=lora.lora_r if lora is not None else None,
     )
-    check_resume_identity(resume, identity)
+    lock, resume = start_run(training_args, publish_args, identity)
     set_seed(training_args.seed)
     with training_args.main_process_first(desc="loading images"):
         source = load_image_source(data_args, seed=training_args.seed)
@@ -211,10 +207,11 @@ def prepare_image_training(
         optimizer_cls_and_kwargs=optimizer,
         callbacks=[
             *(callbacks or []),
-            *run_state_callbacks(identity),
+            *run_state_callbacks(),
             *([hub_callback] if (hub_callback := hub_checkpoint_callback(hub)) else []),
         ],
     )
+    trainer.run_record = identity
     enable_fsdp_on_cpu(trainer)
     trainer.train_data_collator = ImageBatchCollator(processor, augment=augment, crop_padding=data_args.crop_padding)
     return ImageRun(
