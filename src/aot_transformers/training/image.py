@@ -135,6 +135,17 @@ def prepare_image_training(
     hub = take_over_hub_options(training_args, publish_args)
     if data_args.augment not in ("auto", "yes", "no"):
         raise TrainingSetupError(f"--augment must be 'auto', 'yes' or 'no', got {data_args.augment!r}.")
+    if isinstance(data_args.crop_padding, bool) or data_args.crop_padding < 0:
+        raise TrainingSetupError(
+            "", argument="--crop_padding", value=data_args.crop_padding, allowed="an integer >= 0 (pixels)"
+        )
+    if data_args.dataset_name is not None and not data_args.dataset_name.strip():
+        raise TrainingSetupError(
+            "is empty",
+            argument="--dataset_name",
+            value=data_args.dataset_name,
+            allowed="an image folder, archive folder, CSV or Hub dataset id; leave it out for scikit-learn's digits",
+        )
     # The config first: a bad preset or override fails before any image is read.
     config = model_args.build_config(DEFAULT_IMAGE_PRESET, image_size=model_args.image_size)
     # The classification head may be re-initialised for new classes; every other tensor must fit the config.
@@ -146,6 +157,7 @@ def prepare_image_training(
 
         with torch.device("meta"):
             check_lora_targets(AoTForImageClassification(config), lora)
+        lora.check_base(model_args.model_name_or_path)
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError(
             "a stream has no length to plan epochs with: give --max_steps", argument="--streaming"

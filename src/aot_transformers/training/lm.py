@@ -224,6 +224,7 @@ def prepare_lm_training(
 
         with torch.device("meta"):
             check_lora_targets(AoTForCausalLM(config), lora)
+        lora.check_base(model_args.model_name_or_path)
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError("--streaming has no length to plan epochs with: give --max_steps.")
     block_size = data_args.block_size or min(512, config.max_position_embeddings)
