@@ -217,7 +217,8 @@ def test_item4_hub_id_is_loaded_without_remote_code_unless_asked(monkeypatch, tm
         calls.append(("model", kwargs.get("trust_remote_code")))
         if not kwargs.get("trust_remote_code"):
             raise ValueError(f"{name} contains custom code which must be executed; set trust_remote_code=True")
-        return tiny_aot(max_length=32)
+        model = tiny_aot(max_length=32)
+        return (model, {"missing_keys": []}) if kwargs.get("output_loading_info") else model
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tokenizer)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
