@@ -16,7 +16,8 @@ Exits 0 when every check passes; writes `dry_run.json` (losses, steps, timings) 
 launch one line naming its log and exit code 1 (the error contract of `aot_transformers.errors`).
 
 The stages run in a fresh folder `<output-dir>/.dry-run.*`; only once every check has passed do its folders and logs
-replace those of an earlier dry run in `<output-dir>` — a failed dry run deletes nothing and keeps its attempt.
+replace those of an earlier dry run in `<output-dir>` — a failed dry run deletes nothing and keeps its attempt (until
+the next dry run into the same folder removes it, as `hub.remove_stale_staging` removes a dead writer's staging).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))  # this checkout's package, as the launche
 
 from aot_transformers.cli import OneLineArgumentParser  # noqa: E402
 from aot_transformers.errors import RunError, UsageError, run_command  # noqa: E402
+from aot_transformers.hub import STAGING_MARKER, remove_stale_staging  # noqa: E402
 
 RESUME_MARK = "dry_run_resume_mark"
 MODULES = {"lm": "aot_transformers.training.lm", "image": "aot_transformers.training.image"}
@@ -239,7 +242,9 @@ def dry_run(
     entry = spec["entry"]
     module = MODULES[entry]
     output_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(output_dir / "dry-run")  # attempts of earlier dry runs that failed or were killed
     work = Path(tempfile.mkdtemp(prefix=".dry-run.", dir=output_dir))
+    (work / STAGING_MARKER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
     try:
         summary = _run_stages(recipe, spec, module, entry, output_dir, work, data_dir, steps, processes, resume_check)
     except RunError as error:
@@ -251,6 +256,7 @@ def dry_run(
 
 def _publish(work: Path, output_dir: Path) -> None:
     """Move every entry of `work` into `output_dir`, each replacing the entry of the same name, then remove `work`."""
+    (work / STAGING_MARKER).unlink()
     replaced = work / ".replaced"
     replaced.mkdir()
     for entry in sorted(p for p in work.iterdir() if p != replaced):

@@ -265,6 +265,12 @@ def test_dry_run_bad_inputs_are_one_line_and_delete_nothing(tmp_path, capsys, ca
 
 @needs_data
 def test_a_failed_dry_run_shows_the_runs_own_error_and_replaces_nothing(tmp_path, capsys):
+    import os
+    import socket
+    import subprocess
+
+    from aot_transformers.hub import STAGING_MARKER
+
     source = RECIPES / "aot-mssa-l-base-openwebtext"
     recipe = tmp_path / "recipe"
     recipe.mkdir()
@@ -277,6 +283,11 @@ def test_a_failed_dry_run_shows_the_runs_own_error_and_replaces_nothing(tmp_path
     output = tmp_path / "out"
     (output / "train").mkdir(parents=True)
     (output / "train" / "earlier-run.txt").write_text("kept")
+    # attempts of earlier dry runs: one whose process is gone (removed), one still running (kept)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for name, pid in ((".dry-run.gone", int(dead.stdout)), (".dry-run.running", os.getpid())):
+        (output / name).mkdir()
+        (output / name / STAGING_MARKER).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
     code = dry_run.main([str(recipe), "--output-dir", str(output), "--data-dir", str(DATA), "--processes", "1"])
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
@@ -284,3 +295,7 @@ def test_a_failed_dry_run_shows_the_runs_own_error_and_replaces_nothing(tmp_path
     assert "--block_size 0: must be at least 1" in lines[0] and "full log:" in lines[0]
     assert (output / "train" / "earlier-run.txt").read_text() == "kept"
     assert not (output / "train" / "checkpoint-4").exists()
+    attempts = sorted(p.name for p in output.glob(".dry-run.*"))
+    assert ".dry-run.gone" not in attempts and ".dry-run.running" in attempts and len(attempts) == 2
+    (this,) = set(attempts) - {".dry-run.running"}
+    assert this in lines[0]  # this attempt is kept, and named in the error
