@@ -230,3 +230,80 @@ def test_item11_fine_tuning_from_wrong_shape_weights(saved, corpus, tmp_path, ca
     config["hidden_size"] = 64  # the weights say 32
     (saved / "config.json").write_text(json.dumps(config))
     refused(lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved)), capsys, "has shape", "config.json gives")
+
+
+# Issue 26: inputs that trained (or evaluated) without a word, and raw errors for argument files.
+
+
+def _without(folder: Path, prefix: str) -> Path:
+    """`folder` with the tensors named `prefix…` removed from its weights (as a hand-edited or partial save)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = folder / "model.safetensors"
+    tensors = {name: t for name, t in load_file(weights).items() if not name.startswith(prefix)}
+    save_file(tensors, weights, metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("content", ["   \n\n\t\n  \n" * 50, '{"text": "   "}\n{"text": "\\n"}\n'])
+def test_text_that_is_only_whitespace_is_refused(tmp_path, capsys, content):
+    path = tmp_path / ("blank.jsonl" if content.startswith("{") else "blank.txt")
+    path.write_text(content)
+    refused(lm(path, tmp_path / "out"), capsys, str(path), "only whitespace")
+
+
+@pytest.mark.parametrize("command", [lm, image])
+def test_an_empty_dataset_name_is_refused_not_replaced_by_the_default_data(tmp_path, capsys, command):
+    refused(command("", tmp_path / "out"), capsys, "--dataset_name ''", "is empty")
+
+
+def test_fine_tuning_from_weights_without_the_position_table_is_refused(saved, corpus, tmp_path, capsys):
+    _without(saved, "model.embed_positions.")
+    refused(
+        lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved)),
+        capsys,
+        "--model_name_or_path",
+        "model.embed_positions.weight",
+        "initialised at random",
+    )
+
+
+def test_negative_crop_padding_is_refused(tmp_path, capsys):
+    refused(image("sklearn-digits", tmp_path / "out", "--crop_padding", "-2"), capsys, "--crop_padding -2", ">= 0")
+
+
+def test_fsdp_config_without_fsdp_is_refused(corpus, tmp_path, capsys):
+    config = '{"version": 2, "transformer_layer_cls_to_wrap": ["AoTLayer"]}'
+    refused(lm(corpus, tmp_path / "out", "--fsdp_config", config), capsys, "--fsdp_config", "without --fsdp")
+
+
+def test_a_lora_rank_larger_than_the_adapted_layers_is_refused(saved, corpus, tmp_path, capsys):
+    pytest.importorskip("peft")
+    argv = lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved), "--lora_r", "100000")
+    refused(argv, capsys, "--lora_r 100000", "larger than the adapted layers", "[1, 32]")
+
+
+def test_lora_over_a_randomly_initialised_base_is_refused(corpus, tmp_path, capsys):
+    pytest.importorskip("peft")
+    refused(lm(corpus, tmp_path / "out", "--lora_r", "4"), capsys, "--lora_r 4", "--model_name_or_path")
+
+
+@pytest.mark.parametrize(
+    "name, content, needles",
+    [
+        ("missing.json", None, ["arguments file", "missing.json", "no such arguments file"]),
+        ("missing.yaml", None, ["arguments file", "missing.yaml", "no such arguments file"]),
+        ("bad.yaml", "output_dir: [unclosed\nmax_steps: 1\n", ["bad.yaml", "line", "not valid YAML"]),
+        ("bad.json", '{"output_dir": "x",\n "max_steps": }', ["bad.json", "line 2", "not valid JSON"]),
+        ("list.yaml", "- output_dir\n- x\n", ["list.yaml", "mapping"]),
+        ("empty.yml", "", ["empty.yml", "mapping"]),
+    ],
+)
+@pytest.mark.parametrize("overrides", [[], ["--max_steps", "1"]])
+def test_a_missing_or_malformed_arguments_file_is_one_line_naming_it(
+    tmp_path, capsys, name, content, needles, overrides
+):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    refused(["train", "lm", str(path), *overrides], capsys, *needles)

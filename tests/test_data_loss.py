@@ -209,6 +209,15 @@ def test_item6_resuming_another_runs_checkpoint_is_refused(corpus, tmp_path, cap
     assert code == 0 and (output / "checkpoint-3").is_dir()  # the same run resumes
 
 
+def _only_the_tokenizer_left(output: Path) -> None:
+    """What a run killed after training its tokenizer and before its first checkpoint leaves (a folder holding another
+    run's checkpoints or export is refused to a different run)."""
+    import shutil
+
+    for folder in [*output.glob("checkpoint-*"), output / "model"]:
+        shutil.rmtree(folder)
+
+
 def test_item6_cached_tokenizer_is_rebuilt_when_data_or_vocabulary_change(corpus, tmp_path, capsys):
     output = tmp_path / "a"
     assert run(tiny(corpus, output, "--max_steps", "1"), capsys)[0] == 0
@@ -218,11 +227,13 @@ def test_item6_cached_tokenizer_is_rebuilt_when_data_or_vocabulary_change(corpus
     smaller = tiny(corpus, tmp_path / "unused", "--max_steps", "1")
     smaller[smaller.index("--tokenizer_vocab_size") + 1] = "280"
     smaller[smaller.index("--output_dir") + 1] = str(output)
+    _only_the_tokenizer_left(output)
     assert run(smaller, capsys)[0] == 0
     assert len(json.loads(cached.read_text())["model"]["vocab"]) == 280
     other = tmp_path / "other.txt"
     other.write_text(corpus.read_text().replace("alpha", "omega"))
     changed = tiny(other, output, "--max_steps", "1")
+    _only_the_tokenizer_left(output)
     assert run(changed, capsys)[0] == 0
     assert "omega" in cached.read_text() and "alpha" not in json.loads(cached.read_text())["model"]["vocab"]
 
@@ -317,3 +328,100 @@ def test_item15_rerunning_a_finished_job_trains_no_further(corpus, tmp_path, cap
     results = json.loads((output / "model" / "results.json").read_text())
     assert results["settings"]["steps"] == 2 and results["metrics"]["train_steps_this_run"] == 0
     assert "| steps | 2 |" in card
+
+
+# Issue 26: a second run into a used folder, a kill between two files of one checkpoint, killed writers' temporaries.
+
+
+def _fingerprints(folder: Path) -> dict[str, tuple[int, int]]:
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != LOCK_FILE
+    }
+
+
+def test_a_different_run_into_a_used_output_dir_is_refused_and_the_same_run_resumes(corpus, tmp_path, capsys):
+    output = tmp_path / "a"
+    assert run(tiny(corpus, output, "--seed", "0"), capsys)[0] == 0
+    before = _fingerprints(output)
+    assert "model/model.safetensors" in before and "checkpoint-2/aot_run.json" in before
+    code, err = run(tiny(corpus, output, "--seed", "1"), capsys)  # no resume flag: it would start over and replace
+    assert code == 2 and err.count("error:") == 1 and len(err.strip().splitlines()) == 1
+    assert "--output_dir" in err and str(output) in err and "seed: recorded 0, this run 1" in err
+    assert "--resume_from_checkpoint latest" in err and "another --output_dir" in err
+    assert _fingerprints(output) == before  # nothing written, nothing replaced
+    code, _ = run(
+        tiny(corpus, output, "--seed", "0", "--max_steps", "3", "--resume_from_checkpoint", "latest"), capsys
+    )
+    assert code == 0 and (output / "checkpoint-3" / RUN_RECORD).is_file()  # the same run resumes as before
+    assert json.loads((output / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
+
+
+def test_a_used_output_dir_without_any_run_record_is_refused(corpus, tmp_path, capsys):
+    output = tmp_path / "a"
+    assert run(tiny(corpus, output, "--max_steps", "1"), capsys)[0] == 0
+    for record in output.rglob(RUN_RECORD):  # as an older aot-transformers or another tool leaves it
+        record.unlink()
+    before = _fingerprints(output)
+    code, err = run(tiny(corpus, output, "--max_steps", "1"), capsys)
+    assert code == 2 and "--output_dir" in err and f"no {RUN_RECORD}" in err and _fingerprints(output) == before
+
+
+def test_a_kill_between_a_checkpoints_weights_and_its_record_leaves_it_incomplete(corpus, tmp_path, capsys):
+    """Kill the run (SIGKILL: no cleanup) while it writes checkpoint-2's record: the weights are there, the record
+    only as a temporary file, and `trainer_state.json` (written after the record) not at all. The next run resumes
+    from checkpoint-1 and leaves no temporary file behind; a checkpoint whose record is missing is never resumed."""
+    output = tmp_path / "a"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        import aot_transformers.evaluation.results as results
+        real_replace = os.replace
+        def replace(source, target):
+            if str(target).endswith("checkpoint-2/{RUN_RECORD}"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_replace(source, target)
+        results.os.replace = replace
+        from aot_transformers.cli import main
+        sys.exit(main({tiny(corpus, output)!r}))
+        """
+    )
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    checkpoint = output / "checkpoint-2"
+    assert (checkpoint / "model.safetensors").is_file() and not (checkpoint / "trainer_state.json").exists()
+    assert list(checkpoint.glob(f".{RUN_RECORD}.*")) and not (checkpoint / RUN_RECORD).exists()
+    assert last_complete_checkpoint(output).endswith("checkpoint-1")
+    code, err = run(tiny(corpus, output, "--resume_from_checkpoint", "latest"), capsys)
+    assert code == 0, err
+    assert not list(output.rglob(f".{RUN_RECORD}.*"))  # the killed writer's temporary file is gone
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and (checkpoint / RUN_RECORD).is_file()
+    # The old order's hole: trainer_state.json present, the record lost. Such a checkpoint is incomplete.
+    (checkpoint / RUN_RECORD).unlink()
+    assert last_complete_checkpoint(output).endswith("checkpoint-1")
+    code, err = run(tiny(corpus, output, "--resume_from_checkpoint", str(checkpoint)), capsys)
+    assert code == 2 and "incomplete" in err and RUN_RECORD in err
+
+
+def test_temporary_files_of_a_killed_results_writer_are_removed_by_the_next_write(tmp_path):
+    from aot_transformers.evaluation.results import atomic_write_text
+
+    target = tmp_path / "results.json"
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        import aot_transformers.evaluation.results as results
+        results.os.replace = lambda source, target: os.kill(os.getpid(), signal.SIGKILL)
+        results.atomic_write_text({str(target)!r}, "{{}}")
+        """
+    )
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert len(list(tmp_path.glob(".results.json.*"))) == 1 and not target.exists()
+    own = tmp_path / f".results.json.{os.uname().nodename}-{os.getpid()}.live"  # a live writer's: left alone
+    own.write_text("")
+    atomic_write_text(target, '{"a": 1}')
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.glob(".results.json.*")] == [own.name]

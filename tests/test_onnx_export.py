@@ -221,3 +221,60 @@ def test_readme_export_commands_run(tmp_path, monkeypatch, capsys):
         expected = namespace["model"](**inputs).logits
     real = inputs["attention_mask"].bool()
     torch.testing.assert_close(logits[real], expected[real], atol=TOLERANCE, rtol=TOLERANCE)
+
+
+@pytest.mark.parametrize("poison", ["weights", "outputs"])
+def test_a_model_with_non_finite_weights_or_outputs_is_refused_and_nothing_is_written(tmp_path, capsys, poison):
+    model = AoTForCausalLM(tiny_config())
+    with torch.no_grad():
+        if poison == "weights":
+            model.model.embed_tokens.weight[3, 0] = float("nan")
+        else:  # finite weights whose outputs overflow to inf - inf = NaN
+            model.lm_head.weight.fill_(3e38)
+    folder = tmp_path / "lm"
+    model.save_pretrained(folder)
+    out = tmp_path / "lm.onnx"
+    status, stdout, err = _run(capsys, folder, out)
+    assert status == 2 and len(_error_lines(err)) == 1 and "not finite" in err and "Traceback" not in err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["lm"]
+    assert "matches PyTorch" not in stdout
+
+
+def test_the_onnxruntime_comparison_fails_on_nan_outputs(tmp_path, monkeypatch):
+    """Python's max(0.0, nan) is 0.0: a NaN graph must fail the comparison, not pass it with difference 0."""
+    model = AoTForCausalLM(tiny_config()).eval()
+
+    class NaNSession:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self, _names, feeds):
+            batch, length = feeds["input_ids"].shape
+            return [torch.full((batch, length, model.config.vocab_size), float("nan")).numpy()]
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", NaNSession)
+    out = tmp_path / "lm.onnx"
+    with pytest.raises(GraphExportError, match="non-finite"):
+        export_onnx(model, out)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("opset", ["1", "16", "999", "-3"])
+def test_an_opset_the_exporter_does_not_write_is_one_line_before_any_conversion(tmp_path, capsys, monkeypatch, opset):
+    folder = tmp_path / "lm"
+    AoTForCausalLM(tiny_config()).save_pretrained(folder)
+    monkeypatch.setattr(graph_export, "load_exportable", lambda _folder: pytest.fail("loaded before the check"))
+    status, _, err = _run(capsys, folder, tmp_path / "lm.onnx", "--opset", opset)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "--opset" in err and "[18, 23]" in err
+    assert not (tmp_path / "lm.onnx").exists()
+
+
+def test_an_allowed_opset_is_the_one_written(tmp_path, capsys):
+    import onnx
+
+    folder = tmp_path / "lm"
+    AoTForCausalLM(tiny_config()).save_pretrained(folder)
+    status, _, err = _run(capsys, folder, tmp_path / "lm.onnx", "--opset", "21")
+    assert status == 0, err
+    imports = onnx.load(str(tmp_path / "lm.onnx"), load_external_data=False).opset_import
+    assert [entry.version for entry in imports if entry.domain in ("", "ai.onnx")] == [21]

@@ -199,3 +199,103 @@ def test_fsdp_loss_curve_equals_ddp_and_exports_a_plain_folder(dry_runs):
 def test_dry_run_of_the_coinciding_recipes(tmp_path, recipe):
     summary = dry_run.dry_run(RECIPES / recipe, tmp_path, DATA, steps=4)
     assert summary["stages"][0]["resumed"]
+
+
+def _bad_recipe(tmp_path, case: str):
+    """A recipe folder (or path) broken in one way, and the extra command-line flags of the case."""
+    source = RECIPES / "aot-mssa-l-base-openwebtext"
+    recipe = tmp_path / "recipe"
+    if case == "missing":
+        return recipe, []
+    if case == "a file":
+        recipe.write_text("x")
+        return recipe, []
+    recipe.mkdir()
+    if case == "empty folder":
+        return recipe, []
+    for name in ("train.yaml", "accelerate.yaml"):
+        (recipe / name).write_text((source / name).read_text())
+    spec = (source / "dry_run.yaml").read_text()
+    text = {
+        "malformed YAML": "entry: lm\nstages: [\n  - name: {oops\n",
+        "non-mapping YAML": "- entry\n- lm\n",
+        "empty YAML": "",
+        "unknown entry": spec.replace("entry: lm", "entry: lm\nentree: image"),
+        "unknown entry value": spec.replace("entry: lm", "entry: audio"),
+        "missing argument file": spec.replace("arguments: train.yaml", "arguments: nope.yaml"),
+    }.get(case, spec)
+    (recipe / "dry_run.yaml").write_text(text)
+    flags = {"--processes 0": ["--processes", "0"], "--steps 0": ["--steps", "0"]}.get(case, [])
+    if case == "missing data folder":
+        flags = ["--data-dir", str(tmp_path / "no-data")]
+    return recipe, flags
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "a file",
+        "empty folder",
+        "malformed YAML",
+        "non-mapping YAML",
+        "empty YAML",
+        "unknown entry",
+        "unknown entry value",
+        "missing argument file",
+        "--processes 0",
+        "--steps 0",
+        "missing data folder",
+    ],
+)
+def test_dry_run_bad_inputs_are_one_line_and_delete_nothing(tmp_path, capsys, case):
+    recipe, flags = _bad_recipe(tmp_path, case)
+    output = tmp_path / "out"
+    (output / "train").mkdir(parents=True)
+    (output / "train" / "earlier-run.txt").write_text("kept")
+    try:
+        code = dry_run.main([str(recipe), "--output-dir", str(output), "--data-dir", str(tmp_path), *flags])
+    except SystemExit as exit_:  # argparse's own one-line error
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "error:" in err and "Traceback" not in err, err
+    assert (output / "train" / "earlier-run.txt").read_text() == "kept"
+    assert sorted(p.name for p in output.iterdir()) == ["train"]  # nothing launched, nothing written
+
+
+@needs_data
+def test_a_failed_dry_run_shows_the_runs_own_error_and_replaces_nothing(tmp_path, capsys):
+    import os
+    import socket
+    import subprocess
+
+    from aot_transformers.hub import STAGING_MARKER
+
+    source = RECIPES / "aot-mssa-l-base-openwebtext"
+    recipe = tmp_path / "recipe"
+    recipe.mkdir()
+    for name in ("train.yaml", "accelerate.yaml"):
+        (recipe / name).write_text((source / name).read_text())
+    # a value the training command refuses at once: the launch fails with its own one-line error
+    (recipe / "dry_run.yaml").write_text(
+        (source / "dry_run.yaml").read_text().replace("block_size: 64", "block_size: 0")
+    )
+    output = tmp_path / "out"
+    (output / "train").mkdir(parents=True)
+    (output / "train" / "earlier-run.txt").write_text("kept")
+    # attempts of earlier dry runs: one whose process is gone (removed), one still running (kept)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for name, pid in ((".dry-run.gone", int(dead.stdout)), (".dry-run.running", os.getpid())):
+        (output / name).mkdir()
+        (output / name / STAGING_MARKER).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+    code = dry_run.main([str(recipe), "--output-dir", str(output), "--data-dir", str(DATA), "--processes", "1"])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert "--block_size 0: must be at least 1" in lines[0] and "full log:" in lines[0]
+    assert (output / "train" / "earlier-run.txt").read_text() == "kept"
+    assert not (output / "train" / "checkpoint-4").exists()
+    attempts = sorted(p.name for p in output.glob(".dry-run.*"))
+    assert ".dry-run.gone" not in attempts and ".dry-run.running" in attempts and len(attempts) == 2
+    (this,) = set(attempts) - {".dry-run.running"}
+    assert this in lines[0]  # this attempt is kept, and named in the error

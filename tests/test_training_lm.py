@@ -305,7 +305,8 @@ def test_incomplete_checkpoint_is_skipped_on_resume(tmp_path):
         folder = run / f"checkpoint-{step}"
         folder.mkdir(parents=True)
         (folder / "model.safetensors").write_bytes(b"")
-        if complete:
+        if complete:  # the run record, then Trainer's state: both mark a checkpoint complete
+            (folder / "aot_run.json").write_text("{}")
             (folder / "trainer_state.json").write_text("{}")
     assert resolve_resume("latest", str(run)).endswith("checkpoint-2")
     with pytest.raises(TrainingSetupError, match="incomplete"):

@@ -18,7 +18,7 @@ import torch
 from aot_transformers.cli import main as aot
 from aot_transformers.errors import UsageError
 from aot_transformers.evaluation import evaluate_model, markdown_table, read_results, update_model_card
-from aot_transformers.evaluation.results import NonFiniteMetricError, _atomic_write
+from aot_transformers.evaluation.results import NonFiniteMetricError, atomic_write_text
 from aot_transformers.evaluation.runner import EvaluationReport, load_model_and_tokenizer, remote_code_allowed
 from aot_transformers.hub import push_to_hub
 from aot_transformers.verify import verify_folder
@@ -217,7 +217,8 @@ def test_item4_hub_id_is_loaded_without_remote_code_unless_asked(monkeypatch, tm
         calls.append(("model", kwargs.get("trust_remote_code")))
         if not kwargs.get("trust_remote_code"):
             raise ValueError(f"{name} contains custom code which must be executed; set trust_remote_code=True")
-        return tiny_aot(max_length=32)
+        model = tiny_aot(max_length=32)
+        return (model, {"missing_keys": []}) if kwargs.get("output_loading_info") else model
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tokenizer)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
@@ -373,7 +374,7 @@ def test_item7_card_write_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="disk full"):
-        _atomic_write(card, "new card\n")
+        atomic_write_text(card, "new card\n")
     assert card.read_text() == "old card\n" and [p.name for p in tmp_path.iterdir()] == ["README.md"]
 
 
@@ -520,3 +521,33 @@ def test_item2_lora_adapter_folder_must_hold_no_code(tmp_path, fake_hub, capsys)
     with pytest.raises(UsageError, match="helper.py is not an aot-transformers code file"):
         push_to_hub(adapter, "someone/adapter")
     assert fake_hub.calls == []
+
+
+# Issue 26: a folder with missing weights is not evaluated; an adapter whose local base is gone is not passed.
+
+
+def test_eval_of_a_folder_whose_position_table_is_missing_is_refused(tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    folder = save_model(tiny_aot(max_length=32), char_tokenizer(), tmp_path / "lm")
+    weights = folder / "model.safetensors"
+    save_file({k: v for k, v in load_file(weights).items() if "embed_positions" not in k}, weights, {"format": "pt"})
+    code = aot(["eval", "lm", str(folder), *WIKI, "--output-dir", str(tmp_path / "eval")])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert code == 2 and len(errors) == 1 and "model.embed_positions.weight" in errors[0], err
+    assert "initialise at random" in err and not (tmp_path / "eval" / "results.json").exists()
+
+
+def test_an_adapter_whose_local_base_no_longer_exists_fails_verify_and_push(tmp_path, capsys):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    base = tmp_path / "runs" / "base" / "model"  # a local folder, since deleted
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base), "r": 2}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    assert aot(["verify", str(adapter)]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="does not exist"):
+        push_to_hub(adapter, "someone/adapter", endpoint="http://127.0.0.1:9")
+    base.mkdir(parents=True)  # the base back in place: it verifies
+    assert aot(["verify", str(adapter)]) == 0

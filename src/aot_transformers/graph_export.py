@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -32,6 +33,9 @@ EXPORTABLE_ARCHITECTURES = {"AoTForCausalLM": AoTForCausalLM, "AoTForImageClassi
 # onnxruntime against PyTorch, float32 logits: the tolerance the exported file is checked to.
 ONNX_TOLERANCE = 1e-4
 ONNX_EXTRA_HINT = 'pip install "aot-transformers[onnx]"'
+# The opsets `--opset` accepts: from the one torch's exporter has implementations for (lower ones need a conversion
+# that falls back to it with a traceback) to the highest torch declares; the file is checked to carry the one asked.
+ONNX_OPSETS = (18, 23)
 
 
 class GraphExportError(ValueError):
@@ -239,7 +243,45 @@ def _check_dynamic_axes(path: Path, spec: ExportSpec, model: AoTPreTrainedModel)
         raise GraphExportError(f"The model cannot be exported with a dynamic batch and sequence length: {message}.")
 
 
+def check_opset(opset_version: int | None) -> None:
+    """Refuse an opset outside `ONNX_OPSETS` before any conversion (None: the exporter's default)."""
+    low, high = ONNX_OPSETS
+    if opset_version is not None and (
+        isinstance(opset_version, bool) or not isinstance(opset_version, int) or not low <= opset_version <= high
+    ):
+        raise GraphExportError(
+            f"--opset {opset_version!r}: not an opset this exporter writes (allowed: an integer in [{low}, {high}])."
+        )
+
+
+def _real(outputs: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The outputs at real tokens: padding positions attend to no key; their outputs are never read and runtimes
+    fill them differently."""
+    return outputs[inputs["attention_mask"].bool()] if "attention_mask" in inputs else outputs
+
+
+def _check_finite(model: AoTPreTrainedModel, spec: ExportSpec) -> None:
+    """Refuse, before anything is converted, a model whose weights or outputs (on the example) are NaN or infinite:
+    its file would run and give NaN, and no comparison with PyTorch can fail on NaN = NaN."""
+    from .hub import non_finite_weights
+
+    bad = non_finite_weights(model)
+    if bad:
+        raise GraphExportError(
+            f"The model's weights are not finite ({', '.join(bad[:3])}{', …' if len(bad) > 3 else ''}): nothing was "
+            "exported."
+        )
+    with torch.no_grad():
+        outputs = _real(spec.module(**spec.example_inputs), spec.example_inputs)
+    if not torch.isfinite(outputs).all():
+        raise GraphExportError(
+            f"The model's {spec.output_name} are not finite (NaN or inf) on the example input: nothing was exported."
+        )
+
+
 def _compare_with_onnxruntime(path: Path, spec: ExportSpec, model: AoTPreTrainedModel, onnxruntime) -> float:
+    """The largest |onnxruntime - PyTorch| over the check inputs; a NaN or infinite output on either side, or a
+    difference over `ONNX_TOLERANCE`, fails (compared input by input: `max(0.0, nan)` would hide a NaN)."""
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -249,16 +291,35 @@ def _compare_with_onnxruntime(path: Path, spec: ExportSpec, model: AoTPreTrained
         with torch.no_grad():
             expected = spec.module(**{name: tensor.to(device) for name, tensor in inputs.items()}).float().cpu()
         (actual,) = session.run(None, {name: tensor.numpy() for name, tensor in inputs.items()})
-        difference = (torch.from_numpy(actual) - expected).abs()
-        if "attention_mask" in inputs:
-            # Padding positions attend to no key; their outputs are never read and runtimes fill them differently.
-            difference = difference[inputs["attention_mask"].bool()]
-        worst = max(worst, float(difference.max()))
-    if not worst <= ONNX_TOLERANCE:
-        raise GraphExportError(
-            f"The ONNX file {path} does not reproduce PyTorch: max |difference| {worst:.2e} > {ONNX_TOLERANCE:g}."
-        )
+        expected, actual = _real(expected, inputs), _real(torch.from_numpy(actual), inputs)
+        if not (torch.isfinite(expected).all() and torch.isfinite(actual).all()):
+            raise GraphExportError(
+                f"The ONNX file {path.name} or the model gives non-finite {spec.output_name} (NaN or inf): nothing "
+                "was exported."
+            )
+        difference = float((actual - expected).abs().max()) if expected.numel() else 0.0
+        if math.isnan(difference) or not difference <= ONNX_TOLERANCE:
+            raise GraphExportError(
+                f"The ONNX file {path.name} does not reproduce PyTorch: max |difference| {difference:.2e} > "
+                f"{ONNX_TOLERANCE:g}; nothing was exported."
+            )
+        worst = max(worst, difference)
     return worst
+
+
+def _check_opset_written(path: Path, opset_version: int | None) -> None:
+    """The exporter keeps its own opset when a conversion fails (with only a logged traceback): refuse that file."""
+    if opset_version is None:
+        return
+    import onnx
+
+    imports = onnx.load(str(path), load_external_data=False).opset_import
+    written = [entry.version for entry in imports if entry.domain in ("", "ai.onnx")]
+    if written != [opset_version]:
+        raise GraphExportError(
+            f"--opset {opset_version}: the exporter could not convert the model to it (it wrote opset "
+            f"{written[0] if written else '?'}); nothing was exported. Leave --opset out for the exporter's default."
+        )
 
 
 def export_onnx(
@@ -275,10 +336,11 @@ def export_onnx(
         path: The .onnx file to write.
         check: Run the file with onnxruntime on two inputs of other shapes than the example and compare with PyTorch
             (within `ONNX_TOLERANCE`, on real tokens).
-        opset_version: ONNX opset (default: the exporter's).
+        opset_version: ONNX opset in `ONNX_OPSETS` (default: the exporter's); the file is checked to carry it.
 
     Raises:
-        GraphExportError: Missing ONNX packages, a model that is not exportable, or a file that does not match.
+        GraphExportError: Missing ONNX packages, an opset outside `ONNX_OPSETS`, a model that is not exportable or
+            whose weights or outputs are not finite, or a file that does not match; nothing is written then.
     """
     onnxruntime = _import_onnx()
     path = Path(path)
@@ -286,10 +348,12 @@ def export_onnx(
         raise GraphExportError(f"The output file must end in .onnx, got {path}.")
     if path.is_dir():
         raise GraphExportError(f"The output {path} is a folder; give the .onnx file to write.")
+    check_opset(opset_version)
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
         raise GraphExportError(f"Export a float32 model (its parameters are {dtype}): call `model.float()` first.")
     spec = export_spec(model)
+    _check_finite(model, spec)
     # torch.export first, so that a model that specialises on the shapes fails here with a clear error: given the
     # module itself, the ONNX exporter would fall back to other tracers and fix the axes to the example's sizes.
     exported = _export(spec, model)
@@ -305,16 +369,18 @@ def export_onnx(
             verbose=False,
         )
         program.save(staged)
+        _check_opset_written(staged, opset_version)
         _check_dynamic_axes(staged, spec, model)
         max_abs_diff = _compare_with_onnxruntime(staged, spec, model, onnxruntime) if check else None
         files = []
-        for written in sorted(Path(staging).iterdir()):  # the model, and its external data if any
+        # External data first, the .onnx file last: a failure part way never leaves a new .onnx beside old data.
+        for written in sorted(Path(staging).iterdir(), key=lambda p: (p.name == path.name, p.name)):
             target = path.parent / written.name
             os.replace(written, target)
             files.append(target)
     return OnnxExportReport(
         path=path,
-        files=files,
+        files=sorted(files),
         input_names=list(spec.example_inputs),
         output_name=spec.output_name,
         max_abs_diff=max_abs_diff,
@@ -366,6 +432,7 @@ def _export_onnx_command(args: argparse.Namespace) -> int:
     # The exporter logs a warning per torchvision operator it cannot register when torchvision is absent.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     try:
+        check_opset(args.opset)  # before anything is loaded or converted
         _import_onnx()  # before loading the model: a missing extra is the most likely error
         model = load_exportable(args.folder)
         report = export_onnx(model, args.out, check=not args.no_check, opset_version=args.opset)
@@ -391,7 +458,12 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     )
     onnx.add_argument("folder", help="a folder written by save_pretrained / aot train / export_model")
     onnx.add_argument("out", help="the .onnx file to write (weights over 2 GB go to <out>.data beside it)")
-    onnx.add_argument("--opset", type=int, default=None, help="ONNX opset version (default: the exporter's)")
+    onnx.add_argument(
+        "--opset",
+        type=int,
+        default=None,
+        help=f"ONNX opset version, {ONNX_OPSETS[0]} to {ONNX_OPSETS[1]} (default: the exporter's)",
+    )
     onnx.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison with PyTorch")
     onnx.set_defaults(func=_export_onnx_command)
 

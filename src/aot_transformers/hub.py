@@ -197,6 +197,14 @@ def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathL
     return target
 
 
+def non_finite_weights(model) -> list[str]:
+    """The names of `model`'s floating-point tensors (parameters and buffers) that hold a NaN or an infinity: a model
+    that must not be exported as if it worked."""
+    import torch
+
+    return [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+
+
 def write_export_manifest(staging: Path) -> None:
     """Record the files of a finished export in `staging` (see `check_replaceable`)."""
     files = sorted(
@@ -529,6 +537,7 @@ __all__ = [
     "card_template_path",
     "check_export_folder",
     "export_model",
+    "non_finite_weights",
     "push_to_hub",
     "render_model_card",
     "upload_checkpoint",

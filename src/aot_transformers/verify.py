@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ class VerifyReport:
     auto_map: list[str] = field(default_factory=list)
     pickle_files: list[str] = field(default_factory=list)
     adapter_base: str | None = None
+    adapter_base_missing: bool = False  # the adapter names a local base model folder that does not exist
 
     @property
     def code_ok(self) -> bool:
@@ -87,7 +89,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return self.code_ok and not self.pickle_files
+        return self.code_ok and not self.pickle_files and not self.adapter_base_missing
 
     def problems(self) -> list[str]:
         """Every failed check, one short phrase each (empty when `ok`)."""
@@ -99,6 +101,8 @@ class VerifyReport:
         out += [f"{name} is not an aot-transformers code file" for name in self.unknown_code]
         out += list(self.auto_map)
         out += [f"{name} is a pickle (can run arbitrary code when loaded)" for name in self.pickle_files]
+        if self.adapter_base_missing:
+            out.append(f"its base model {self.adapter_base} (adapter_config.json) does not exist: it cannot load")
         if not self.matches_installed and self.adapter_base is None and not out:
             out.append(f"the code files differ from the installed aot-transformers {__version__}")
         return out
@@ -121,7 +125,9 @@ class VerifyReport:
             note = "the code matches the installed package" if self.matches_installed else "cannot be checked"
             out.append(f"  NO HASH  config.json records no `code_sha256` ({note})")
         out += [f"  PICKLE   {name} (can run arbitrary code when loaded)" for name in self.pickle_files]
-        if self.adapter_base is not None:
+        if self.adapter_base_missing:
+            out.append(f"  NO BASE  {self.adapter_base} (the base model in adapter_config.json does not exist)")
+        elif self.adapter_base is not None:
             base = self.adapter_base or "not named"
             out.append(f"  a LoRA adapter folder: it holds no code; verify its base model ({base}) too")
         elif self.matches_installed:
@@ -185,6 +191,11 @@ def _check_auto_map(folder: Path, path: Path, report: VerifyReport) -> None:
                     report.missing.append(missing)
 
 
+def _is_local_path(name: str) -> bool:
+    """Whether a base model name is meant as a local folder, not a Hub id (`name` or `namespace/name`)."""
+    return bool(name) and (name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name)
+
+
 def verify_folder(folder: str | Path) -> VerifyReport:
     """Check that loading `folder` with `trust_remote_code=True` runs only the installed package's code, and that it
     holds no pickle (see the module docstring for every check).
@@ -218,6 +229,7 @@ def verify_folder(folder: str | Path) -> VerifyReport:
     report = VerifyReport(folder=folder)
     if adapter:
         report.adapter_base = str(config.get("base_model_name_or_path") or "")
+        report.adapter_base_missing = _is_local_path(report.adapter_base) and not Path(report.adapter_base).exists()
     try:
         files = sorted(path for path in folder.rglob("*") if path.is_file())
     except OSError as error:

@@ -421,7 +421,7 @@ def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, mo
     """
     from huggingface_hub import ModelCard, ModelCardData
 
-    from .results import _atomic_write, check_finite, markdown_table
+    from .results import atomic_write_text, check_finite, markdown_table
 
     check_finite(report)
     path = card_file(card_path)
@@ -444,10 +444,10 @@ def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, mo
         f"{report.settings.get('stride')}); losses are mean token cross-entropy in nats.\n\n"
     )
     card.text = _with_section(card.text, note + table)
-    _atomic_write(path, str(card))
+    atomic_write_text(path, str(card))
     entries = eval_result_entries(report)
     if entries and path.name == "README.md":
-        _atomic_write(path.parent / EVAL_RESULTS_DIR / EVAL_RESULTS_FILE, eval_results_yaml(entries))
+        atomic_write_text(path.parent / EVAL_RESULTS_DIR / EVAL_RESULTS_FILE, eval_results_yaml(entries))
     return path
 
 

@@ -187,11 +187,13 @@ def load_model_and_tokenizer(
             # A verified AoT folder's code is the installed package's, byte for byte: the installed classes
             # (registered with the Auto classes) load it, so nothing is imported from the folder, which could change
             # between the check and the import. Its own code runs only when these cannot load it.
-            lm = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=bool(trust_remote_code))
+            lm, info = AutoModelForCausalLM.from_pretrained(
+                name, trust_remote_code=bool(trust_remote_code), output_loading_info=True
+            )
         except ValueError as error:
             if not remote_code or trust_remote_code or "trust_remote_code" not in str(error):
                 raise
-            lm = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=True)
+            lm, info = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=True, output_loading_info=True)
     except (OSError, ValueError) as error:  # missing files or Hub, an invalid repo id, an unknown model type
         if not remote_code and "trust_remote_code" in str(error):
             raise EvaluationError(
@@ -200,6 +202,13 @@ def load_model_and_tokenizer(
                 "(trust_remote_code=True) if you trust it."
             ) from None
         raise EvaluationError(f"could not load a causal LM from {name}: {str(error)[:300]}") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:  # initialised at random by from_pretrained: the numbers would describe a model nobody trained
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise EvaluationError(
+            f"the weights of {name} lack {shown}, which loading would initialise at random; save the complete "
+            "model again"
+        )
     return lm.to(device).eval(), tok
 
 

@@ -173,7 +173,12 @@ def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixe
             value=folder,
         )
     with torch.device("meta"):
-        expected = {name: tuple(t.shape) for name, t in model_cls(config).state_dict().items()}
+        state = model_cls(config).state_dict(keep_vars=True)
+    expected = {name: tuple(t.shape) for name, t in state.items()}
+    aliases: dict[int, list[str]] = {}  # tied tensors (saved under one of their names)
+    for name, tensor in state.items():
+        aliases.setdefault(id(tensor), []).append(name)
+    present: set[str] = set()
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as weights:
@@ -184,6 +189,7 @@ def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixe
                 argument="--model_name_or_path",
                 value=folder,
             ) from None
+        present.update(shapes)
         for name, shape in shapes.items():
             if name in expected and expected[name] != shape and not name.startswith(skip_prefixes):
                 raise TrainingSetupError(
@@ -191,6 +197,18 @@ def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixe
                     argument="--model_name_or_path",
                     value=folder,
                 )
+    missing = sorted(
+        names[0]
+        for names in aliases.values()
+        if not present.intersection(names) and not all(name.startswith(skip_prefixes) for name in names)
+    )
+    if missing:  # from_pretrained would initialise them at random with only a load report
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise TrainingSetupError(
+            f"its weights lack {shown}, which would be initialised at random; save the complete model again",
+            argument="--model_name_or_path",
+            value=folder,
+        )
 
 
 def looks_like_path(name: str) -> bool:
@@ -224,10 +242,8 @@ def parse_dataclasses(classes: tuple[type, ...], argv: list[str] | None = None) 
     parser.error = one_line_error
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if len(argv) == 1 and argv[0].endswith(".json"):
-            parsed = parser.parse_json_file(json_file=argv[0])
-        elif len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
-            parsed = parser.parse_yaml_file(yaml_file=argv[0])
+        if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
+            parsed = parser.parse_dict(read_arguments_file(argv[0]))
         elif len(argv) > 1 and argv[0].endswith((".yaml", ".yml", ".json")) and not argv[0].startswith("-"):
             parsed = _parse_file_with_overrides(parser, argv[0], argv[1:])
         else:
@@ -305,18 +321,47 @@ def check_training_arguments(args) -> None:
             raise bad(name, "a number > 0 (steps, or a fraction of the run below 1)")
     if args.save_total_limit is not None and args.save_total_limit < 1:
         raise bad("save_total_limit", "an integer >= 1, or leave it out to keep every checkpoint")
+    if args.fsdp_config and not args.fsdp:
+        raise TrainingSetupError(
+            "is ignored without --fsdp", argument="--fsdp_config", allowed="with --fsdp, e.g. --fsdp full_shard"
+        )
 
 
-def _parse_file_with_overrides(parser, path: str, argv: list[str]) -> tuple[Any, ...]:
-    """A recipe file plus command-line flags that override it (`recipe.yaml --max_steps 10 --output_dir x`)."""
+def read_arguments_file(path: str) -> dict[str, Any]:
+    """The mapping of argument names to values in a `.json` / `.yaml` arguments file. A missing or unreadable file,
+    malformed JSON or YAML, or anything but a mapping is a `TrainingSetupError` naming the file (and the line)."""
     import yaml
 
     file = Path(path)
     if not file.is_file():
         raise TrainingSetupError("no such arguments file", argument="arguments file", value=path)
-    values = json.loads(file.read_text()) if file.suffix == ".json" else yaml.safe_load(file.read_text())
+    kind = "JSON" if file.suffix == ".json" else "YAML"
+    try:
+        text = file.read_text(encoding="utf-8")
+        values = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError) as error:
+        raise TrainingSetupError(
+            f"cannot be read ({type(error).__name__}: {error})", argument="arguments file", value=path
+        ) from None
+    except json.JSONDecodeError as error:
+        raise TrainingSetupError(
+            f"line {error.lineno}: not valid JSON ({error.msg})", argument="arguments file", value=path
+        ) from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(error, "problem", None) or type(error).__name__
+        raise TrainingSetupError(f"{where}not valid YAML ({problem})", argument="arguments file", value=path) from None
     if not isinstance(values, dict):
-        raise TrainingSetupError("must hold a mapping of argument names to values", argument=path)
+        raise TrainingSetupError(
+            "must hold a mapping of argument names to values", argument="arguments file", value=path
+        )
+    return values
+
+
+def _parse_file_with_overrides(parser, path: str, argv: list[str]) -> tuple[Any, ...]:
+    """A recipe file plus command-line flags that override it (`recipe.yaml --max_steps 10 --output_dir x`)."""
+    values = read_arguments_file(path)
     # The file's values become the parser's defaults (kept as the YAML typed them: booleans, mappings), so flags on
     # the command line override them; an unknown name is left over and reported like an unknown flag.
     import dataclasses

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from .arguments import TrainingSetupError
-from .run_state import read_json
+from .run_state import RUN_RECORD, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -18,12 +18,12 @@ RESUME_LATEST = ("latest", "last", "true", "True", "auto")
 
 def is_complete_checkpoint(folder: Path) -> bool:
     """Trainer writes `trainer_state.json` last: a checkpoint without it, or with an empty or truncated one (a power
-    loss before the file reached the disk), was interrupted while being written. The weights are one `*.safetensors`
-    file (or shards) or, under FSDP with a sharded state dict, a `pytorch_model_fsdp_0` folder of
-    distributed-checkpoint shards."""
-    state = read_json(folder / "trainer_state.json")
-    if not isinstance(state, dict):
-        return False
+    loss before the file reached the disk), was interrupted while being written; so was one without its readable
+    `RUN_RECORD` (written before `trainer_state.json`). The weights are one `*.safetensors` file (or shards) or,
+    under FSDP with a sharded state dict, a `pytorch_model_fsdp_0` folder of distributed-checkpoint shards."""
+    for name in ("trainer_state.json", RUN_RECORD):
+        if not isinstance(read_json(Path(folder) / name), dict):
+            return False
     return any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model_fsdp_*"))
 
 
@@ -63,8 +63,8 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str | None) -
         raise TrainingSetupError("no such folder", argument="--resume_from_checkpoint", value=resume_from_checkpoint)
     if not is_complete_checkpoint(path):
         raise TrainingSetupError(
-            f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete (no readable trainer_state.json: it "
-            "was interrupted while being written); use an earlier checkpoint or `latest`."
+            f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete (no readable trainer_state.json or "
+            f"{RUN_RECORD}: it was interrupted while being written); use an earlier checkpoint or `latest`."
         )
     return str(path)
 

@@ -20,13 +20,12 @@ from .arguments import (
     check_checkpoint_weights,
     use_training_attention,
 )
-from .checkpoints import resolve_resume
 from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
 from .lora import LoraArguments
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
 from .run_state import (
-    check_resume_identity,
+    RecordRunTrainerMixin,
     data_fingerprint,
     run_identity,
     run_state_callbacks,
@@ -76,7 +75,7 @@ class ImageRun:
 def _augmenting_trainer_class():
     from transformers import Trainer
 
-    class AugmentingTrainer(Trainer):
+    class AugmentingTrainer(RecordRunTrainerMixin, Trainer):
         """`Trainer` whose training batches go through `train_data_collator` (with augmentation) while evaluation
         batches use the plain `data_collator`."""
 
@@ -136,6 +135,17 @@ def prepare_image_training(
     hub = take_over_hub_options(training_args, publish_args)
     if data_args.augment not in ("auto", "yes", "no"):
         raise TrainingSetupError(f"--augment must be 'auto', 'yes' or 'no', got {data_args.augment!r}.")
+    if isinstance(data_args.crop_padding, bool) or data_args.crop_padding < 0:
+        raise TrainingSetupError(
+            "", argument="--crop_padding", value=data_args.crop_padding, allowed="an integer >= 0 (pixels)"
+        )
+    if data_args.dataset_name is not None and not data_args.dataset_name.strip():
+        raise TrainingSetupError(
+            "is empty",
+            argument="--dataset_name",
+            value=data_args.dataset_name,
+            allowed="an image folder, archive folder, CSV or Hub dataset id; leave it out for scikit-learn's digits",
+        )
     # The config first: a bad preset or override fails before any image is read.
     config = model_args.build_config(DEFAULT_IMAGE_PRESET, image_size=model_args.image_size)
     # The classification head may be re-initialised for new classes; every other tensor must fit the config.
@@ -147,13 +157,11 @@ def prepare_image_training(
 
         with torch.device("meta"):
             check_lora_targets(AoTForImageClassification(config), lora)
+        lora.check_base(model_args.model_name_or_path)
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError(
             "a stream has no length to plan epochs with: give --max_steps", argument="--streaming"
         )
-    lock = start_run(training_args, publish_args)
-    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
-    training_args.resume_from_checkpoint = resume
     identity = run_identity(
         training_args,
         config,
@@ -162,7 +170,7 @@ def prepare_image_training(
         base_model=model_args.model_name_or_path,
         lora=lora.lora_r if lora is not None else None,
     )
-    check_resume_identity(resume, identity)
+    lock, resume = start_run(training_args, publish_args, identity)
     set_seed(training_args.seed)
     with training_args.main_process_first(desc="loading images"):
         source = load_image_source(data_args, seed=training_args.seed)
@@ -211,10 +219,11 @@ def prepare_image_training(
         optimizer_cls_and_kwargs=optimizer,
         callbacks=[
             *(callbacks or []),
-            *run_state_callbacks(identity),
+            *run_state_callbacks(),
             *([hub_callback] if (hub_callback := hub_checkpoint_callback(hub)) else []),
         ],
     )
+    trainer.run_record = identity
     enable_fsdp_on_cpu(trainer)
     trainer.train_data_collator = ImageBatchCollator(processor, augment=augment, crop_padding=data_args.crop_padding)
     return ImageRun(

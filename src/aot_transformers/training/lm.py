@@ -23,13 +23,12 @@ from .arguments import (
     check_checkpoint_weights,
     use_training_attention,
 )
-from .checkpoints import resolve_resume
 from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, perplexity, take_over_hub_options, training_summary
 from .lora import LoraArguments
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
 from .run_state import (
-    check_resume_identity,
+    RecordRunTrainerMixin,
     data_fingerprint,
     read_json,
     run_identity,
@@ -165,7 +164,7 @@ def check_tokenizer_fits(tokenizer, config) -> None:
 def _perplexity_trainer_class():
     from transformers import Trainer
 
-    class PerplexityTrainer(Trainer):
+    class PerplexityTrainer(RecordRunTrainerMixin, Trainer):
         """`Trainer` that logs the perplexity `exp(eval_loss)` beside every evaluation loss."""
 
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -225,6 +224,7 @@ def prepare_lm_training(
 
         with torch.device("meta"):
             check_lora_targets(AoTForCausalLM(config), lora)
+        lora.check_base(model_args.model_name_or_path)
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError("--streaming has no length to plan epochs with: give --max_steps.")
     block_size = data_args.block_size or min(512, config.max_position_embeddings)
@@ -232,9 +232,6 @@ def prepare_lm_training(
         raise TrainingSetupError(
             f"--block_size must be in [2, max_position_embeddings={config.max_position_embeddings}], got {block_size}."
         )
-    lock = start_run(training_args, publish_args)
-    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
-    training_args.resume_from_checkpoint = resume
     identity = run_identity(
         training_args,
         config,
@@ -245,7 +242,7 @@ def prepare_lm_training(
         base_model=model_args.model_name_or_path,
         lora=lora.lora_r if lora is not None else None,
     )
-    check_resume_identity(resume, identity)
+    lock, resume = start_run(training_args, publish_args, identity)
     set_seed(training_args.seed)
     source = load_text_source(data_args, seed=training_args.seed)
     tokenizer = load_or_train_tokenizer(model_args, config, source, training_args, resume, data_args)
@@ -318,8 +315,9 @@ def prepare_lm_training(
         processing_class=tokenizer,
         data_collator=default_data_collator,
         optimizer_cls_and_kwargs=optimizer,
-        callbacks=[*(callbacks or []), *run_state_callbacks(identity), *([hub_callback] if hub_callback else [])],
+        callbacks=[*(callbacks or []), *run_state_callbacks(), *([hub_callback] if hub_callback else [])],
     )
+    trainer.run_record = identity
     enable_fsdp_on_cpu(trainer)
     return LMRun(
         trainer,

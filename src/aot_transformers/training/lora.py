@@ -55,10 +55,22 @@ class LoraArguments:
             return
         if isinstance(self.lora_r, bool) or self.lora_r < 1:
             raise TrainingSetupError("", argument="--lora_r", value=self.lora_r, allowed="a positive integer")
+
         if self.lora_alpha is not None and not self.lora_alpha > 0:
             raise TrainingSetupError("", argument="--lora_alpha", value=self.lora_alpha, allowed="a positive number")
         if not 0 <= self.lora_dropout < 1:
             raise TrainingSetupError("", argument="--lora_dropout", value=self.lora_dropout, allowed="0 <= p < 1")
+
+    def check_base(self, base_model: str | None) -> None:
+        """Refuse LoRA without a trained base model (`base_model`, the run's `--model_name_or_path`): the base would
+        be randomly initialised and frozen, and the adapters alone trained over it."""
+        if not base_model:
+            raise TrainingSetupError(
+                "adapts a trained model, but no --model_name_or_path was given: the base would be randomly "
+                "initialised and frozen. Give the model to fine-tune, or drop --lora_r to train all weights",
+                argument="--lora_r",
+                value=self.lora_r,
+            )
 
 
 def _require_peft():
@@ -84,6 +96,19 @@ def check_lora_targets(model, lora: LoraArguments) -> list[str]:
             argument="--lora_target_modules",
             value=" ".join(targets),
             allowed=" ".join(allowed),
+        )
+    # A rank above a target's smaller side adds parameters without adding rank: most likely a typo.
+    widths = [
+        min(module.in_features, module.out_features)
+        for name, module in model.named_modules()
+        if name.rsplit(".", 1)[-1] in targets and hasattr(module, "in_features") and hasattr(module, "out_features")
+    ]
+    if widths and lora.lora_r > min(widths):
+        raise TrainingSetupError(
+            f"is larger than the adapted layers ({' '.join(targets)}: smallest side {min(widths)})",
+            argument="--lora_r",
+            value=lora.lora_r,
+            allowed=f"an integer in [1, {min(widths)}]",
         )
     return list(targets)
 

@@ -5,8 +5,12 @@
 - **The final folder** (`--final_model_dir`, default `<output_dir>/model`) may only replace an earlier export of this
   package, never the output folder or a parent of it, nor a folder of other files (`hub.check_replaceable`) — checked
   before training, so a long run never dies at its end on a folder it must not touch.
-- **What a checkpoint was made from** (`RUN_RECORD` in every checkpoint: seed, data, model config, the run's own
-  settings) is compared with the run that resumes from it: a mismatch is refused, naming the fields.
+- **Whose folder it is**: `<output_dir>/RUN_RECORD` names the run that writes there (seed, data, model config, the
+  run's own settings). A different run into a folder that holds another run's checkpoints or final export is refused
+  before it writes anything; the same run resumes (or starts over) as before.
+- **What a checkpoint was made from** (`RUN_RECORD` in every checkpoint, written right after its weights and before
+  Trainer's `trainer_state.json` marks it complete) is compared with the run that resumes from it: a mismatch is
+  refused, naming the fields; a checkpoint without its record is incomplete and never resumed.
 - **Divergence**: after every optimizer step the weights are checked; non-finite ones stop the run (exit code 1)
   before that step's checkpoint or any export is written, so the last checkpoint on disk is a good one.
 """
@@ -18,7 +22,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,19 +50,12 @@ _SAMPLE_BYTES = 1 << 20  # a data file is fingerprinted by its size and its firs
 
 
 def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
-    """Write `data` as JSON to `path` through a temporary file, fsync and rename: a kill or power loss leaves the old
-    file or the new one, never a truncated one."""
-    path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=1, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Write `data` as JSON to `path` atomically (`evaluation.results.atomic_write_text`): a kill or power loss
+    leaves the old file or the new one, never a truncated one, and the next write removes a killed writer's
+    temporary file."""
+    from ..evaluation.results import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def read_json(path: str | os.PathLike) -> Any | None:
@@ -172,22 +168,33 @@ def run_identity(training_args, config, data: list[str], **settings: Any) -> dic
     }
 
 
-def check_resume_identity(resume: str | None, identity: dict[str, Any]) -> None:
-    """Refuse to resume from a checkpoint that another run made (`RUN_RECORD` differs in any field).
+def _as_read_back(identity: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(identity, default=str))
 
-    A checkpoint without a readable record (written by an older version, or its record lost) is resumed with a
-    warning: nothing says it differs.
-    """
+
+def _differences(recorded: dict[str, Any], identity: dict[str, Any], label: str) -> str:
+    """`field: <label> value, this run value; …` for every field in which `recorded` and `identity` differ ('' if
+    none)."""
+    current = _as_read_back(identity)
+    differ = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
+    return "; ".join(f"{k}: {label} {recorded.get(k)!r}, this run {current.get(k)!r}" for k in differ)
+
+
+def check_resume_identity(resume: str | None, identity: dict[str, Any]) -> None:
+    """Refuse to resume from a checkpoint that another run made (`RUN_RECORD` differs in any field), or that has no
+    readable record (`checkpoints.is_complete_checkpoint` counts such a checkpoint as incomplete)."""
     if resume is None:
         return
     recorded = read_json(Path(resume) / RUN_RECORD)
     if not isinstance(recorded, dict):
-        logger.warning("%s has no readable %s: cannot check that it comes from the same run.", resume, RUN_RECORD)
-        return
-    current = json.loads(json.dumps(identity, default=str))  # as it would be read back
-    differ = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
-    if differ:
-        shown = "; ".join(f"{k}: checkpoint {recorded.get(k)!r}, this run {current.get(k)!r}" for k in differ)
+        raise TrainingSetupError(
+            f"has no readable {RUN_RECORD}: it is incomplete (interrupted while being written) or not this "
+            "package's; resume from an earlier checkpoint or `latest`",
+            argument="--resume_from_checkpoint",
+            value=resume,
+        )
+    shown = _differences(recorded, identity, "checkpoint")
+    if shown:
         raise TrainingSetupError(
             f"{resume} was made by a different run ({shown}). Resume with the same settings, start a new run in "
             "another --output_dir, or pass --resume_from_checkpoint false",
@@ -196,20 +203,76 @@ def check_resume_identity(resume: str | None, identity: dict[str, Any]) -> None:
         )
 
 
-def run_state_callbacks(identity: dict[str, Any]) -> list:
-    """The callbacks that record each checkpoint's identity and stop a diverged run."""
+def claim_output_dir(output_dir: str | os.PathLike, identity: dict[str, Any], write: bool = True) -> None:
+    """Refuse a run into a folder that holds the checkpoints or final export (`<output_dir>/model`) of a different
+    run, before anything is written; then (with `write`, the main process) record this run in
+    `<output_dir>/RUN_RECORD`.
+
+    The folder's run is the one its `RUN_RECORD` and its checkpoints' records name; a folder with checkpoints or an
+    export and no record at all (an older aot-transformers, another tool) is refused too: nothing says it is this
+    run's. Stale temporary files of a killed record write are removed.
+
+    Raises:
+        TrainingSetupError: Another run's work is in the folder (one line naming the folder, the fields that differ
+            and how to resume or choose another folder).
+    """
+    from ..evaluation.results import remove_stale_temporaries
+    from .checkpoints import CHECKPOINT_PATTERN
+
+    root = Path(output_dir)
+    checkpoints = sorted(p for p in root.glob("checkpoint-*") if p.is_dir() and CHECKPOINT_PATTERN.match(p.name))
+    export = root / "model"
+    work = [f"{len(checkpoints)} checkpoint(s)"] if checkpoints else []
+    if export.is_dir() and any(export.iterdir()):
+        work.append(f"a final export ({export.name}/)")
+    records = [(root, read_json(root / RUN_RECORD))] + [(c, read_json(c / RUN_RECORD)) for c in checkpoints]
+    records = [(where, record) for where, record in records if isinstance(record, dict)]
+    if work:
+        held = " and ".join(work)
+        if not records:
+            raise TrainingSetupError(
+                f"holds {held} with no {RUN_RECORD} (an older aot-transformers or another tool): nothing says they "
+                f"are this run's, and this run would replace them. Choose another --output_dir or move them away",
+                argument="--output_dir",
+                value=str(output_dir),
+            )
+        for where, record in records:
+            shown = _differences(record, identity, "recorded")
+            if shown:
+                raise TrainingSetupError(
+                    f"holds {held} of a different run ({where.name}/{RUN_RECORD}: {shown}); this run would replace "
+                    "them. Resume that run with its settings (--resume_from_checkpoint latest) or choose another "
+                    "--output_dir",
+                    argument="--output_dir",
+                    value=str(output_dir),
+                )
+    for folder in [root, *checkpoints]:
+        remove_stale_temporaries(folder / RUN_RECORD)
+    if write:
+        write_json_atomically(root / RUN_RECORD, identity)
+
+
+class RecordRunTrainerMixin:
+    """Put before `transformers.Trainer` in a subclass: every checkpoint gets `RUN_RECORD` (the `run_record`
+    attribute) right after its weights and before `trainer_state.json`, the file that marks it complete, so a kill
+    between the two never leaves a complete-looking checkpoint without its record."""
+
+    run_record: dict[str, Any] | None = None
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call)
+        from .checkpoints import CHECKPOINT_PATTERN
+
+        folder = Path(output_dir or self.args.output_dir)
+        if _internal_call and self.run_record is not None and self.args.should_save:
+            if CHECKPOINT_PATTERN.match(folder.name):
+                write_json_atomically(folder / RUN_RECORD, self.run_record)
+
+
+def run_state_callbacks() -> list:
+    """The callbacks that stop a diverged run (the checkpoints' records: `RecordRunTrainerMixin`)."""
     import torch
     from transformers import TrainerCallback
-
-    class RecordRunCallback(TrainerCallback):
-        """Writes `RUN_RECORD` into every checkpoint the main process saves."""
-
-        def on_save(self, args, state, control, **kwargs):
-            if not state.is_world_process_zero:
-                return
-            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if folder.is_dir():
-                write_json_atomically(folder / RUN_RECORD, identity)
 
     class StopOnNonFiniteCallback(TrainerCallback):
         """After every optimizer step (before that step's logging, saving or evaluation), stop the run if any weight
@@ -245,14 +308,14 @@ def run_state_callbacks(identity: dict[str, Any]) -> list:
                     f"checkpoints already in {args.output_dir} are kept"
                 )
 
-    return [RecordRunCallback(), StopOnNonFiniteCallback()]
+    return [StopOnNonFiniteCallback()]
 
 
 def check_finite_model(model) -> None:
     """Refuse to export weights that are not all finite (a diverged run that the step checks did not see)."""
-    import torch
+    from ..hub import non_finite_weights
 
-    bad = [name for name, p in model.state_dict().items() if p.is_floating_point() and not torch.isfinite(p).all()]
+    bad = non_finite_weights(model)
     if bad:
         raise RunError(f"the trained weights are not finite ({', '.join(bad[:3])}…): nothing was exported")
 
@@ -260,10 +323,12 @@ def check_finite_model(model) -> None:
 __all__ = [
     "LOCK_FILE",
     "RUN_RECORD",
+    "RecordRunTrainerMixin",
     "check_final_model_dir",
     "check_finite_model",
     "check_output_dir",
     "check_resume_identity",
+    "claim_output_dir",
     "data_fingerprint",
     "lock_output_dir",
     "read_json",
@@ -295,12 +360,30 @@ def train_unless_finished(trainer, resume: str | None) -> dict[str, Any]:
     return dict(trainer.train(resume_from_checkpoint=resume).metrics)
 
 
-def start_run(training_args, publish_args):
-    """The checks before a run touches anything: a writable output folder, a final folder that may be replaced, and
-    the output folder's lock (returned; hold it for the whole run)."""
+def start_run(training_args, publish_args, identity: dict[str, Any]):
+    """The checks before a run touches anything: a writable output folder, a final folder that may be replaced, the
+    output folder's lock, the checkpoint to resume from (`--resume_from_checkpoint`, made by this run) and a folder
+    that holds no other run's work (`claim_output_dir`).
+
+    Returns:
+        `(lock, resume)`: the held lock (hold it for the whole run; None off the main process) and the checkpoint to
+        resume from or None. `training_args.resume_from_checkpoint` is set to the latter.
+    """
     from .arguments import check_training_arguments
+    from .checkpoints import resolve_resume
 
     check_training_arguments(training_args)  # again for runs started from Python, not the command line
     check_output_dir(training_args.output_dir)
     check_final_model_dir(training_args, publish_args)
-    return lock_output_dir(training_args.output_dir, training_args.process_index == 0)
+    main_process = training_args.process_index == 0
+    lock = lock_output_dir(training_args.output_dir, main_process)
+    try:
+        resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+        check_resume_identity(resume, identity)
+        claim_output_dir(training_args.output_dir, identity, write=main_process)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    training_args.resume_from_checkpoint = resume
+    return lock, resume

@@ -136,6 +136,7 @@ def check_text_file(path: str | os.PathLike, text_column: str = "text", what: st
     if builder == "json" and head[:1] == b"[" and path.suffix.lower() == ".json":
         return  # one JSON document (not JSON Lines): `datasets` parses it as a whole
     records = 0
+    has_text = builder == "csv"  # a CSV's text column is checked by `datasets`, not here
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if b"\x00" in raw:
@@ -150,6 +151,7 @@ def check_text_file(path: str | os.PathLike, text_column: str = "text", what: st
                     f"{error.start + 1}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)."
                 ) from None
             if builder != "json" or not line.strip():
+                has_text = has_text or bool(line.strip())
                 continue
             try:
                 record = json.loads(line)
@@ -174,8 +176,11 @@ def check_text_file(path: str | os.PathLike, text_column: str = "text", what: st
                     f"{type(value).__name__} {value!r:.40}, not a string."
                 )
             records += 1
+            has_text = has_text or bool(value.strip())
     if builder == "json" and records == 0:
         raise TrainingSetupError(f"{what} data: {path} holds no JSON records.")
+    if not has_text:
+        raise TrainingSetupError(f"{what} data: {path} holds only whitespace: no text to train on.")
 
 
 def _load_local(paths: list[str], text_column: str, streaming: bool, what: str):
@@ -225,6 +230,13 @@ def load_text_source(args: TextDataArguments, seed: int = 42) -> TextSource:
 
     if args.dataset_name and args.train_file:
         raise TrainingSetupError("Give --dataset_name or --train_file, not both.")
+    if args.dataset_name is not None and not args.dataset_name.strip():
+        raise TrainingSetupError(
+            "is empty",
+            argument="--dataset_name",
+            value=args.dataset_name,
+            allowed="a text file or folder, or a Hub dataset id; leave it out for the embedded corpus",
+        )
     if not 0 <= args.validation_split_percentage < 100:
         raise TrainingSetupError(
             f"--validation_split_percentage must be in [0, 100), got {args.validation_split_percentage}."
