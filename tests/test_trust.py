@@ -551,3 +551,9 @@ def test_an_adapter_whose_local_base_no_longer_exists_fails_verify_and_push(tmp_
         push_to_hub(adapter, "someone/adapter", endpoint="http://127.0.0.1:9")
     base.mkdir(parents=True)  # the base back in place: it verifies
     assert aot(["verify", str(adapter)]) == 0
+
+
+def test_a_code_sha256_that_is_not_a_mapping_fails_verify(folder, capsys):
+    edit_json(folder / "config.json", code_sha256="0" * 64)
+    assert aot(["verify", str(folder)]) == 1
+    assert "`code_sha256` is not a mapping" in capsys.readouterr().out

@@ -72,6 +72,7 @@ class VerifyReport:
     missing: list[str] = field(default_factory=list)
     edited: list[str] = field(default_factory=list)
     unrecorded: bool = False
+    malformed_hashes: bool = False  # `code_sha256` is there but not a mapping: loading the folder refuses it
     matches_installed: bool = False
     differs_from_installed: list[str] = field(default_factory=list)
     unknown_code: list[str] = field(default_factory=list)
@@ -84,7 +85,12 @@ class VerifyReport:
     def code_ok(self) -> bool:
         """Loading the folder runs only the installed package's code (pickles aside)."""
         return (self.matches_installed or self.adapter_base is not None) and not (
-            self.missing or self.edited or self.differs_from_installed or self.unknown_code or self.auto_map
+            self.missing
+            or self.edited
+            or self.malformed_hashes
+            or self.differs_from_installed
+            or self.unknown_code
+            or self.auto_map
         )
 
     @property
@@ -95,6 +101,7 @@ class VerifyReport:
         """Every failed check, one short phrase each (empty when `ok`)."""
         out = [f"missing code file {name}" for name in self.missing]
         out += [f"{name} differs from the hash recorded in config.json" for name in self.edited]
+        out += ["config.json's `code_sha256` is not a mapping of code file to hash"] * self.malformed_hashes
         out += [
             f"{name} differs from the installed aot-transformers {__version__}" for name in self.differs_from_installed
         ]
@@ -121,6 +128,7 @@ class VerifyReport:
             for name in self.unknown_code
         ]
         out += [f"  AUTO_MAP {entry}" for entry in self.auto_map]
+        out += ["  BAD HASH config.json's `code_sha256` is not a mapping of code file to hash"] * self.malformed_hashes
         if self.unrecorded:
             note = "the code matches the installed package" if self.matches_installed else "cannot be checked"
             out.append(f"  NO HASH  config.json records no `code_sha256` ({note})")
@@ -253,7 +261,8 @@ def verify_folder(folder: str | Path) -> VerifyReport:
     report.missing = sorted({name for name in CODE_FILES if actual[name] is None} | set(report.missing))
     recorded = config.get("code_sha256")
     if not isinstance(recorded, dict):
-        report.unrecorded = True
+        report.unrecorded = recorded is None
+        report.malformed_hashes = recorded is not None
     else:
         report.edited = [n for n in CODE_FILES if actual[n] is not None and recorded.get(n) != actual[n]]
     report.matches_installed = actual == installed
