@@ -152,8 +152,8 @@ def _tie_cutoff(scores: torch.Tensor, threshold: torch.Tensor, keep: torch.Tenso
     tied = scores == threshold
     # The kept tied keys are the first `keep - above` of them by key index: the cutoff is the number of positions
     # whose running count of tied keys is still below that.
-    wanted = keep - (scores > threshold).sum(dim=-1, keepdim=True)
-    return (tied.cumsum(dim=-1) < wanted).sum(dim=-1, keepdim=True)
+    wanted = keep - (scores > threshold).sum(dim=-1, keepdim=True, dtype=torch.int32)
+    return (tied.cumsum(dim=-1, dtype=torch.int32) < wanted).sum(dim=-1, keepdim=True)
 
 
 def _rejected_by_threshold(scores: torch.Tensor, threshold: torch.Tensor, cutoff: torch.Tensor | None) -> torch.Tensor:
@@ -279,7 +279,7 @@ class _KnnAttentionFunction(torch.autograd.Function):
             end, chunk_visible = _chunk_mask(visible, causal, start, stop, key.shape[-2], query.device)
             chunk_query, chunk_key, chunk_value = query[:, :, start:stop], key[:, :, :end], value[:, :, :end]
             chunk_bias = None if bias is None else bias[:, :, start:stop, :end]
-            raw = torch.matmul(chunk_query * scaling, chunk_key.transpose(-1, -2))  # as `_scores`, before capping
+            raw = None if softcap is None else torch.matmul(chunk_query * scaling, chunk_key.transpose(-1, -2))
             scores = _scores(chunk_query, chunk_key, chunk_visible, chunk_bias, scaling, softcap)
             rejected = _rejected_by_threshold(scores, thresholds[:, :, start:stop], cutoffs[:, :, start:stop])
             probs = _softmax(scores.masked_fill_(rejected, -math.inf), sinks)  # the forward's P
@@ -293,11 +293,10 @@ class _KnnAttentionFunction(torch.autograd.Function):
                 grad_probs = grad_probs * kept / (1.0 - dropout)
             grad_value[:, :, :end] += torch.matmul(used.to(value.dtype).transpose(-1, -2), grad_out)
             # Softmax backward dS = P ∘ (dP - rowsum(P ∘ dP)); a sink has no value, so its dP is 0.
-            row = (probs * grad_probs).sum(dim=-1, keepdim=True)
-            grad_scores = probs * (grad_probs - row)  # (B, H, C, Tk')
+            grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (B, H, C, Tk')
             if grad_sinks is not None:
-                sink_probs = 1.0 - probs.sum(dim=-1, keepdim=True)
-                grad_sinks -= (sink_probs * row).sum(dim=(0, 2, 3))
+                row = (probs * grad_probs).sum(dim=-1, keepdim=True)
+                grad_sinks -= ((1.0 - probs.sum(dim=-1, keepdim=True)) * row).sum(dim=(0, 2, 3))
             del probs, grad_probs, used
             if grad_bias is not None:
                 grad_bias[:, :, start:stop, :end] += _reduce_to(grad_scores, chunk_bias.shape).to(bias.dtype)
