@@ -37,6 +37,9 @@ from transformers.modeling_utils import AttentionInterface
 
 # Below this many candidate keys per kept key, the two-stage top-k does not pay (benchmarks/README.md, k-NN kernel).
 _TWO_STAGE_GROUP = 4
+# Bytes of (B, H, C, Tk) temporaries a chunk of C queries may hold, as `_KNN_CHUNK_BUFFERS` score-sized buffers: this
+# sets C on every device (`knn_chunk_size` caps it; benchmarks/README.md, k-NN kernel).
+_KNN_CHUNK_BUDGET, _KNN_CHUNK_BUFFERS = 32 * 2**20, 4
 _KNN_K_ALLOWED = "an int >= 1 (keys kept per query) or a float in (0, 1] (the fraction of the keys a query may see)"
 
 
@@ -90,27 +93,71 @@ def _max_knn_k(knn_k: int | float, num_keys: int) -> int:
     return max(1, min(num_keys, knn_k))
 
 
-def _topk_values(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Unsorted top-k values along the last dim; on CPU faster than one `torch.topk` for small k.
+def _ordered(scores: torch.Tensor) -> torch.Tensor:
+    """float32/64 `scores` as same-width integers in the same order (-0.0 and +0.0 both 0): CPU `topk` compares
+    integers faster than floats."""
+    bits = scores.view(torch.int32 if scores.element_size() == 4 else torch.int64)
+    sign = bits >> (8 * bits.element_size() - 1)  # -1 for negative floats, else 0
+    return (bits & torch.iinfo(bits.dtype).max).bitwise_xor_(sign).sub_(sign)
 
-    The top-k elements of a row all lie in the k groups (of `_TWO_STAGE_GROUP` neighbours) with the largest maxima: an
-    element outside them is beaten by k group maxima. A top-k over the group maxima, a gather of those groups and a
-    top-k over the k · group candidates give the exact result while reading the row once.
+
+def _top_width(
+    scores: torch.Tensor, visible: torch.Tensor | None, keep: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of the `width` (< Tk) largest of a chunk's (B, H, C, Tk) scores, and each query's keep-th largest
+    visible score (B, H, C, 1).
+
+    A query that keeps fewer than `width` keys gets `width - keep` of its hidden keys promoted to +inf, so that the
+    width-th largest is its keep-th largest visible score; that many hidden keys exist (min and ceil are 1-Lipschitz).
+    For a small width, the top entries of a row all lie in the `width` groups (of `_TWO_STAGE_GROUP` neighbours) with
+    the largest maxima: a top-k of the group maxima, then of their entries, reads the row once.
     """
-    n = scores.shape[-1]
-    if n % _TWO_STAGE_GROUP != 0 or n < 4 * _TWO_STAGE_GROUP * k:
-        return torch.topk(scores, k, dim=-1, sorted=False)[0]
-    grouped = scores.unflatten(-1, (n // _TWO_STAGE_GROUP, _TWO_STAGE_GROUP))  # (..., G, S)
-    top_groups = torch.topk(grouped.amax(dim=-1), k, dim=-1, sorted=False)[1]  # (..., k)
-    offsets = torch.arange(_TWO_STAGE_GROUP, device=scores.device)
-    candidates = (top_groups.unsqueeze(-1) * _TWO_STAGE_GROUP + offsets).flatten(-2)  # (..., k·S)
-    return torch.topk(scores.gather(-1, candidates), k, dim=-1, sorted=False)[0]
+    num_keys, promoted, candidates = scores.shape[-1], None, None
+    if visible is not None:
+        hidden = ~visible
+        promoted = hidden & (hidden.cumsum(dim=-1, dtype=torch.int32) <= width - keep)
+    if num_keys % _TWO_STAGE_GROUP != 0 or num_keys < 4 * _TWO_STAGE_GROUP * width:
+        order = _ordered(scores)
+    else:
+        maxima = scores.unflatten(-1, (-1, _TWO_STAGE_GROUP)).amax(dim=-1)  # (B, H, C, Tk / group)
+        if promoted is not None:
+            maxima = maxima.masked_fill(promoted.unflatten(-1, (-1, _TWO_STAGE_GROUP)).any(dim=-1), math.inf)
+        groups = torch.topk(maxima, width, dim=-1, sorted=False)[1].unsqueeze(-1) * _TWO_STAGE_GROUP
+        candidates = (groups + torch.arange(_TWO_STAGE_GROUP, device=scores.device)).flatten(-2)
+        order = _ordered(scores.gather(-1, candidates))  # (B, H, C, width · group)
+        if promoted is not None:
+            promoted = promoted.expand(*scores.shape[:-1], num_keys).gather(-1, candidates)
+    if promoted is not None:
+        order.masked_fill_(promoted, torch.iinfo(order.dtype).max)
+    values, indices = torch.topk(order, width, dim=-1, sorted=False)
+    indices = indices if candidates is None else candidates.gather(-1, indices)
+    return indices, scores.gather(-1, indices.gather(-1, values.argmin(dim=-1, keepdim=True)))
 
 
-def _knn_keep(
+def _nth_true(flags: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+    """Position of the rank-th 1 of float 0/1 `flags` (..., Tk), for a rank (..., 1) from 1 to the number of 1s: the
+    running count of blocks of 32 flags finds the block, a running count inside it the position (on CPU cheaper than
+    a running count of all Tk flags)."""
+    pad = -flags.shape[-1] % 32
+    blocks = (F.pad(flags, (0, pad)) if pad else flags).unflatten(-1, (-1, 32))  # (..., Tk / 32, 32)
+    running = blocks.sum(dim=-1).cumsum(dim=-1)  # (..., Tk / 32), exact below 2**24 keys
+    block = (running < rank).sum(dim=-1, keepdim=True)  # (..., 1)
+    before = torch.where(block > 0, running.gather(-1, (block - 1).clamp(min=0)), 0)
+    inside = blocks.gather(-2, block.unsqueeze(-1).expand(*block.shape, 32)).squeeze(-2).cumsum(dim=-1)
+    return block * 32 + (inside < rank - before).sum(dim=-1, keepdim=True)
+
+
+def _keep(knn_k: int | float, scores: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    """Keys kept by each query of `scores` (B, H, C, Tk), (B|1, H|1, C|1, 1)."""
+    if visible is None:
+        return resolve_knn_k(knn_k, torch.full((1,) * scores.dim(), scores.shape[-1], device=scores.device))
+    return resolve_knn_k(knn_k, visible.sum(dim=-1, keepdim=True))
+
+
+def _knn_threshold(
     scores: torch.Tensor, visible: torch.Tensor | None, knn_k: int | float, max_k: int | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The keys each query keeps, by the module docstring's rule, and two numbers per query that rebuild them.
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Two numbers per query that give the keys it keeps by the module docstring's rule (`_kept_mask`).
 
     Args:
         scores: (B, H, C, Tk) scores of a chunk of queries, keys it may not see at -inf.
@@ -119,49 +166,61 @@ def _knn_keep(
         max_k: `_max_knn_k(knn_k, Tk)`, or None to select with a full sort (for `torch.export`, where Tk is symbolic).
 
     Returns:
-        `rejected` (B, H, C, Tk), True for the keys not kept; `threshold` (B, H, C, 1), the k-th largest visible
-        score; `cutoff` (B, H, C, 1), the index of the last key kept among those tied at the threshold (None when
-        every visible key is kept). `_rejected_by_threshold` rebuilds `rejected` from the last two.
+        `threshold` (B, H, C, 1), the k-th largest visible score; `cutoff` (B, H, C, 1), the index of the last key kept
+        among those tied at the threshold (None when every visible key is kept); `_kept_mask`, if formed on the way.
     """
-    num_keys = scores.shape[-1]
-    if max_k is not None and max_k >= num_keys:  # every visible key is kept
-        threshold = scores.masked_fill(scores == -math.inf, math.inf).amin(dim=-1, keepdim=True)
-        return scores < threshold, threshold, None
-    if visible is None:
-        keep = resolve_knn_k(knn_k, torch.full((1,) * scores.dim(), num_keys, device=scores.device))
-    else:
-        keep = resolve_knn_k(knn_k, visible.sum(dim=-1, keepdim=True))  # (B|1, H|1, C, 1)
-    if max_k is None:
+    if max_k is not None and max_k >= scores.shape[-1]:  # every visible key is kept
+        return scores.masked_fill(scores == -math.inf, math.inf).amin(dim=-1, keepdim=True), None, None
+    # The kept tied keys are the first `keep - above` of them by key index.
+    keep = _keep(knn_k, scores, visible)
+    if max_k is None:  # a running count of the tied keys: no shape depends on Tk
         threshold = torch.sort(scores, dim=-1, descending=True)[0].gather(-1, (keep - 1).expand(*scores.shape[:-1], 1))
-    else:
-        # A query that keeps fewer than max_k keys gets `max_k - keep` of its hidden keys promoted to +inf, so that
-        # the max_k-th largest is its keep-th largest visible score; that many hidden keys exist (min and ceil are
-        # 1-Lipschitz). Computed on the mask's own shape, without reading a value.
-        order = scores
-        if visible is not None:
-            hidden = ~visible
-            order = scores.masked_fill(hidden & (hidden.cumsum(dim=-1) <= max_k - keep), math.inf)
-        threshold = _topk_values(order, max_k).amin(dim=-1, keepdim=True)  # (B, H, C, 1)
-        del order
-    cutoff = _tie_cutoff(scores, threshold, keep)
-    return _rejected_by_threshold(scores, threshold, cutoff), threshold, cutoff
+        wanted = keep - (scores > threshold).sum(dim=-1, keepdim=True, dtype=torch.int32)
+        cutoff = ((scores == threshold).cumsum(dim=-1, dtype=torch.int32) < wanted).sum(dim=-1, keepdim=True)
+        return threshold, cutoff, None
+    threshold = _top_width(scores, visible, keep, max_k)[1]
+    above = torch.gt(scores, threshold, out=torch.empty_like(scores))
+    tied = torch.eq(scores, threshold, out=torch.empty_like(scores))
+    cutoff = _nth_true(tied, keep - above.sum(dim=-1, keepdim=True))
+    return threshold, cutoff, _kept_mask(scores, threshold, cutoff, above, tied)
 
 
-def _tie_cutoff(scores: torch.Tensor, threshold: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Index of the last key kept among those tied at `threshold`, for rows of `scores` (..., Tk) keeping `keep`."""
-    tied = scores == threshold
-    # The kept tied keys are the first `keep - above` of them by key index: the cutoff is the number of positions
-    # whose running count of tied keys is still below that.
-    wanted = keep - (scores > threshold).sum(dim=-1, keepdim=True, dtype=torch.int32)
-    return (tied.cumsum(dim=-1, dtype=torch.int32) < wanted).sum(dim=-1, keepdim=True)
-
-
-def _rejected_by_threshold(scores: torch.Tensor, threshold: torch.Tensor, cutoff: torch.Tensor | None) -> torch.Tensor:
-    """The keys `_knn_keep` did not keep, rebuilt from its statistics."""
+def _kept_mask(scores, threshold, cutoff, above=None, tied=None) -> torch.Tensor:
+    """The keys kept by `_knn_threshold`'s statistics as floats, 1 kept and 0 not (`above`, `tied`: `scores >
+    threshold`, `== threshold` as floats, if at hand). On CPU a float comparison writes floats as fast as bools, and
+    a product with a float mask is cheaper than a masked fill."""
     if cutoff is None:
-        return scores < threshold
-    positions = torch.arange(scores.shape[-1], device=scores.device)
-    return (scores < threshold) | ((scores == threshold) & (positions > cutoff))
+        return torch.ge(scores, threshold, out=torch.empty_like(scores))
+    # Positions as floats are exact below 2**24 keys.
+    dtype = scores.dtype if scores.shape[-1] <= 2**24 else torch.float64
+    positions = torch.arange(scores.shape[-1], device=scores.device, dtype=dtype)
+    above = torch.gt(scores, threshold, out=torch.empty_like(scores)) if above is None else above
+    tied = torch.eq(scores, threshold, out=torch.empty_like(scores)) if tied is None else tied
+    return above.addcmul_(tied, torch.le(positions, cutoff.to(dtype), out=torch.empty_like(scores)))
+
+
+def _knn_keep(
+    scores: torch.Tensor, visible: torch.Tensor | None, knn_k: int | float, max_k: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The keys not kept (True), and `_knn_threshold`'s statistics; arguments as there."""
+    threshold, cutoff, kept = _knn_threshold(scores, visible, knn_k, max_k)
+    return (_kept_mask(scores, threshold, cutoff) if kept is None else kept) == 0, threshold, cutoff
+
+
+def _knn_kept_keys(
+    scores: torch.Tensor, visible: torch.Tensor | None, knn_k: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys each query keeps as indices, and their scores, (B, H, C, width) each; a query that keeps fewer fills
+    the other slots with hidden keys (at -inf). `topk` returns some of the keys tied at the k-th score: their slots
+    get the lowest-index tied keys instead (the rule), by a binary search in the running count of the tied keys."""
+    if width >= scores.shape[-1]:
+        return torch.arange(scores.shape[-1], device=scores.device).expand(scores.shape), scores
+    indices, threshold = _top_width(scores, visible, _keep(knn_k, scores, visible), width)
+    kept_scores = scores.gather(-1, indices)
+    tied = kept_scores == threshold  # as many slots as kept tied keys
+    running = torch.eq(scores, threshold, out=torch.empty_like(scores)).cumsum(dim=-1)  # exact below 2**24 keys
+    lowest = torch.searchsorted(running, tied.cumsum(dim=-1, dtype=running.dtype))
+    return torch.where(tied, lowest, indices), kept_scores
 
 
 def _scores(
@@ -188,12 +247,22 @@ def _scores(
     return scores
 
 
-def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value."""
+def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None, kept: torch.Tensor | None = None):
+    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value.
+
+    With a float mask `kept`, the softmax over the keys where it is 1 as `(weights, total)`, weights / total: the
+    callers divide their (C, D) results rather than the (C, Tk) weights. A softmax of every key times the mask, as the
+    largest visible score is always kept: the exponentials are those of the masked softmax, with no masked fill."""
     if sinks is None:
-        return torch.softmax(scores, dim=-1)
-    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        weights, sink = torch.softmax(scores, dim=-1), 0.0
+    else:
+        sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)
+        weights, sink = weights[..., :-1], weights[..., -1:]
+    if kept is None:
+        return weights
+    weights = weights.mul_(kept)
+    return weights, weights.sum(dim=-1, keepdim=True) + sink
 
 
 def _chunk_mask(
@@ -217,23 +286,45 @@ def _reduce_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return grad.sum(dim=dims, keepdim=True) if dims else grad
 
 
-class _KnnAttentionFunction(torch.autograd.Function):
-    """Chunked exact k-NN attention whose backward recomputes each chunk's scores (as flash attention does).
+def _saves_kept_keys(knn_k: int | float, max_k: int, head_dim: int, softcap: float | None, dropout: float) -> bool:
+    """Whether the backward reads each query's kept keys (int32 indices and probabilities, saved by the forward)
+    instead of recomputing the scores: for an integer k of at most the head width (then at most twice the query's
+    bytes: linear in the length), without soft-capping or dropout (whose backward needs more)."""
+    return isinstance(knn_k, int) and max_k <= head_dim and softcap is None and dropout == 0.0
 
-    The forward keeps, per query, the k-th largest visible score and a tie cutoff; the backward recomputes the chunk's
-    scores with the same function, rebuilds the kept set from them (no top-k) and the probabilities with the same
-    softmax. Dropout masks are drawn again from the generator state the forward started from.
+
+def _knn_chunk_size(cap: int, batch: int, heads: int, num_keys: int, itemsize: int) -> int:
+    """Queries per chunk: as many as keep `_KNN_CHUNK_BUFFERS` (B, H, C, Tk) buffers within `_KNN_CHUNK_BUDGET`
+    bytes, at least 1 and at most `cap` (`knn_chunk_size`)."""
+    return max(1, min(cap, _KNN_CHUNK_BUDGET // max(1, batch * heads * num_keys * itemsize * _KNN_CHUNK_BUFFERS)))
+
+
+class _KnnAttentionFunction(torch.autograd.Function):
+    """Chunked exact k-NN attention whose backward holds no (Tq, Tk) tensor (as flash attention).
+
+    For a small integer k (`_saves_kept_keys`) the forward saves each query's kept keys and probabilities, (B, H, Tq,
+    k), and the backward scatters them into a chunk for its matmuls. Otherwise it saves, per query, the k-th largest
+    visible score and a tie cutoff, and the backward recomputes the chunk's scores with the same function, rebuilds
+    the kept set from them (no top-k) and the probabilities with the same softmax. Dropout masks are drawn again from
+    the generator state the forward started from.
     """
 
     @staticmethod
     def forward(
         ctx, query, key, value, visible, bias, sinks, causal, scaling, softcap, knn_k, chunk_size, dropout, rng
     ):
-        batch, heads, q_len, _ = query.shape
+        (batch, heads, q_len, _), num_keys = query.shape, key.shape[-2]
         stat_dtype = torch.promote_types(query.dtype, torch.float32)
+        max_k = _max_knn_k(knn_k, num_keys)
+        save_kept = _saves_kept_keys(knn_k, max_k, query.shape[-1], softcap, dropout)
         output = query.new_empty(batch, heads, q_len, value.shape[-1])
-        thresholds = torch.empty(batch, heads, q_len, 1, dtype=stat_dtype, device=query.device)
-        cutoffs = torch.full_like(thresholds, key.shape[-2], dtype=torch.long)  # no ties: every tied key is kept
+        shape = (batch, heads, q_len, max_k if save_kept else 1)
+        stats = (  # kept indices and probabilities, or thresholds and tie cutoffs (default: every tied key kept)
+            torch.empty(shape, dtype=torch.int32, device=query.device),
+            torch.empty(shape, dtype=stat_dtype, device=query.device),
+        )[:: 1 if save_kept else -1]
+        if not save_kept:
+            stats[1].fill_(num_keys)
         generator = None
         if dropout > 0.0:  # drawn from a copy of `rng`, whose state the backward replays
             rng = rng or _default_generator(query.device)
@@ -242,70 +333,92 @@ class _KnnAttentionFunction(torch.autograd.Function):
             ctx.rng_state = generator.get_state()
         for start in range(0, q_len, chunk_size):
             stop = min(start + chunk_size, q_len)
-            end, chunk_visible = _chunk_mask(visible, causal, start, stop, key.shape[-2], query.device)
+            end, chunk_visible = _chunk_mask(visible, causal, start, stop, num_keys, query.device)
             chunk_bias = None if bias is None else bias[:, :, start:stop, :end]
             scores = _scores(query[:, :, start:stop], key[:, :, :end], chunk_visible, chunk_bias, scaling, softcap)
-            rejected, thresholds[:, :, start:stop], cutoff = _knn_keep(
-                scores, chunk_visible, knn_k, _max_knn_k(knn_k, end)
-            )
-            if cutoff is not None:
-                cutoffs[:, :, start:stop] = cutoff
-            probs = _softmax(scores.masked_fill_(rejected, -math.inf), sinks)  # (B, H, C, Tk')
-            del rejected, scores
+            width, total = _max_knn_k(knn_k, end), None
+            if save_kept:
+                indices, kept_scores = _knn_kept_keys(scores, chunk_visible, knn_k, width)
+                probs = _softmax(kept_scores, sinks)  # (B, H, C, width)
+                stats[0][:, :, start:stop, :width], stats[1][:, :, start:stop, :width] = indices, probs
+                probs = scores.zero_().scatter_(-1, indices, probs)  # (B, H, C, Tk')
+            else:
+                threshold, cutoff, kept = _knn_threshold(scores, chunk_visible, knn_k, width)
+                stats[0][:, :, start:stop] = threshold
+                if cutoff is not None:
+                    stats[1][:, :, start:stop] = cutoff
+                kept = _kept_mask(scores, threshold, cutoff) if kept is None else kept
+                probs, total = _softmax(scores, sinks, kept)  # P = probs / total
+            del scores
             if generator is not None:
                 probs = probs * (torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout)
                 probs = probs / (1.0 - dropout)
-            output[:, :, start:stop] = torch.matmul(probs.to(value.dtype), value[:, :, :end])
+            chunk_output = torch.matmul(probs.to(value.dtype), value[:, :, :end])
+            output[:, :, start:stop] = chunk_output if total is None else chunk_output / total
             del probs
         if generator is not None:  # `rng` moves on as if the masks had been drawn from it
             rng.set_state(generator.get_state())
-        ctx.save_for_backward(query, key, value, visible, bias, sinks, thresholds, cutoffs)
-        ctx.options = causal, scaling, softcap, chunk_size, dropout
+        ctx.save_for_backward(query, key, value, visible, bias, sinks, *stats)
+        ctx.options = causal, scaling, softcap, knn_k, chunk_size, dropout, save_kept
         return output
 
     @staticmethod
     def backward(ctx, grad_output):
-        query, key, value, visible, bias, sinks, thresholds, cutoffs = ctx.saved_tensors
-        causal, scaling, softcap, chunk_size, dropout = ctx.options
+        query, key, value, visible, bias, sinks, *stats = ctx.saved_tensors
+        causal, scaling, softcap, knn_k, chunk_size, dropout, save_kept = ctx.options
         generator = None
         if dropout > 0.0:
             generator = torch.Generator(device=query.device)
             generator.set_state(ctx.rng_state)
         grad_query, grad_key, grad_value = torch.empty_like(query), torch.zeros_like(key), torch.zeros_like(value)
         grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[4] else None
-        grad_sinks = torch.zeros_like(sinks, dtype=thresholds.dtype) if ctx.needs_input_grad[5] else None
+        stat_dtype = torch.promote_types(query.dtype, torch.float32)
+        grad_sinks = torch.zeros_like(sinks, dtype=stat_dtype) if ctx.needs_input_grad[5] else None
         for start in range(0, query.shape[2], chunk_size):
             stop = min(start + chunk_size, query.shape[2])
             end, chunk_visible = _chunk_mask(visible, causal, start, stop, key.shape[-2], query.device)
             chunk_query, chunk_key, chunk_value = query[:, :, start:stop], key[:, :, :end], value[:, :, :end]
             chunk_bias = None if bias is None else bias[:, :, start:stop, :end]
-            raw = None if softcap is None else torch.matmul(chunk_query * scaling, chunk_key.transpose(-1, -2))
-            scores = _scores(chunk_query, chunk_key, chunk_visible, chunk_bias, scaling, softcap)
-            rejected = _rejected_by_threshold(scores, thresholds[:, :, start:stop], cutoffs[:, :, start:stop])
-            probs = _softmax(scores.masked_fill_(rejected, -math.inf), sinks)  # the forward's P
-            del rejected, scores
             grad_out = grad_output[:, :, start:stop]  # (B, H, C, D)
-            grad_probs = torch.matmul(grad_out, chunk_value.transpose(-1, -2)).to(probs.dtype)  # (B, H, C, Tk')
-            used = probs
-            if generator is not None:  # the output used P ∘ M / (1 - p)
-                kept = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
-                used = probs * kept / (1.0 - dropout)
-                grad_probs = grad_probs * kept / (1.0 - dropout)
-            grad_value[:, :, :end] += torch.matmul(used.to(value.dtype).transpose(-1, -2), grad_out)
-            # Softmax backward dS = P ∘ (dP - rowsum(P ∘ dP)); a sink has no value, so its dP is 0.
-            grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (B, H, C, Tk')
+            grad_probs = torch.matmul(grad_out, chunk_value.transpose(-1, -2)).to(stat_dtype)  # (B, H, C, Tk')
+            if save_kept:  # the softmax backward on the kept keys only (the others have P = dS = 0)
+                width = _max_knn_k(knn_k, end)
+                indices = stats[0][:, :, start:stop, :width].long()
+                probs = stats[1][:, :, start:stop, :width]  # (B, H, C, width)
+                dense = probs.new_zeros(*indices.shape[:-1], end).scatter_(-1, indices, probs)  # P
+                grad_value[:, :, :end] += torch.matmul(dense.to(value.dtype).transpose(-1, -2), grad_out)
+                grad_probs = grad_probs.gather(-1, indices)
+                grad_scores = dense.scatter_(
+                    -1, indices, torch._softmax_backward_data(grad_probs, probs, -1, stat_dtype)
+                )
+            else:
+                scores = _scores(chunk_query, chunk_key, chunk_visible, chunk_bias, scaling, softcap)
+                kept = _kept_mask(scores, stats[0][:, :, start:stop], stats[1][:, :, start:stop])
+                probs, total = _softmax(scores, sinks, kept)
+                probs = probs.div_(total)  # the forward's P
+                del scores, kept
+                used = probs
+                if generator is not None:  # the output used P ∘ M / (1 - p)
+                    kept = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
+                    used = probs * kept / (1.0 - dropout)
+                    grad_probs = grad_probs * kept / (1.0 - dropout)
+                grad_value[:, :, :end] += torch.matmul(used.to(value.dtype).transpose(-1, -2), grad_out)
+                del used
+                # Softmax backward dS = P ∘ (dP - rowsum(P ∘ dP)); a sink has no value, so its dP is 0.
+                grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, stat_dtype)  # (B, H, C, Tk')
             if grad_sinks is not None:
                 row = (probs * grad_probs).sum(dim=-1, keepdim=True)
                 grad_sinks -= ((1.0 - probs.sum(dim=-1, keepdim=True)) * row).sum(dim=(0, 2, 3))
-            del probs, grad_probs, used
+            del probs, grad_probs
             if grad_bias is not None:
                 grad_bias[:, :, start:stop, :end] += _reduce_to(grad_scores, chunk_bias.shape).to(bias.dtype)
-            if softcap is not None:
-                grad_scores = grad_scores * (1 - torch.tanh(raw.to(grad_scores.dtype) / softcap) ** 2)
+            if softcap is not None:  # through softcap · tanh(raw / softcap), `_scores` before the bias
+                raw = torch.matmul(chunk_query * scaling, chunk_key.transpose(-1, -2)).to(grad_scores.dtype)
+                grad_scores = grad_scores * (1 - torch.tanh(raw / softcap) ** 2)
             grad_scores = grad_scores.to(query.dtype)
             grad_query[:, :, start:stop] = torch.matmul(grad_scores, chunk_key).mul_(scaling)
             grad_key[:, :, :end] += torch.matmul(grad_scores.transpose(-1, -2), chunk_query * scaling)
-            del grad_scores, raw
+            del grad_scores
         grad_sinks = None if grad_sinks is None else grad_sinks.to(sinks.dtype)
         return grad_query, grad_key, grad_value, None, grad_bias, grad_sinks, *([None] * 7)
 
@@ -392,7 +505,7 @@ def knn_attention_forward(
     """
     config = getattr(module, "config", None)
     knn_k = check_knn_k(knn_k if knn_k is not None else getattr(config, "knn_k", None))
-    chunk_size = check_knn_chunk_size(knn_chunk_size or getattr(config, "knn_chunk_size", None))
+    max_chunk = check_knn_chunk_size(knn_chunk_size or getattr(config, "knn_chunk_size", None))
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if query.shape[1] != key.shape[1]:  # GQA: each key/value head serves H / Hkv query heads
         key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
@@ -405,6 +518,8 @@ def knn_attention_forward(
         args = (visible, bias, s_aux, causal, scaling, softcap, knn_k, dropout, generator, max_k)
         output, weights = _knn_attention_dense(query, key, value, *args)
         return output.transpose(1, 2).contiguous(), weights if output_attentions else None
+    itemsize = torch.promote_types(query.dtype, torch.float32).itemsize
+    chunk_size = _knn_chunk_size(max_chunk, query.shape[0], query.shape[1], key.shape[2], itemsize)
     output = _KnnAttentionFunction.apply(
         query, key, value, visible, bias, s_aux, causal, scaling, softcap, knn_k, chunk_size, dropout, generator
     )
