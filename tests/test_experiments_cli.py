@@ -260,7 +260,7 @@ def test_item12_missing_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys
 
 
 # Every number in a README comes from a committed results folder whose summary names the command that regenerates it.
-RESULTS = Path(__file__).resolve().parents[1] / "src" / "aot_transformers" / "experiments" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "experiments"
 
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in RESULTS.iterdir() if (p / "results.json").is_file()))
