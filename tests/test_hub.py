@@ -16,14 +16,8 @@ import yaml
 
 from aot_transformers import AoTConfig, AoTForCausalLM, AoTForImageClassification, export_model
 from aot_transformers.errors import UsageError
-from aot_transformers.hub import (
-    EXPORT_MANIFEST,
-    HubPushError,
-    card_template_path,
-    check_export_folder,
-    push_to_hub,
-    render_model_card,
-)
+from aot_transformers.hub import EXPORT_MANIFEST, HubPushError, check_export_folder, push_to_hub
+from aot_transformers.model_card import card_for_folder, card_template, render_model_card
 from conftest import tiny_config
 
 # What the Hub's metadata validation accepts (a subset of its license list; the checks it makes on a model card).
@@ -234,11 +228,28 @@ def lm_card(**overrides):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_card_template_lives_in_model_cards():
-    path = card_template_path()
-    assert path.name == "aot_model_card.md" and path.parent.name == "model_cards"
-    repository_template = Path(__file__).resolve().parents[1] / "model_cards" / "aot_model_card.md"
-    assert path.resolve() == repository_template.resolve()  # the packaged symlink points at model_cards/
+def test_card_template_is_a_file_of_the_package_itself():
+    from importlib import resources
+
+    template = resources.files("aot_transformers").joinpath("model_card_template.md")
+    assert template.is_file() and not Path(str(template)).is_symlink()  # package data, no link out of the package
+    assert card_template() == template.read_text(encoding="utf-8") and "{{ card_data }}" in card_template()
+
+
+def test_card_for_a_folder_carries_training_and_aot_eval_results(tmp_path):
+    folder = export_model(AoTForCausalLM(tiny_config()), tmp_path / "m")
+    results = {
+        "validation": {"perplexity": 9.5, "source": {"type": "training", "path": "tiny-corpus"}},
+        "ptb": {"loss": 5.1, "acc": "not a number", "source": {"type": "file", "path": "/data/ptb.valid.txt"}},
+    }
+    (folder / "results.json").write_text(json.dumps({"results": results, "settings": {"max_length": 64}}))
+    metadata = yaml.safe_load(str(card_for_folder(folder, "me/m")).split("---")[1])
+    metrics = {(r["dataset"]["name"], m["type"], m["value"]) for r in metadata["model-index"][0]["results"]
+               for m in r["metrics"]}  # fmt: skip
+    assert metrics == {("tiny-corpus", "perplexity", 9.5), ("Penn Treebank (ptb.valid.txt)", "loss", 5.1)}
+    (folder / "results.json").write_text('{"results": {"ptb": 3}}')
+    with pytest.raises(UsageError, match="results.json: not an `aot eval` results file"):
+        card_for_folder(folder)
 
 
 def test_lm_card_metadata_and_sections():
@@ -585,8 +596,7 @@ def test_unknown_hub_strategy_and_bad_repo_id_are_refused(tmp_path, capsys):
 
 
 def test_evaluation_results_go_to_model_index_and_eval_results(tmp_path):
-    from aot_transformers.evaluation.model_card import update_model_card
-    from aot_transformers.evaluation.runner import EvaluationReport
+    from aot_transformers.evaluation import EvaluationReport, update_model_card
 
     report = EvaluationReport(
         model="m",

@@ -1,6 +1,5 @@
 """Export of AoT models as self-contained folders that load with `trust_remote_code=True`, and publishing them to
-the Hugging Face Hub. (Model cards live in `aot_transformers.evaluation.model_card`; their functions are
-re-exported here.)
+the Hugging Face Hub (model cards are rendered by `aot_transformers.model_card`).
 
 - `export_model` writes a folder atomically (temporary folder, then rename);
 - `push_to_hub` uploads a folder with `HfApi.upload_folder` and deliberate ignore patterns (hidden files except the
@@ -22,7 +21,7 @@ from typing import Any
 
 from ._io import CODE_FILES, EVAL_RESULTS_DIR, STAGING_MARKER, atomic_folder, is_pickle_name
 from .errors import RunError, UsageError
-from .evaluation.model_card import card_for_folder, card_template_path, render_model_card
+from .model_card import card_for_folder
 from .modeling_aot import AoTPreTrainedModel
 
 # What never leaves the machine in a model push: Trainer checkpoints and logs, caches, pickles (optimizer state and
@@ -435,12 +434,9 @@ def upload_checkpoint(
 __all__ = [
     "HubPushError",
     "PushResult",
-    "card_for_folder",
-    "card_template_path",
     "check_export_folder",
     "export_model",
     "non_finite_weights",
     "push_to_hub",
-    "render_model_card",
     "upload_checkpoint",
 ]
