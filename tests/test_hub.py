@@ -527,6 +527,30 @@ def test_push_uploads_eval_results_and_leaves_local_state_behind(hub, exported):
     assert not files & left_out and not set(result.files) & left_out
 
 
+def test_a_trainer_output_folder_is_pushed_without_training_args_and_verify_says_what_to_do(hub, tmp_path, caplog):
+    from transformers import Trainer, TrainingArguments
+
+    from aot_transformers.verify import verify_folder
+
+    folder = tmp_path / "trainer"
+    args = TrainingArguments(str(folder), report_to=[], use_cpu=True)
+    Trainer(model=AoTForCausalLM(tiny_config()), args=args).save_model(str(folder))
+    assert (folder / "training_args.bin").is_file()
+    problems = verify_folder(folder).problems()
+    assert problems == [
+        "training_args.bin is a pickle (Trainer's pickled TrainingArguments: loading the model never reads it and "
+        "`aot push` leaves it out; delete it (or move it out of the folder) to pass)"
+    ]
+    with caplog.at_level("WARNING", logger="aot_transformers.hub"):
+        result = push_to_hub(folder, "someone/trained", token="hf_test", endpoint=hub.url)
+    notices = [record.getMessage() for record in caplog.records if record.name == "aot_transformers.hub"]
+    assert len(notices) == 1 and notices[0].startswith("Leaving training_args.bin out of the push")
+    files = set(hub.committed_files("someone/trained"))
+    assert "training_args.bin" not in files | set(result.files) and {"model.safetensors", "README.md"} <= files
+    (folder / "training_args.bin").unlink()
+    assert verify_folder(folder).ok
+
+
 def test_push_to_a_branch_of_a_private_repo(hub, exported):
     push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=hub.url, private=True, revision="v1")
     assert hub.private["someone/tiny"] is True

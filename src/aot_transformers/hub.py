@@ -13,6 +13,7 @@ Every Hub call takes an `endpoint`, so the same code talks to the Hub, a private
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from ._io import CODE_FILES, EVAL_RESULTS_DIR, STAGING_MARKER, atomic_folder, is
 from .errors import RunError, UsageError
 from .model_card import card_for_folder
 from .modeling_aot import AoTPreTrainedModel
+
+logger = logging.getLogger(__name__)
 
 # What never leaves the machine in a model push: Trainer checkpoints and logs, caches, pickles (optimizer state and
 # `training_args.bin` execute code when unpickled; the model itself is safetensors).
@@ -287,10 +290,10 @@ def check_push_contents(folder: Path, names: list[str], escaping: list[str]) -> 
     Raises:
         UsageError: One line naming every offending file; nothing has been uploaded.
     """
-    from .verify import verify_folder
+    from .verify import pickle_note, verify_folder
 
     problems = [f"{name} is a link to a folder or out of {folder}" for name in escaping]
-    problems += [f"{name} is a pickle (can run arbitrary code when loaded)" for name in names if is_pickle_name(name)]
+    problems += [f"{name} is a pickle ({pickle_note(name)})" for name in names if is_pickle_name(name)]
     # The code checks of `aot verify` (a LoRA adapter folder must hold no code); its pickle check is the one above,
     # on the files that would be uploaded: Trainer state that stays local is no reason to refuse.
     problems += [problem for problem in verify_folder(folder).problems() if "is a pickle" not in problem]
@@ -315,10 +318,11 @@ def push_to_hub(
     """Upload an exported model folder to a Hub repository (created if needed) with `HfApi.upload_folder`.
 
     Nothing is uploaded when the folder holds a symbolic link out of it, a pickle that would be uploaded (`*.bin`,
-    `*.pt`, … in any case; Trainer checkpoints and `training_args.bin` stay local), or code that `aot verify` does
-    not pass (`UsageError`). The folder is read, never written: when it has no `README.md`, a model card rendered
-    from its config is uploaded from memory in a second commit. Whatever fails (network, authentication, a card the
-    Hub refuses, server error), the local folder is left as it was and `HubPushError` says what went wrong.
+    `*.pt`, … in any case; Trainer checkpoints stay local, and so does `training_args.bin`, with a logged notice), or
+    code that `aot verify` does not pass (`UsageError`). The folder is read, never written: when it has no
+    `README.md`, a model card rendered from its config is uploaded from memory in a second commit. Whatever fails
+    (network, authentication, a card the Hub refuses, server error), the local folder is left as it was and
+    `HubPushError` says what went wrong.
 
     Args:
         folder: A folder written by `export_model` or by `aot train`.
@@ -354,6 +358,11 @@ def push_to_hub(
         raise UsageError(f"{folder} cannot be read ({type(error).__name__}: {error}).") from None
     names = list(filter_repo_objects(relative, ignore_patterns=ignore))
     check_push_contents(folder, names, list(filter_repo_objects(escaping, ignore_patterns=ignore)))
+    if "training_args.bin" in relative:  # a Trainer / TRL output folder
+        logger.warning(
+            "Leaving training_args.bin out of the push: it is Trainer's pickled TrainingArguments, which loading the "
+            "model never reads (you may delete it)."
+        )
     card = None
     if not (folder / "README.md").is_file() and not (folder / "adapter_config.json").is_file():
         try:
