@@ -204,16 +204,6 @@ class PushResult:
     files: list[str]
 
 
-def _read_config(path: Path) -> dict:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"{path} cannot be read as JSON ({type(error).__name__}: {error}).") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"{path} holds a JSON {type(config).__name__}, not an object: not a model config.")
-    return config
-
-
 def check_export_folder(folder: str | os.PathLike) -> Path:
     """Check that `folder` is a complete AoT export (config with `auto_map`, safetensors weights, code files) or a
     LoRA adapter folder (`adapter_config.json` + safetensors adapter weights).
@@ -221,20 +211,22 @@ def check_export_folder(folder: str | os.PathLike) -> Path:
     Raises:
         UsageError: It is neither (bad input: `aot push` exits with 2).
     """
+    from .verify import read_config
+
     folder = Path(folder)
     if not folder.exists():
         raise UsageError("no such folder", argument="folder", value=str(folder))
     if not folder.is_dir():
         raise UsageError("not a folder", argument="folder", value=str(folder))
     if (folder / "adapter_config.json").is_file():
-        _read_config(folder / "adapter_config.json")
+        read_config(folder / "adapter_config.json", "`aot push` needs a saved adapter")
         if not any(folder.glob("adapter_model*.safetensors")):
             raise UsageError(f"{folder} is a LoRA adapter folder without adapter_model.safetensors.")
         return folder
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise UsageError(f"{folder} has no config.json: it is not a saved model folder.")
-    config = _read_config(config_file)
+    config = read_config(config_file, "`aot push` needs the config.json of a saved model")
     missing = [name for name in CODE_FILES if not (folder / name).is_file()]
     if "auto_map" not in config or missing:
         raise UsageError(

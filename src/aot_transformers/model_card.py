@@ -1,15 +1,14 @@
 """Model cards of AoT models, in one place: rendering a card for an exported or trained model (the template
 `model_card_template.md` shipped in the package, metadata through `huggingface_hub.ModelCard`/`ModelCardData`), the
 `results.json` of a training run, and adding `aot eval` results to a card (`model-index` metadata and a table) and to
-the Hub's `.eval_results/` folder. Shared by `training/`, `evaluation/` and `hub.py`; it imports none of them.
+the Hub's `.eval_results/` folder. Shared by `training/`, `evaluation/` and `hub.py`; it imports none of them. A
+report is anything with `results` (task or split -> metrics and `source`), `settings` and `date`: the
+`EvaluationReport` of `aot eval`, or a `results.json` as `card_for_folder` reads it.
 
 Metadata is what the Hub accepts: `base_model` only as a Hub repository id (a local base is described in the text),
 a known `license`, `model-index` entries with task, dataset and metrics. When results are added, existing card
 content is kept: results of other datasets or metrics stay, results of the same task, dataset and metric are
 replaced, and the markdown table lives between two HTML comments so a later run replaces it in place.
-
-A report is anything with `results` (task or split -> metrics and `source`), `settings` and `date`: the
-`EvaluationReport` of `aot eval`, or a `results.json` as `card_for_folder` reads it.
 """
 
 from __future__ import annotations
@@ -264,10 +263,8 @@ def card_for_folder(folder: str | os.PathLike, repo_id: str | None = None):
 
     folder = Path(folder)
     config = AoTConfig.from_pretrained(folder)
-    report = None
-    if (folder / "results.json").is_file():
-        payload = read_results_file(folder / "results.json")
-        report = SimpleNamespace(results=payload["results"], settings=payload.get("settings", {}), date="")
+    results_file = folder / "results.json"
+    report = SimpleNamespace(**{"settings": {}, **read_results_file(results_file)}) if results_file.is_file() else None
     card = render_model_card(
         config,
         model_name=(repo_id or folder.name).split("/")[-1],
@@ -283,12 +280,8 @@ def card_for_folder(folder: str | os.PathLike, repo_id: str | None = None):
 
 
 def read_results_file(path: str | os.PathLike) -> dict[str, Any]:
-    """The payload of a `results.json` (of `aot eval lm` or of a training run): a `results` mapping of task or split
-    to metrics with a `source` mapping, and `settings`.
-
-    Raises:
-        UsageError: The file is missing, unreadable, not JSON, or not in that layout (naming the file).
-    """
+    """The payload of a `results.json` (of `aot eval lm` or of a training run): `results` maps each task or split to
+    metrics and a `source` mapping. `UsageError` (naming the file) when it is missing, unreadable or not that."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"results file not found: {path}")

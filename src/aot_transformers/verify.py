@@ -154,13 +154,17 @@ class VerifyReport:
         return out
 
 
-def _read_json(path: Path, what: str) -> Any:
+def read_config(path: Path, what: str) -> dict:
+    """The JSON object in `path`, or a `UsageError` naming the file, what is wrong with it, and then `what`."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise UsageError(f"{path} is not valid JSON (line {error.lineno}): {error.msg}; {what}.") from None
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"{path} cannot be read ({type(error).__name__}: {error}); {what}.") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{path} holds a JSON {type(config).__name__}, not an object: not a model config.")
+    return config
 
 
 def _auto_map_entries(auto_map: Any) -> list[tuple[str, Any]]:
@@ -235,9 +239,7 @@ def verify_folder(folder: str | Path) -> VerifyReport:
         config_path = adapter_path
     if not config_path.is_file():
         raise UsageError(f"{config_path} not found: `aot verify` needs a saved model folder.")
-    config = _read_json(config_path, "`aot verify` needs the config.json of a saved model")
-    if not isinstance(config, dict):
-        raise UsageError(f"{config_path} holds a JSON {type(config).__name__}, not an object: not a model config.")
+    config = read_config(config_path, "`aot verify` needs the config.json of a saved model")
 
     report = VerifyReport(folder=folder)
     if adapter:
