@@ -216,7 +216,7 @@ def test_summary_command_round_trips_boolean_options():
     assert (args.save_model, args.layer, args.data_dir, args.num_images) == (False, -1, "d", 6)
 
 
-# Issue 18 item 12: every bad input to `aot inspect` and `aot experiment` is one line and exit code 2.
+# Every bad input to `aot inspect` and `aot experiment` is one line and exit code 2.
 
 
 @pytest.fixture
@@ -243,7 +243,7 @@ def junk(tmp_path):
         (["experiment", "knn", "--threads", "0"], "threads"),
     ],
 )
-def test_item12_bad_inspect_and_experiment_input_is_one_line(junk, capsys, argv, needle):
+def test_bad_inspect_and_experiment_input_is_one_line_exit_2(junk, capsys, argv, needle):
     argv = [part.format(root=junk) for part in argv]
     try:
         code = main(argv)
@@ -254,7 +254,7 @@ def test_item12_bad_inspect_and_experiment_input_is_one_line(junk, capsys, argv,
 
 
 @pytest.mark.parametrize("argv", [["inspect", "aot-mssa-l-tiny"], ["experiment", "denoising"]])
-def test_item12_missing_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys, argv):
+def test_missing_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys, argv):
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     code = main([*argv, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
