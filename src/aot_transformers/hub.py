@@ -1,6 +1,5 @@
 """Export of AoT models as self-contained folders that load with `trust_remote_code=True`, and publishing them to
-the Hugging Face Hub. (Model cards live in `aot_transformers.evaluation.model_card`; their functions are
-re-exported here.)
+the Hugging Face Hub (model cards are rendered by `aot_transformers.model_card`).
 
 - `export_model` writes a folder atomically (temporary folder, then rename);
 - `push_to_hub` uploads a folder with `HfApi.upload_folder` and deliberate ignore patterns (hidden files except the
@@ -13,24 +12,21 @@ Every Hub call takes an `endpoint`, so the same code talks to the Hub, a private
 
 from __future__ import annotations
 
-import glob
 import json
+import logging
 import os
 import shutil
-import socket
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._io import CODE_FILES, EVAL_RESULTS_DIR, STAGING_MARKER, atomic_folder, is_pickle_name
 from .errors import RunError, UsageError
-from .evaluation.model_card import card_for_folder, card_template_path, render_model_card
+from .model_card import card_for_folder
 from .modeling_aot import AoTPreTrainedModel
 
-CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
-EVAL_RESULTS_DIR = ".eval_results"
+logger = logging.getLogger(__name__)
+
 # What never leaves the machine in a model push: Trainer checkpoints and logs, caches, pickles (optimizer state and
 # `training_args.bin` execute code when unpickled; the model itself is safetensors).
 PUSH_IGNORE_PATTERNS = [
@@ -51,97 +47,6 @@ PUSH_IGNORE_PATTERNS = [
 
 
 EXPORT_MANIFEST = ".aot_export.json"  # written by every export: marks the folder as ours and lists its files
-STAGING_MARKER = ".aot_staging"  # inside a staging folder while it is written: the pid and host writing it
-
-
-@contextmanager
-def atomic_folder(target: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
-    """Yield a temporary folder beside `target`; when the block ends without error, it replaces `target` in one
-    rename (an existing folder is kept until then, and survives any failure); on error it is removed.
-
-    Staging folders that an earlier, killed writer left beside `target` are removed first (those whose
-    `STAGING_MARKER` names a process of this host that no longer runs)."""
-    target = Path(target)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists; pass overwrite=True to replace it.")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(target)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        (staging / STAGING_MARKER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
-        yield staging
-        (staging / STAGING_MARKER).unlink()
-        _fsync_tree(staging)
-        backup = None
-        if target.exists():
-            backup = target.with_name(f".{target.name}.old")
-            shutil.rmtree(backup, ignore_errors=True)
-            target.rename(backup)
-        staging.rename(target)
-        _fsync_directory(target.parent)
-        if backup is not None:
-            shutil.rmtree(backup, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def remove_stale_staging(target: str | os.PathLike) -> list[Path]:
-    """Remove the staging folders of `target` (`.<name>.*` beside it) left by a writer that was killed: those whose
-    marker names a dead process of this host, and the `.<name>.old` backup of a rename interrupted after the new
-    folder was in place. Returns the folders removed."""
-    target = Path(target)
-    removed = []
-    if not target.parent.is_dir():
-        return removed
-    for path in target.parent.glob(f".{glob.escape(target.name)}.*"):
-        if not path.is_dir():
-            continue
-        stale = path.name == f".{target.name}.old" and target.is_dir()
-        marker = path / STAGING_MARKER
-        if marker.is_file():
-            try:
-                owner = json.loads(marker.read_text())
-                stale = owner.get("host") == socket.gethostname() and not _process_alive(int(owner["pid"]))
-            except (OSError, ValueError, KeyError, TypeError):
-                stale = False  # unreadable: possibly being written right now; left alone
-        if stale:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
-
-
-def _fsync_directory(folder: Path) -> None:
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:  # platforms without directory descriptors
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file of `folder` to disk before it is renamed into place (a power loss then leaves the old folder
-    or the complete new one, never a folder of empty files)."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    _fsync_directory(folder)
 
 
 def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathLike, ...] = ()) -> Path:
@@ -299,16 +204,6 @@ class PushResult:
     files: list[str]
 
 
-def _read_config(path: Path) -> dict:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"{path} cannot be read as JSON ({type(error).__name__}: {error}).") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"{path} holds a JSON {type(config).__name__}, not an object: not a model config.")
-    return config
-
-
 def check_export_folder(folder: str | os.PathLike) -> Path:
     """Check that `folder` is a complete AoT export (config with `auto_map`, safetensors weights, code files) or a
     LoRA adapter folder (`adapter_config.json` + safetensors adapter weights).
@@ -316,20 +211,22 @@ def check_export_folder(folder: str | os.PathLike) -> Path:
     Raises:
         UsageError: It is neither (bad input: `aot push` exits with 2).
     """
+    from .verify import read_config
+
     folder = Path(folder)
     if not folder.exists():
         raise UsageError("no such folder", argument="folder", value=str(folder))
     if not folder.is_dir():
         raise UsageError("not a folder", argument="folder", value=str(folder))
     if (folder / "adapter_config.json").is_file():
-        _read_config(folder / "adapter_config.json")
+        read_config(folder / "adapter_config.json", "`aot push` needs a saved adapter")
         if not any(folder.glob("adapter_model*.safetensors")):
             raise UsageError(f"{folder} is a LoRA adapter folder without adapter_model.safetensors.")
         return folder
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise UsageError(f"{folder} has no config.json: it is not a saved model folder.")
-    config = _read_config(config_file)
+    config = read_config(config_file, "`aot push` needs the config.json of a saved model")
     missing = [name for name in CODE_FILES if not (folder / name).is_file()]
     if "auto_map" not in config or missing:
         raise UsageError(
@@ -385,10 +282,10 @@ def check_push_contents(folder: Path, names: list[str], escaping: list[str]) -> 
     Raises:
         UsageError: One line naming every offending file; nothing has been uploaded.
     """
-    from .verify import is_pickle_name, verify_folder
+    from .verify import pickle_note, verify_folder
 
     problems = [f"{name} is a link to a folder or out of {folder}" for name in escaping]
-    problems += [f"{name} is a pickle (can run arbitrary code when loaded)" for name in names if is_pickle_name(name)]
+    problems += [f"{name} is a pickle ({pickle_note(name)})" for name in names if is_pickle_name(name)]
     # The code checks of `aot verify` (a LoRA adapter folder must hold no code); its pickle check is the one above,
     # on the files that would be uploaded: Trainer state that stays local is no reason to refuse.
     problems += [problem for problem in verify_folder(folder).problems() if "is a pickle" not in problem]
@@ -413,10 +310,11 @@ def push_to_hub(
     """Upload an exported model folder to a Hub repository (created if needed) with `HfApi.upload_folder`.
 
     Nothing is uploaded when the folder holds a symbolic link out of it, a pickle that would be uploaded (`*.bin`,
-    `*.pt`, … in any case; Trainer checkpoints and `training_args.bin` stay local), or code that `aot verify` does
-    not pass (`UsageError`). The folder is read, never written: when it has no `README.md`, a model card rendered
-    from its config is uploaded from memory in a second commit. Whatever fails (network, authentication, a card the
-    Hub refuses, server error), the local folder is left as it was and `HubPushError` says what went wrong.
+    `*.pt`, … in any case; Trainer checkpoints stay local, and so does `training_args.bin`, with a logged notice), or
+    code that `aot verify` does not pass (`UsageError`). The folder is read, never written: when it has no
+    `README.md`, a model card rendered from its config is uploaded from memory in a second commit. Whatever fails
+    (network, authentication, a card the Hub refuses, server error), the local folder is left as it was and
+    `HubPushError` says what went wrong.
 
     Args:
         folder: A folder written by `export_model` or by `aot train`.
@@ -452,6 +350,11 @@ def push_to_hub(
         raise UsageError(f"{folder} cannot be read ({type(error).__name__}: {error}).") from None
     names = list(filter_repo_objects(relative, ignore_patterns=ignore))
     check_push_contents(folder, names, list(filter_repo_objects(escaping, ignore_patterns=ignore)))
+    if "training_args.bin" in relative:  # a Trainer / TRL output folder
+        logger.warning(
+            "Leaving training_args.bin out of the push: it is Trainer's pickled TrainingArguments, which loading the "
+            "model never reads (you may delete it)."
+        )
     card = None
     if not (folder / "README.md").is_file() and not (folder / "adapter_config.json").is_file():
         try:
@@ -532,13 +435,9 @@ def upload_checkpoint(
 __all__ = [
     "HubPushError",
     "PushResult",
-    "atomic_folder",
-    "card_for_folder",
-    "card_template_path",
     "check_export_folder",
     "export_model",
     "non_finite_weights",
     "push_to_hub",
-    "render_model_card",
     "upload_checkpoint",
 ]

@@ -1,8 +1,7 @@
 """Results files: `results.json` and a markdown table in the layout of the AoT paper's Table 3.
 
 One `results.json` format for every folder the package writes: `aot eval lm` writes an `EvaluationReport`, and a
-training run writes the same keys (`model`, `model_info`, `settings` = the training settings, `results` = split ->
-metrics and data source, `versions`, `date`) plus Trainer's `metrics`; `read_results` reads both.
+training run writes the same keys (`aot_transformers.model_card.training_results_json`); `read_results` reads both.
 
 Files are written to a temporary name and renamed into place, so an interrupted run never leaves a partial file
 and an earlier results file survives a failed one.
@@ -10,19 +9,15 @@ and an earlier results file survives a failed one.
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
-import re
-import socket
-import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from .._io import atomic_write_text
 from ..errors import RunError
+from ..model_card import add_eval_results, read_results_file
 from .data import EvaluationError
 from .runner import EvaluationReport
 
@@ -94,59 +89,6 @@ def markdown_table(reports: Sequence[EvaluationReport], names: Sequence[str] | N
     return "\n".join(lines) + "\n"
 
 
-def _temporary_prefix(path: Path) -> str:
-    """The name prefix of this process's temporary files for `path`: `.<name>.<host>-<pid>.` (see
-    `remove_stale_temporaries`)."""
-    return f".{path.name}.{socket.gethostname()}-{os.getpid()}."
-
-
-def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files of `path` (`.<name>.<host>-<pid>.*` beside it) that a writer killed mid-write left
-    behind: those naming this host and a process that no longer runs. Returns the files removed."""
-    from ..hub import _process_alive
-
-    path = Path(path)
-    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(?P<host>.+)-(?P<pid>\d+)\.[^.]+$")
-    removed = []
-    host = socket.gethostname()
-    for candidate in path.parent.glob(f".{glob.escape(path.name)}.*") if path.parent.is_dir() else []:
-        match = pattern.match(candidate.name)
-        if match and match["host"] == host and not _process_alive(int(match["pid"])) and candidate.is_file():
-            candidate.unlink(missing_ok=True)
-            removed.append(candidate)
-    return removed
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, fsync it, rename it over `path` and fsync the folder: a kill
-    or a power loss leaves the old file or the new one, never a mix or an empty file. The temporary file names its
-    writer, so temporary files of a writer that was killed (SIGKILL runs no cleanup) are removed by the next write
-    (`remove_stale_temporaries`)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path)
-    handle, temporary = tempfile.mkstemp(prefix=_temporary_prefix(path), dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    try:
-        directory = os.open(path.parent, os.O_RDONLY)
-    except OSError:  # a platform without directory handles (Windows): the rename itself is still atomic
-        return
-    try:
-        os.fsync(directory)
-    except OSError:
-        pass
-    finally:
-        os.close(directory)
-
-
 class NonFiniteMetricError(RunError):
     """An evaluation produced a NaN or infinite metric (a diverged model): it is never written into a results table
     or a model card (exit code 1)."""
@@ -192,103 +134,35 @@ def read_results(path: str | os.PathLike) -> EvaluationReport:
     """Read a `results.json` written by `write_results` (or by a training run).
 
     Raises:
-        EvaluationError: The file is missing, unreadable, not JSON, or not a results file (naming what is wrong).
+        UsageError: The file is missing, unreadable, not JSON, or not a results file (naming what is wrong).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise EvaluationError(f"results file not found: {path}")
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise EvaluationError(f"{path}, line {error.lineno}: not JSON ({error.msg}).") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise EvaluationError(f"{path} cannot be read ({type(error).__name__}: {error}).") from None
+    payload = read_results_file(path)
     try:
         return EvaluationReport.from_dict(payload)
     except EvaluationError as error:
         raise EvaluationError(f"{path}: {error}") from None
 
 
-TRAINING_SOURCE = "training"
+def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, model_name: str | None = None) -> Path:
+    """Add the report to the card at `card_path` (a `README.md`, or a model folder holding one), creating it if
+    needed: `model-index` entries, the results table, and the Hub's `.eval_results/` (see
+    `model_card.add_eval_results`). Returns the card's path.
 
-
-def training_results_json(
-    model_name: str,
-    *,
-    task: str,
-    results: list[dict[str, Any]],
-    training: dict[str, Any],
-    metrics: dict[str, Any],
-    num_parameters: int | None = None,
-) -> str:
-    """The `results.json` of a training run, in the `EvaluationReport` layout.
-
-    Args:
-        model_name: Name of the model.
-        task: `"text-generation"` or `"image-classification"`.
-        results: The run's evaluation results, each `{"metric", "value", "split", "dataset"}`.
-        training: The training settings (as shown in the card).
-        metrics: Trainer's metrics (numbers only are kept).
-        num_parameters: Parameter count.
+    Raises:
+        NonFiniteMetricError: A metric of `report` is NaN or infinite; the card is not touched.
+        UsageError: The card cannot be read, or its folder does not exist.
     """
-    import torch
-    import transformers
-
-    from .. import __version__
-
-    by_split: dict[str, dict[str, Any]] = {}
-    for result in results:
-        entry = by_split.setdefault(
-            result.get("split") or "validation",
-            {
-                "task_type": task,
-                "source": {"type": TRAINING_SOURCE, "path": result.get("dataset"), "split": result.get("split")},
-            },
-        )
-        entry[result["metric"]] = result["value"]
-    report = EvaluationReport(
-        model=model_name,
-        results=by_split,
-        settings=dict(training),
-        model_info={"num_parameters": num_parameters, "task": task},
-        versions={
-            "aot-transformers": __version__,
-            "transformers": transformers.__version__,
-            "torch": torch.__version__,
-        },
-        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    )
-    payload = report.to_dict()
-    payload["metrics"] = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) or v is None}
-    return json.dumps(payload, indent=2, default=str) + "\n"
-
-
-def card_results(report: EvaluationReport) -> list[dict[str, Any]]:
-    """The training results of a report as the card's result entries (`aot eval` tasks become `model-index` through
-    `model_card.eval_results`)."""
-    entries = []
-    for split, result in report.results.items():
-        source = result.get("source", {})
-        if source.get("type") != TRAINING_SOURCE:
-            continue
-        for metric, value in result.items():
-            if metric in ("source", "task_type") or not isinstance(value, (int, float)) or not math.isfinite(value):
-                continue  # a non-finite number is never written into a card
-            name = source.get("path") or "custom"
-            entries.append({"metric": metric, "value": value, "split": split, "dataset": name, "dataset_type": name})
-    return entries
+    check_finite(report)
+    return add_eval_results(card_path, report, lambda name: markdown_table([report], names=[name]), model_name)
 
 
 __all__ = [
     "TABLE_COLUMNS",
     "NonFiniteMetricError",
-    "atomic_write_text",
-    "card_results",
     "check_finite",
     "markdown_table",
     "non_finite_metrics",
     "read_results",
-    "remove_stale_temporaries",
-    "training_results_json",
+    "update_model_card",
     "write_results",
 ]
