@@ -239,9 +239,8 @@ def finish_run(
     or image processor, code files, model card with `results` and the `training` summary, `results.json`, training
     curves), push it if asked, and save the metrics. Every process must call it (FSDP gathers its shards here); only
     the main process writes. Returns `metrics` with `final_model_dir`."""
-    from ..evaluation.model_card import render_model_card
-    from ..evaluation.results import training_results_json
     from ..hub import export_model, push_to_hub
+    from ..model_card import render_model_card, training_results_json
 
     trainer, training_args, publish_args, plan = run.trainer, run.training_args, run.publish_args, run.hub
     task, processor, lora, base_model = run.task, run.processor, run.lora, run.model_args.model_name_or_path
