@@ -742,6 +742,9 @@ def render_report(results: dict[str, Any], report_dir: Path) -> Path:
         if value.replace(".", "", 1).isdigit()
     ]
     threads = machine.get("threads")
+    per_section = results.get("threads", {})
+    if len(set(per_section.values())) > 1:  # sections measured with different thread counts: say which
+        threads = ", ".join(f"{count} ({name})" for name, count in per_section.items())
     quiet = bool(loads) and isinstance(threads, int) and max(loads) <= threads + 0.5
     load_note = (
         f"The load average stayed at {min(loads):.1f}–{max(loads):.1f} (the benchmark itself keeps {threads} "

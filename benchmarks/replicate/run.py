@@ -290,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         results[section] = summary
         results.setdefault("machine", summary.get("machine", machine()))  # the records', not this machine's
+        results.setdefault("threads", {})[section] = summary.get("machine", results["machine"])["threads"]
         results["sections"][section] = summary["meta"]
     args.work_dir.mkdir(parents=True, exist_ok=True)
     (args.work_dir / "results.json").write_text(json.dumps(results, indent=1))
