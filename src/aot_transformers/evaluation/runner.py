@@ -295,24 +295,20 @@ def evaluate_model(
     if limit is not None:
         datasets = {key: values[:limit] for key, values in datasets.items()}
 
+    tokenizer_given = tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike))
     if isinstance(model, torch.nn.Module):
-        if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
-            if tokenizer is None:
-                raise EvaluationError("a loaded model needs its tokenizer: pass `tokenizer`.")
+        if tokenizer is None:
+            raise EvaluationError("a loaded model needs its tokenizer: pass `tokenizer`.")
+        if not tokenizer_given:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=False)
-        lm, tok = model.eval(), tokenizer
+        lm, tok = (model.eval() if device is None else model.eval().to(device)), tokenizer
         name = model_name or getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
-        if device is not None:
-            lm = lm.to(device)
     else:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
-            lm, _ = load_model_and_tokenizer(model, None, device, trust_remote_code)
-            tok = tokenizer
-        else:
-            lm, tok = load_model_and_tokenizer(model, tokenizer, device, trust_remote_code)
+        lm, tok = load_model_and_tokenizer(model, None if tokenizer_given else tokenizer, device, trust_remote_code)
+        tok = tokenizer if tokenizer_given else tok
         name = model_name or os.fspath(model)
 
     scorer = LanguageModelScorer(
