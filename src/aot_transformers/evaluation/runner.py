@@ -22,16 +22,7 @@ from .scoring import LanguageModelScorer
 from .tasks import TASKS, TaskResult, load_source, parse_task_names, resolve_sources, run_task
 
 # Result fields that tables and cards read as numbers.
-_NUMERIC_FIELDS = (
-    "loss",
-    "perplexity",
-    "bits_per_byte",
-    "acc",
-    "acc_norm",
-    "last_word_perplexity",
-    "seconds",
-    "tokens",
-)
+_NUMERIC_FIELDS = "loss perplexity bits_per_byte acc acc_norm last_word_perplexity seconds tokens".split()
 # A Hub repository id: "name" or "owner/name" (anything else is a local path).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 

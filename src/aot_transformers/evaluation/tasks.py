@@ -173,10 +173,7 @@ def parse_task_names(tasks: str | Sequence[str] | None) -> list[str]:
     Raises:
         EvaluationError: For an unknown name; the message lists the valid ones.
     """
-    if tasks is None:
-        return list(TASKS)
-    names = [name.strip() for name in (tasks.split(",") if isinstance(tasks, str) else tasks)]
-    names = [name for name in names if name]
+    names = [name.strip() for name in (tasks.split(",") if isinstance(tasks, str) else tasks or []) if name.strip()]
     if not names or names == ["all"]:
         return list(TASKS)
     unknown = [name for name in names if name not in TASKS]
@@ -258,10 +255,7 @@ def resolve_sources(
             raise EvaluationError(f"two different sources for the {dataset} data: {overrides[dataset]} and {spec}.")
         overrides[dataset] = spec
     sources: dict[str, DataSource] = {}
-    for name in parse_task_names(list(tasks)):
-        key = TASKS[name].dataset
-        if key in sources:
-            continue
+    for key in dict.fromkeys(TASKS[name].dataset for name in parse_task_names(list(tasks))):
         if key in overrides:
             sources[key] = parse_source(key, overrides[key])
             continue
@@ -371,10 +365,6 @@ def _last_word_metrics(scorer: LanguageModelScorer, passages: Sequence[str], nam
     return metrics, counts, {"rule": LAMBADA_RULE}
 
 
-def _first_best(values: Sequence[float]) -> int:
-    return max(range(len(values)), key=lambda i: (values[i], -i))
-
-
 def _cloze_metrics(scorer: LanguageModelScorer, examples: Sequence[ClozeExample], name: str):
     pairs = [example.scoring_pair(candidate) for example in examples for candidate in example.candidates]
     scores = scorer.conditional_loglikelihoods(pairs, description=name)
@@ -382,9 +372,9 @@ def _cloze_metrics(scorer: LanguageModelScorer, examples: Sequence[ClozeExample]
     for example in examples:
         stop = start + len(example.candidates)
         lls = [score.loglikelihood for score in scores[start:stop]]
-        correct += _first_best(lls) == example.label
-        lengths = [len(continuation) for _, continuation in pairs[start:stop]]
-        correct_norm += _first_best([ll / n for ll, n in zip(lls, lengths, strict=True)]) == example.label
+        normalised = [ll / len(continuation) for ll, (_, continuation) in zip(lls, pairs[start:stop], strict=True)]
+        correct += max(range(len(lls)), key=lambda i: (lls[i], -i)) == example.label  # ties: the first candidate
+        correct_norm += max(range(len(lls)), key=lambda i: (normalised[i], -i)) == example.label
         start = stop
     metrics = {"acc": correct / len(examples), "acc_norm": correct_norm / len(examples)}
     truncated = sum(score.truncated for score in scores)
