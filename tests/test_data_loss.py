@@ -22,11 +22,12 @@ from safetensors.torch import load_file
 pytest.importorskip("datasets")
 
 from aot_transformers import AoTConfig, AoTForCausalLM, export_model  # noqa: E402
+from aot_transformers._io import LOCK_FILE, STAGING_MARKER, atomic_write_text  # noqa: E402
 from aot_transformers.cli import main  # noqa: E402
 from aot_transformers.errors import UsageError  # noqa: E402
-from aot_transformers.hub import EXPORT_MANIFEST, STAGING_MARKER, check_replaceable  # noqa: E402
+from aot_transformers.hub import EXPORT_MANIFEST, check_replaceable  # noqa: E402
 from aot_transformers.training.checkpoints import last_complete_checkpoint  # noqa: E402
-from aot_transformers.training.run_state import LOCK_FILE, RUN_RECORD  # noqa: E402
+from aot_transformers.training.run_state import RUN_RECORD  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -406,7 +407,6 @@ def test_a_kill_between_a_checkpoints_weights_and_its_record_leaves_it_incomplet
 
 
 def test_temporary_files_of_a_killed_results_writer_are_removed_by_the_next_write(tmp_path):
-    from aot_transformers.evaluation.results import atomic_write_text
 
     target = tmp_path / "results.json"
     script = textwrap.dedent(

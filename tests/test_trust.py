@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from aot_transformers._io import atomic_write_text
 from aot_transformers.cli import main as aot
 from aot_transformers.errors import UsageError
 from aot_transformers.evaluation import evaluate_model, markdown_table, read_results, update_model_card
-from aot_transformers.evaluation.results import NonFiniteMetricError, atomic_write_text
+from aot_transformers.evaluation.results import NonFiniteMetricError
 from aot_transformers.evaluation.runner import EvaluationReport, load_model_and_tokenizer, remote_code_allowed
 from aot_transformers.hub import push_to_hub
 from aot_transformers.verify import verify_folder
@@ -322,17 +323,19 @@ def test_item5_trainer_state_still_stays_local(folder, fake_hub):
 def test_item7_second_card_update_fails_at_once(folder, tmp_path, capsys):
     from filelock import FileLock
 
-    held = FileLock(str(folder / ".aot.lock"), timeout=0)
+    lock_path = folder.parent / f".{folder.name}.aot.lock"  # beside the folder: a plain upload never publishes it
+    held = FileLock(str(lock_path), timeout=0)
     held.acquire()
     try:
         code = aot(["eval", "lm", str(folder), *WIKI, "--output-dir", str(tmp_path / "o"), "--update-card"])
         line = one_line_error(capsys.readouterr().err)
-        assert code == 2 and f"another aot run holds {folder / '.aot.lock'}" in line
+        assert code == 2 and f"another aot run holds {lock_path}" in line
         assert not (folder / "README.md").exists() and not (tmp_path / "o").exists()
     finally:
         held.release()
     assert aot(["eval", "lm", str(folder), *WIKI, "--output-dir", str(tmp_path / "o"), "--update-card"]) == 0
     assert "wikitext" in (folder / "README.md").read_text().lower()
+    assert not any(p.name.endswith(".lock") for p in folder.rglob("*")), "no lock file is left inside the model folder"
 
 
 HOLD_LOCK = """
@@ -350,7 +353,7 @@ def test_item7_another_process_holding_the_folder_stops_the_card_update(folder, 
     import sys
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(folder / ".aot.lock")],
+        [sys.executable, "-c", HOLD_LOCK, str(folder.parent / f".{folder.name}.aot.lock")],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
