@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,14 +16,13 @@ from typing import Any
 
 import torch
 
+from .._io import is_hub_id
 from .data import EvaluationError, EvaluationFailed
 from .scoring import LanguageModelScorer
 from .tasks import TASKS, TaskResult, load_source, parse_task_names, resolve_sources, run_task
 
 # Result fields that tables and cards read as numbers.
 _NUMERIC_FIELDS = "loss perplexity bits_per_byte acc acc_norm last_word_perplexity seconds tokens".split()
-# A Hub repository id: "name" or "owner/name" (anything else is a local path).
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 @dataclass
@@ -157,7 +155,7 @@ def load_model_and_tokenizer(
 
     name = os.fspath(model)
     local = Path(name).expanduser()
-    if not local.exists() and not _HUB_ID.fullmatch(name):
+    if not local.exists() and not is_hub_id(name):
         raise EvaluationError(f"model folder not found: {local} (and it is not a Hub id like 'owner/name')")
     remote_code = remote_code_allowed(name, trust_remote_code)
     tokenizer_name = os.fspath(tokenizer) if tokenizer is not None else name
