@@ -82,17 +82,22 @@ def _fsync_tree(folder: Path) -> None:
     fsync_directory(folder)
 
 
+def temporary_prefix(path: Path) -> str:
+    """The name prefix of this process's temporary files and folders for `path`: `.<name>.<host>-<pid>.`."""
+    return f".{path.name}.{socket.gethostname()}-{os.getpid()}."
+
+
 def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files of `path` (`.<name>.<host>-<pid>.*` beside it) that a writer killed mid-write left
-    behind: those naming this host and a process that no longer runs. Returns the files removed."""
+    """Remove the temporary files and folders of `path` (`.<name>.<host>-<pid>.*` beside it) that a writer killed
+    mid-write left behind: those naming this host and a process that no longer runs. Returns what was removed."""
     path = Path(path)
     pattern = re.compile(rf"^\.{re.escape(path.name)}\.(?P<host>.+)-(?P<pid>\d+)\.[^.]+$")
     removed = []
     host = socket.gethostname()
     for candidate in path.parent.glob(f".{glob.escape(path.name)}.*") if path.parent.is_dir() else []:
         match = pattern.match(candidate.name)
-        if match and match["host"] == host and not process_alive(int(match["pid"])) and candidate.is_file():
-            candidate.unlink(missing_ok=True)
+        if match and match["host"] == host and not process_alive(int(match["pid"])):
+            shutil.rmtree(candidate, ignore_errors=True) if candidate.is_dir() else candidate.unlink(missing_ok=True)
             removed.append(candidate)
     return removed
 
@@ -102,7 +107,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.{socket.gethostname()}-{os.getpid()}.", dir=path.parent)
+    handle, temporary = tempfile.mkstemp(prefix=temporary_prefix(path), dir=path.parent)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
@@ -226,5 +231,6 @@ __all__ = [
     "read_json",
     "remove_stale_staging",
     "remove_stale_temporaries",
+    "temporary_prefix",
     "write_json",
 ]

@@ -257,9 +257,8 @@ def finish_run(
     """Write the final hub-ready folder atomically (model or LoRA adapter, tokenizer or image processor, code files,
     model card, `results.json`, training curves), push it if asked, and save the metrics. Every process must call
     it (FSDP gathers its shards here); only the main process writes. Returns `metrics` with `final_model_dir`."""
-    from ..evaluation.model_card import render_model_card
-    from ..evaluation.results import training_results_json
     from ..hub import export_model, push_to_hub
+    from ..model_card import render_model_card, training_results_json
 
     final_dir = Path(publish_args.final_model_dir or Path(training_args.output_dir) / "model")
     model, _ = _full_state_model(trainer)

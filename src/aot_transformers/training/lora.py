@@ -151,8 +151,8 @@ def export_adapter(
     earlier export, never a folder in `protected` or a parent of one (`hub.check_replaceable`).
     """
     from .._io import atomic_folder
-    from ..evaluation.model_card import render_model_card
     from ..hub import check_replaceable, write_export_manifest, write_extra_files
+    from ..model_card import render_model_card
 
     check_replaceable(save_directory, protected)
 
