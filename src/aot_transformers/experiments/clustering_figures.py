@@ -440,7 +440,7 @@ def high_dimension_curves(study: Study, o: Options) -> None:
             f"App. G ({name}, d = {setting['dim']}): median minimal RMSE after {o.steps} steps at σ = "
             + " / ".join(f"{sigma:g}" for sigma, _, _ in panels),
             " / ".join(f"{band['median']:.1e}" for band in finals),
-            "Figs 7–8: the RMSE is of order 10⁻² (or smaller) in each experiment"
+            'Figs 7–8: the RMSE is "of the order 10⁻²" in each experiment'
             if "random" not in name
             else "Fig. 11: convergence from random centroids (no level stated)",
             all(band["median"] < 0.05 for band in finals) if "random" not in name else None,
