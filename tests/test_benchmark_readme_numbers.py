@@ -29,7 +29,6 @@ RESULT_FILES = (
 # Rows another change is regenerating, by README and the start of the line: the k-NN row of the issue-6 table
 # quotes an older results/knn.json (its KVT ratios) until `python -m benchmarks.bench_knn` is rerun and the row
 # rewritten from the new file. `test_pending_rows_are_still_unbacked` makes sure an entry goes once it is backed.
-PENDING = {"README.md": ("| k-NN fwd+bwd vs dense SDPA, n 1024, k 32",)}
 # The units a README may print a stored number in: fraction -> %, s -> ms, bytes -> MB / MiB, s -> min, ...
 SCALES = (1.0, 100.0, 1e3, 1e-3, 1e-6, 1e-9, 2.0**-20, 1 / 60, 1e6, 1e9, 0.01)
 
@@ -75,15 +74,10 @@ def found(printed: str, values: tuple[float, ...]) -> bool:
     return False
 
 
-def unbacked(readme: str, pending: bool = False) -> list[str]:
-    """The README's numbers in no committed results file, outside (or, with `pending`, inside) its pending rows."""
+def unbacked(readme: str) -> list[str]:
+    """The README's numbers found in no committed results file."""
     values, text = committed_values(), (BENCHMARKS / readme).read_text()
-    lines = text.splitlines()
-    return [
-        f"{readme}:{line}: {printed}"
-        for line, printed in readme_numbers(text)
-        if lines[line - 1].startswith(PENDING.get(readme, ("\0",))) == pending and not found(printed, values)
-    ]
+    return [f"{readme}:{line}: {printed}" for line, printed in readme_numbers(text) if not found(printed, values)]
 
 
 def test_number_extraction_skips_code_dates_issues_and_names():
@@ -101,8 +95,3 @@ def test_a_number_is_found_at_the_precision_and_in_the_units_printed():
 def test_every_number_in_the_benchmark_readmes_is_in_a_committed_results_file(readme):
     missing = unbacked(readme)
     assert not missing, f"{len(missing)} numbers without a committed results file:\n" + "\n".join(missing)
-
-
-@pytest.mark.parametrize("readme", sorted(PENDING))
-def test_pending_rows_are_still_unbacked(readme):
-    assert unbacked(readme, pending=True), f"{readme}: the pending rows are backed now; remove them from PENDING"
