@@ -112,22 +112,18 @@ class AoTConfig(PretrainedConfig):
     pooling: str = "cls"
     tie_word_embeddings: bool = True
     use_cache: bool = True
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
+    bos_token_id: int | list[int] | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
-        self._check_aot_fields()  # before transformers' own checks, which read `head_dim`
         super().__post_init__(**kwargs)
         self.validate()
 
     def validate(self) -> None:
         """Check every field; raise `ValueError` (or `TypeError`) naming the field, the value and what is allowed.
-
-        Runs when the config is built, when a model is built from it and when it is saved, so a field changed after
-        construction (`config.knn_k = 0`) is caught before it reaches a kernel. transformers' own checks of the
-        common fields run after the AoT ones (they read `head_dim`, which needs valid sizes).
-        """
+        Runs when the config is built, when a model is built from it and when it is saved (a field changed after
+        construction, `config.knn_k = 0`, never reaches a kernel); transformers' own checks follow the AoT ones."""
         self._check_aot_fields()
         if self.num_labels < 1:  # a head with no outputs
             raise ValueError(f"`num_labels` must be an int >= 1, got {self.num_labels}.")
@@ -200,13 +196,14 @@ class AoTConfig(PretrainedConfig):
 
     @output_attentions.setter
     def output_attentions(self, value: bool) -> None:
+        maps_backend = "knn" if getattr(self, "knn_k", None) is not None else "eager"
         if value and self._attn_implementation is None:
-            self._attn_implementation = "knn" if getattr(self, "knn_k", None) is not None else "eager"
+            self._attn_implementation = maps_backend
         if value and self._attn_implementation not in ATTENTION_MAP_BACKENDS:
             raise ValueError(
                 f"`output_attentions=True` needs an attention backend that returns attention maps "
                 f"({', '.join(ATTENTION_MAP_BACKENDS)}), but the config uses {self._attn_implementation!r}; set "
-                f"`attn_implementation='{'knn' if getattr(self, 'knn_k', None) is not None else 'eager'}'`."
+                f"`attn_implementation='{maps_backend}'`."
             )
         self._output_attentions = value
 
@@ -241,18 +238,13 @@ class AoTConfig(PretrainedConfig):
 
     def layer_has_mlp(self, layer_idx: int) -> bool:
         """Whether layer `layer_idx` carries an MLP block (`mlp_layers` ablations)."""
-        if self.mlp_layers == "all":
-            return True
-        if self.mlp_layers == "first_half":
-            return layer_idx < self.num_hidden_layers // 2
-        return False
+        first_half = self.mlp_layers == "first_half" and layer_idx < self.num_hidden_layers // 2
+        return self.mlp_layers == "all" or first_half
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AoTConfig:
-        """Build the config of a named preset (see `aot_transformers.list_presets()`), with fields overridden.
-
-        Needs the `aot-transformers` package (the preset table is not part of the remote-code files).
-        """
+        """Build the config of a named preset (see `aot_transformers.list_presets()`), with fields overridden; needs
+        the `aot-transformers` package (the preset table is not part of the remote-code files)."""
         try:
             from aot_transformers.presets import preset_kwargs
         except ImportError as error:  # pragma: no cover - only in a bare remote-code environment
