@@ -17,7 +17,7 @@ launch one line naming its log and exit code 1 (the error contract of `aot_trans
 
 The stages run in a fresh folder `<output-dir>/.dry-run.*`; only once every check has passed do its folders and logs
 replace those of an earlier dry run in `<output-dir>` — a failed dry run deletes nothing and keeps its attempt (until
-the next dry run into the same folder removes it, as `hub.remove_stale_staging` removes a dead writer's staging).
+the next dry run into the same folder removes it, as `_io.remove_stale_staging` removes a dead writer's staging).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's package, as the launched runs get it
 
+from aot_transformers._io import STAGING_MARKER, remove_stale_staging  # noqa: E402
 from aot_transformers.cli import OneLineArgumentParser  # noqa: E402
 from aot_transformers.errors import RunError, UsageError, run_command  # noqa: E402
-from aot_transformers.hub import STAGING_MARKER, remove_stale_staging  # noqa: E402
 
 RESUME_MARK = "dry_run_resume_mark"
 MODULES = {"lm": "aot_transformers.training.lm", "image": "aot_transformers.training.image"}

@@ -1,8 +1,8 @@
-"""Issue 18, clear errors: bad training input is one line naming the argument or the file (and line), exit code 2,
-before any training step — never a traceback, never a silent default or a silently wrong dataset.
+"""Clear errors: bad training input is one line naming the argument or the file (and line), exit code 2, before any
+training step — never a traceback, never a silent default or a silently wrong dataset.
 
-Items 8 (bad data), 10 (zero or negative work, misspelt overrides), 11 (bad TrainingArguments values, bad
-fine-tuning folders) and the pixel-CSV part of 15. The output folder (item 11's last part) is in
+Bad data (text, images, archives, pixel CSVs), zero or negative work, misspelt overrides, bad TrainingArguments
+values, bad fine-tuning folders, and inputs that used to train without a word. The output folder is in
 tests/test_data_loss.py, the evaluation and verify commands in tests/test_trust.py.
 """
 
@@ -69,7 +69,7 @@ def refused(argv: list[str], capsys, *needles: str) -> str:
     return errors[0]
 
 
-# Item 8: bad training data.
+# Bad training data.
 
 
 @pytest.mark.parametrize(
@@ -87,13 +87,13 @@ def refused(argv: list[str], capsys, *needles: str) -> str:
         ("missing.jsonl", b'{"body": "x"}\n', ["line 1", "no text column 'text'"]),
     ],
 )
-def test_item8_bad_text_files(tmp_path, capsys, name, content, needles):
+def test_bad_text_file_is_refused_naming_the_file_and_line(tmp_path, capsys, name, content, needles):
     path = tmp_path / name
     path.write_bytes(content)
     refused(lm(path, tmp_path / "out"), capsys, name, *needles)
 
 
-def test_item8_corrupt_image_is_named(tmp_path, capsys):
+def test_corrupt_image_is_refused_naming_the_file(tmp_path, capsys):
     from PIL import Image
 
     for label in ("cat", "dog"):
@@ -105,7 +105,7 @@ def test_item8_corrupt_image_is_named(tmp_path, capsys):
     refused(image(tmp_path / "images", tmp_path / "out"), capsys, "broken.png", "not a readable image")
 
 
-def test_item8_truncated_cifar_archive_is_named(tmp_path, capsys):
+def test_truncated_cifar_archive_is_refused_naming_the_archive(tmp_path, capsys):
     from PIL import Image
 
     folder = tmp_path / "cifar"
@@ -127,28 +127,28 @@ def test_item8_truncated_cifar_archive_is_named(tmp_path, capsys):
 @pytest.mark.parametrize(
     "rows, needles",
     [
-        (["1,2,3,4,0", "nan,2,3,4,1"], ["line 2", "finite numbers in [0, 255]"]),  # item 15: NaN used to become 0
-        (["1,2,3,4,0", "1,2,3,4,1.5"], ["line 2", "'1.5' is not an integer"]),  # item 15: 1.5 used to become 1
+        (["1,2,3,4,0", "nan,2,3,4,1"], ["line 2", "finite numbers in [0, 255]"]),  # NaN used to become 0
+        (["1,2,3,4,0", "1,2,3,4,1.5"], ["line 2", "'1.5' is not an integer"]),  # 1.5 used to become 1
         (["1,2,3,4,0", "1,2,3,300,1"], ["line 2", "[0, 255]"]),
         (["1,2,3,4,0", "1,2,3,1"], ["line 2", "4 columns"]),
         (["1,2,3,4,0", "1,2,x,4,1"], ["line 2", "'x' is not a number"]),
         (["pixel0,pixel1,pixel2,pixel3,label"], ["no data rows"]),
     ],
 )
-def test_item8_and_15_bad_pixel_csv(tmp_path, capsys, rows, needles):
+def test_bad_pixel_csv_row_is_refused_naming_the_line(tmp_path, capsys, rows, needles):
     path = tmp_path / "pixels.csv"
     path.write_text("\n".join(rows) + "\n")
     refused(image(path, tmp_path / "out"), capsys, "pixels.csv", *needles)
 
 
-def test_item8_truncated_gzipped_pixel_csv(tmp_path, capsys):
+def test_truncated_gzipped_pixel_csv_is_refused(tmp_path, capsys):
     path = tmp_path / "pixels.csv.gz"
     data = gzip.compress(("\n".join("1,2,3,4,0" for _ in range(2000)) + "\n").encode())
     path.write_bytes(data[: len(data) // 2])
     refused(image(path, tmp_path / "out"), capsys, "pixels.csv.gz", "cannot be read")
 
 
-# Item 10: zero or negative amounts of work, silent defaults, misspelt overrides.
+# Zero or negative amounts of work, silent defaults, misspelt overrides.
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_item8_truncated_gzipped_pixel_csv(tmp_path, capsys):
         (["--config_overrides", "hiden_size=64"], ["--config_overrides 'hiden_size'", "did you mean 'hidden_size'"]),
     ],
 )
-def test_item10_no_work_and_silent_defaults_are_refused(corpus, tmp_path, capsys, extra, needles):
+def test_zero_or_negative_work_and_misspelt_overrides_are_refused(corpus, tmp_path, capsys, extra, needles):
     argv = lm(corpus, tmp_path / "out")
     for flag in ("--max_steps", "--block_size", "--tokenizer_vocab_size"):  # the last value given wins: drop ours
         if flag in extra and flag in argv:
@@ -175,7 +175,7 @@ def test_item10_no_work_and_silent_defaults_are_refused(corpus, tmp_path, capsys
 
 @pytest.mark.parametrize("flag, value", [("--lm-epochs", "-1"), ("--image-epochs", "0"), ("--lm-epochs", "nan"),
                                          ("--seed", "-1")])  # fmt: skip
-def test_item10_demo_refuses_no_work(tmp_path, capsys, flag, value):
+def test_demo_refuses_no_work_before_writing(tmp_path, capsys, flag, value):
     with pytest.raises(SystemExit) as exited:
         main(["demo", "--output-dir", str(tmp_path / "demo"), flag, value])
     err = capsys.readouterr().err
@@ -183,7 +183,7 @@ def test_item10_demo_refuses_no_work(tmp_path, capsys, flag, value):
     assert not (tmp_path / "demo").exists()
 
 
-# Item 11: bad TrainingArguments values and fine-tuning folders.
+# Bad TrainingArguments values and fine-tuning folders.
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_item10_demo_refuses_no_work(tmp_path, capsys, flag, value):
         (["--save_steps", "0"], "--save_steps 0"),
     ],
 )
-def test_item11_bad_training_arguments(corpus, tmp_path, capsys, extra, needle):
+def test_out_of_range_training_arguments_are_refused(corpus, tmp_path, capsys, extra, needle):
     refused(lm(corpus, tmp_path / "out") + extra, capsys, needle)
 
 
@@ -210,7 +210,7 @@ def saved(tmp_path) -> Path:
     return export_model(AoTForCausalLM(config), tmp_path / "base")
 
 
-def test_item11_fine_tuning_from_pickle_only_folder(saved, corpus, tmp_path, capsys):
+def test_fine_tuning_from_a_pickle_only_folder_is_refused(saved, corpus, tmp_path, capsys):
     import torch
 
     state = AoTForCausalLM.from_pretrained(saved).state_dict()
@@ -219,20 +219,20 @@ def test_item11_fine_tuning_from_pickle_only_folder(saved, corpus, tmp_path, cap
     refused(lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved)), capsys, "--model_name_or_path", "pickle")
 
 
-def test_item11_fine_tuning_from_truncated_weights(saved, corpus, tmp_path, capsys):
+def test_fine_tuning_from_truncated_weights_is_refused(saved, corpus, tmp_path, capsys):
     weights = saved / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     refused(lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved)), capsys, "model.safetensors", "truncated")
 
 
-def test_item11_fine_tuning_from_wrong_shape_weights(saved, corpus, tmp_path, capsys):
+def test_fine_tuning_from_weights_whose_shapes_contradict_the_config_is_refused(saved, corpus, tmp_path, capsys):
     config = json.loads((saved / "config.json").read_text())
     config["hidden_size"] = 64  # the weights say 32
     (saved / "config.json").write_text(json.dumps(config))
     refused(lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved)), capsys, "has shape", "config.json gives")
 
 
-# Issue 26: inputs that trained (or evaluated) without a word, and raw errors for argument files.
+# Inputs that used to train (or evaluate) without a word, and raw errors for argument files.
 
 
 def _without(folder: Path, prefix: str) -> Path:

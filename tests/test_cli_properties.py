@@ -1,6 +1,6 @@
 """Property-based tests of the training commands (`aot train lm`, `aot train image`, `aot demo`, `aot push`): any bad
 value of any numeric flag, and any unknown or misspelt flag, ends in exit code 2 with one error line naming the flag,
-no traceback, and nothing trained or written (issue 18, the error contract).
+no traceback, and nothing trained or written (the error contract).
 
 Every case fails while arguments are checked, before data or a model is touched, so each takes milliseconds. Runs
 in-process through `aot_transformers.cli.main`.

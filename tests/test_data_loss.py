@@ -1,8 +1,8 @@
-"""Issue 18, data loss: a training run never deletes, overwrites or mixes up files it does not own.
+"""Data loss: a training run never deletes, overwrites or mixes up files it does not own.
 
-One test (or a few) per item of the issue: the final folder (1), what a checkpoint and a cached tokenizer were made
-from (6), the output folder's lock (7), divergence (9), the output folder itself (11), markers a kill can break (14),
-and the smaller items of 15 (extra files, stale staging folders, re-running a finished job).
+The final folder, what a checkpoint and a cached tokenizer were made from, the output folder's lock, divergence, the
+output folder itself, markers a kill can break, extra files, stale staging folders, re-running a finished job, a
+second run into a used folder, and a kill between two files of one checkpoint.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from safetensors.torch import load_file
 pytest.importorskip("datasets")
 
 from aot_transformers import AoTConfig, AoTForCausalLM, export_model  # noqa: E402
+from aot_transformers._io import LOCK_FILE, STAGING_MARKER, atomic_write_text  # noqa: E402
 from aot_transformers.cli import main  # noqa: E402
 from aot_transformers.errors import UsageError  # noqa: E402
-from aot_transformers.hub import EXPORT_MANIFEST, STAGING_MARKER, check_replaceable  # noqa: E402
+from aot_transformers.hub import EXPORT_MANIFEST, check_replaceable  # noqa: E402
 from aot_transformers.training.checkpoints import last_complete_checkpoint  # noqa: E402
-from aot_transformers.training.run_state import LOCK_FILE, RUN_RECORD  # noqa: E402
+from aot_transformers.training.run_state import RUN_RECORD  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +77,10 @@ def run(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-# Item 1: the final folder replaces only an earlier export.
+# The final folder replaces only an earlier export.
 
 
-def test_item1_final_model_dir_with_user_files_is_refused_before_training(corpus, tmp_path, capsys):
+def test_final_model_dir_holding_user_files_is_refused_before_training(corpus, tmp_path, capsys):
     keep = tmp_path / "keep"
     keep.mkdir()
     (keep / "notes.txt").write_text("x")
@@ -90,7 +91,7 @@ def test_item1_final_model_dir_with_user_files_is_refused_before_training(corpus
 
 
 @pytest.mark.parametrize("where", ["output_dir", "parent"])
-def test_item1_final_model_dir_may_not_be_the_output_folder_or_a_parent(corpus, tmp_path, where, capsys):
+def test_final_model_dir_that_is_the_output_folder_or_its_parent_is_refused(corpus, tmp_path, where, capsys):
     output = tmp_path / "runs" / "a"
     output.mkdir(parents=True)
     (output / "precious.txt").write_text("y")
@@ -100,7 +101,7 @@ def test_item1_final_model_dir_may_not_be_the_output_folder_or_a_parent(corpus, 
     assert (output / "precious.txt").read_text() == "y"
 
 
-def test_item1_an_earlier_export_is_replaced_and_added_files_protect_it(tmp_path):
+def test_export_replaces_an_earlier_export_but_never_a_folder_with_other_files(tmp_path):
     model = AoTForCausalLM(AoTConfig.from_preset("aot-mssa-l-tiny", hidden_size=32, num_hidden_layers=1))
     folder = export_model(model, tmp_path / "export")
     assert EXPORT_MANIFEST in os.listdir(folder)
@@ -119,10 +120,10 @@ def test_item1_an_earlier_export_is_replaced_and_added_files_protect_it(tmp_path
         check_replaceable(tmp_path, protected=(tmp_path / "export" / "run",))
 
 
-# Item 7: one run per output folder.
+# One run per output folder.
 
 
-def test_item7_second_run_on_a_locked_output_folder_fails_at_once(corpus, tmp_path, capsys):
+def test_second_run_on_a_locked_output_folder_fails_at_once(corpus, tmp_path, capsys):
     output = tmp_path / "a"
     output.mkdir()
     holder = subprocess.Popen(
@@ -153,10 +154,10 @@ def test_item7_second_run_on_a_locked_output_folder_fails_at_once(corpus, tmp_pa
     assert code == 0
 
 
-# Item 9: a diverged run is a failure and exports nothing.
+# A diverged run is a failure and exports nothing.
 
 
-def test_item9_non_finite_weights_stop_the_run_and_nothing_is_exported(corpus, tmp_path, capsys):
+def test_diverged_run_fails_and_exports_nothing_and_keeps_only_finite_checkpoints(corpus, tmp_path, capsys):
     output = tmp_path / "a"
     code, err = run(tiny(corpus, output, "--learning_rate", "1e30", "--max_steps", "6"), capsys)
     errors = [line for line in err.splitlines() if "error:" in line]
@@ -169,7 +170,7 @@ def test_item9_non_finite_weights_stop_the_run_and_nothing_is_exported(corpus, t
         assert all(torch.isfinite(t).all() for t in weights.values())
 
 
-def test_item9_the_last_good_checkpoint_is_kept(corpus, tmp_path, capsys):
+def test_diverged_run_keeps_the_checkpoints_saved_before_it_and_releases_its_lock(corpus, tmp_path, capsys):
     """Diverge at step 3 of a run that saved steps 1 and 2: both stay, nothing later is written."""
     from transformers import TrainerCallback
 
@@ -193,10 +194,10 @@ def test_item9_the_last_good_checkpoint_is_kept(corpus, tmp_path, capsys):
     assert run(tiny(corpus, output, "--max_steps", "1"), capsys)[0] == 0  # the failed run released its lock
 
 
-# Item 6: what a checkpoint and a cached tokenizer were made from.
+# What a checkpoint and a cached tokenizer were made from.
 
 
-def test_item6_resuming_another_runs_checkpoint_is_refused(corpus, tmp_path, capsys):
+def test_resuming_another_runs_checkpoint_is_refused(corpus, tmp_path, capsys):
     output = tmp_path / "a"
     assert run(tiny(corpus, output, "--seed", "0"), capsys)[0] == 0
     record = json.loads((output / "checkpoint-2" / RUN_RECORD).read_text())
@@ -218,7 +219,7 @@ def _only_the_tokenizer_left(output: Path) -> None:
         shutil.rmtree(folder)
 
 
-def test_item6_cached_tokenizer_is_rebuilt_when_data_or_vocabulary_change(corpus, tmp_path, capsys):
+def test_cached_tokenizer_is_rebuilt_when_data_or_vocabulary_change(corpus, tmp_path, capsys):
     output = tmp_path / "a"
     assert run(tiny(corpus, output, "--max_steps", "1"), capsys)[0] == 0
     cached = output / "tokenizer" / "tokenizer.json"
@@ -238,10 +239,10 @@ def test_item6_cached_tokenizer_is_rebuilt_when_data_or_vocabulary_change(corpus
     assert "omega" in cached.read_text() and "alpha" not in json.loads(cached.read_text())["model"]["vocab"]
 
 
-# Item 11 (the output folder part; argument values are tests/test_bad_inputs.py).
+# The output folder itself (argument values are in tests/test_bad_inputs.py).
 
 
-def test_item11_output_dir_that_is_a_file_is_refused(corpus, tmp_path, capsys):
+def test_output_dir_that_is_a_file_is_refused(corpus, tmp_path, capsys):
     path = tmp_path / "file"
     path.write_text("keep")
     code, err = run(tiny(corpus, path), capsys)
@@ -250,7 +251,7 @@ def test_item11_output_dir_that_is_a_file_is_refused(corpus, tmp_path, capsys):
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
-def test_item11_read_only_output_dir_is_refused(corpus, tmp_path, capsys):
+def test_read_only_output_dir_is_refused(corpus, tmp_path, capsys):
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o500)
@@ -261,7 +262,7 @@ def test_item11_read_only_output_dir_is_refused(corpus, tmp_path, capsys):
     assert code == 2 and "not writable" in err
 
 
-def test_item11_unwritable_output_dir_is_refused_even_for_root(corpus, tmp_path, monkeypatch, capsys):
+def test_unwritable_output_dir_is_refused_even_for_root(corpus, tmp_path, monkeypatch, capsys):
     folder = tmp_path / "ro"
     folder.mkdir()
     real_access = os.access
@@ -270,10 +271,10 @@ def test_item11_unwritable_output_dir_is_refused_even_for_root(corpus, tmp_path,
     assert code == 2 and "--output_dir" in err and "not writable" in err
 
 
-# Item 14: markers a kill or a power loss can break.
+# Markers a kill or a power loss can break.
 
 
-def test_item14_truncated_trainer_state_makes_a_checkpoint_absent(corpus, tmp_path, capsys):
+def test_checkpoint_with_a_truncated_trainer_state_counts_as_absent(corpus, tmp_path, capsys):
     output = tmp_path / "a"
     assert run(tiny(corpus, output), capsys)[0] == 0
     (output / "checkpoint-2" / "trainer_state.json").write_text("")  # 0 bytes, as after a power loss
@@ -284,7 +285,7 @@ def test_item14_truncated_trainer_state_makes_a_checkpoint_absent(corpus, tmp_pa
     assert code == 0  # starts fresh instead of failing for good
 
 
-def test_item14_truncated_cached_tokenizer_is_rebuilt(corpus, tmp_path, capsys):
+def test_truncated_cached_tokenizer_is_rebuilt(corpus, tmp_path, capsys):
     output = tmp_path / "a"
     assert run(tiny(corpus, output, "--max_steps", "1"), capsys)[0] == 0
     cached = output / "tokenizer" / "tokenizer.json"
@@ -293,11 +294,11 @@ def test_item14_truncated_cached_tokenizer_is_rebuilt(corpus, tmp_path, capsys):
     assert json.loads(cached.read_text())["model"]["vocab"]
 
 
-# Item 15 (the run's parts).
+# Extra files, staging folders of killed exports, re-running a finished job.
 
 
 @pytest.mark.parametrize("name", ["../escaped.txt", "/tmp/aot-absolute.txt", "sub/../../up.txt"])
-def test_item15_extra_files_cannot_leave_the_export(tmp_path, name):
+def test_extra_files_cannot_leave_the_export(tmp_path, name):
     model = AoTForCausalLM(AoTConfig.from_preset("aot-mssa-l-tiny", hidden_size=32, num_hidden_layers=1))
     with pytest.raises(UsageError, match="outside the export"):
         export_model(model, tmp_path / "export", extra_files={name: "x"})
@@ -305,7 +306,7 @@ def test_item15_extra_files_cannot_leave_the_export(tmp_path, name):
     assert not Path("/tmp/aot-absolute.txt").exists()
 
 
-def test_item15_staging_folders_of_killed_exports_are_removed(tmp_path):
+def test_staging_folders_of_killed_exports_are_removed_and_live_ones_kept(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = tmp_path / ".export.abc123"
     stale.mkdir()
@@ -319,7 +320,7 @@ def test_item15_staging_folders_of_killed_exports_are_removed(tmp_path):
     assert not stale.exists() and alive.exists()
 
 
-def test_item15_rerunning_a_finished_job_trains_no_further(corpus, tmp_path, capsys):
+def test_rerunning_a_finished_job_trains_no_further(corpus, tmp_path, capsys):
     output = tmp_path / "a"
     assert run(tiny(corpus, output), capsys)[0] == 0
     assert run(tiny(corpus, output, "--resume_from_checkpoint", "auto"), capsys)[0] == 0
@@ -330,7 +331,7 @@ def test_item15_rerunning_a_finished_job_trains_no_further(corpus, tmp_path, cap
     assert "| steps | 2 |" in card
 
 
-# Issue 26: a second run into a used folder, a kill between two files of one checkpoint, killed writers' temporaries.
+# A second run into a used folder, a kill between two files of one checkpoint, killed writers' temporaries.
 
 
 def _fingerprints(folder: Path) -> dict[str, tuple[int, int]]:
@@ -406,7 +407,6 @@ def test_a_kill_between_a_checkpoints_weights_and_its_record_leaves_it_incomplet
 
 
 def test_temporary_files_of_a_killed_results_writer_are_removed_by_the_next_write(tmp_path):
-    from aot_transformers.evaluation.results import atomic_write_text
 
     target = tmp_path / "results.json"
     script = textwrap.dedent(

@@ -1,6 +1,6 @@
 """Property-based tests of the evaluation commands (`aot eval lm`, `aot eval table`, `aot eval tasks`, `aot verify`):
 whatever the arguments and folders, a run ends with exit code 0, 2 (bad input, one line) or — for `aot verify` — 1
-(a failed check), and never with a traceback on stderr (issue 18, the error contract).
+(a failed check), and never with a traceback on stderr (the error contract).
 
 Runs in-process through `aot_transformers.cli.main`; every data source is a local file, so no case reaches the
 network. A few dozen examples per property keep the module at a few seconds.
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aot_transformers.cli import main as aot
-from test_evaluation_support import FIXTURES, char_tokenizer, save_model, tiny_aot
+from conftest import FIXTURES, char_tokenizer, save_model, tiny_aot
 
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], derandomize=True

@@ -204,16 +204,19 @@ def test_bad_option_value_is_a_clear_error(tmp_path, capsys):
 
 def test_summary_command_round_trips_boolean_options():
     # The command written into summary.md must regenerate the run: a True-by-default flag is written --no-NAME.
+    from aot_transformers.cli import build_parser
     from aot_transformers.experiments import attention_maps, knn
-    from aot_transformers.experiments._common import format_command
 
-    assert "--no-save-model" in format_command("attention-maps", {"save_model": False}, attention_maps.OPTIONS)
-    assert "save-model" not in format_command("attention-maps", {"save_model": True}, attention_maps.OPTIONS)
-    assert "--skip-training" in format_command("knn", {"skip_training": True}, knn.OPTIONS)
-    assert "skip-training" not in format_command("knn", {"skip_training": False}, knn.OPTIONS)
+    assert "--no-save-model" in attention_maps.Options(save_model=False).command("attention-maps")
+    assert "save-model" not in attention_maps.Options(save_model=True).command("attention-maps")
+    assert "--skip-training" in knn.Options(skip_training=True).command("knn")
+    assert "skip-training" not in knn.Options(skip_training=False).command("knn")
+    command = attention_maps.Options(save_model=False, layer=-1, data_dir="d").command("attention-maps")
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert (args.save_model, args.layer, args.data_dir, args.num_images) == (False, -1, "d", 6)
 
 
-# Issue 18 item 12: every bad input to `aot inspect` and `aot experiment` is one line and exit code 2.
+# Every bad input to `aot inspect` and `aot experiment` is one line and exit code 2.
 
 
 @pytest.fixture
@@ -240,7 +243,7 @@ def junk(tmp_path):
         (["experiment", "knn", "--threads", "0"], "threads"),
     ],
 )
-def test_item12_bad_inspect_and_experiment_input_is_one_line(junk, capsys, argv, needle):
+def test_bad_inspect_and_experiment_input_is_one_line_exit_2(junk, capsys, argv, needle):
     argv = [part.format(root=junk) for part in argv]
     try:
         code = main(argv)
@@ -251,7 +254,7 @@ def test_item12_bad_inspect_and_experiment_input_is_one_line(junk, capsys, argv,
 
 
 @pytest.mark.parametrize("argv", [["inspect", "aot-mssa-l-tiny"], ["experiment", "denoising"]])
-def test_item12_missing_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys, argv):
+def test_missing_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys, argv):
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     code = main([*argv, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
@@ -260,14 +263,16 @@ def test_item12_missing_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys
 
 
 # Every number in a README comes from a committed results folder whose summary names the command that regenerates it.
-RESULTS = Path(__file__).resolve().parents[1] / "src" / "aot_transformers" / "experiments" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "experiments"
 
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in RESULTS.iterdir() if (p / "results.json").is_file()))
 def test_committed_results_name_the_command_that_regenerates_them(folder):
+    from dataclasses import asdict
+
     from aot_transformers.cli import build_parser
-    from aot_transformers.experiments._common import resolve_options
-    from aot_transformers.experiments.cli import _study_module, study_options
+    from aot_transformers.experiments import study_module
+    from aot_transformers.experiments.cli import study_options
 
     summary = (RESULTS / folder / "summary.md").read_text()
     command = re.search(r"^Command: `aot (experiment .+)`$", summary, re.MULTILINE)
@@ -277,4 +282,4 @@ def test_committed_results_name_the_command_that_regenerates_them(folder):
     recorded = json.loads((RESULTS / folder / "results.json").read_text())
     assert recorded["study"] == args.study
     # The command, parsed by today's CLI, asks for exactly the options the committed run used.
-    assert resolve_options(_study_module(args.study).OPTIONS, given) == recorded["options"]
+    assert asdict(study_module(args.study).Options(**given)) == recorded["options"]

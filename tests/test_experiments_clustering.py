@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from aot_transformers.experiments import clustering as C
+from aot_transformers.experiments import clustering_figures as CF
 from aot_transformers.experiments import clustering_theory as T
 from aot_transformers.experiments.subspace import subspace_attention
 
@@ -73,8 +74,8 @@ def test_mixture_second_moment():
         (lambda: T.in_context_quantization_risk_exact(2, 0.3, 10, 0.5, num_clusters=3), "dim"),
         (lambda: C.train_heads(dim=2, init="manifold", steps=1), "2K"),
         (lambda: C.train_heads(num_clusters=3, dim=6, predictor="softmax", steps=1), "K = 2"),
-        (lambda: C.run(parts=["nope"]), "parts"),
-        (lambda: C.run(colour="red"), "Unknown option"),
+        (lambda: CF.run(parts=["nope"]), "parts"),
+        (lambda: CF.run(colour="red"), "Unknown option"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(call, match):
@@ -420,7 +421,7 @@ def test_regularised_psgd_from_the_sphere_reaches_the_centroids():
 
 
 def test_run_smoke(tmp_path):
-    results = C.run(out=tmp_path, parts=["theory", "fig3_4"], mc_sequences=50)
+    results = CF.run(out=tmp_path, parts=["theory", "fig3_4"], mc_sequences=50)
     names = {p.name for p in tmp_path.iterdir()}
     assert {"results.json", "summary.md", "fig3_fig4_pca.png"} <= names
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -453,7 +454,7 @@ def test_appendix_g_parts_run_and_record_the_papers_panels(tmp_path):
         high_dim=8,
         random_dim=6,
     )
-    results = C.run(out=tmp_path, **options)
+    results = CF.run(out=tmp_path, **options)
     names = {p.name for p in tmp_path.iterdir()}
     assert {"fig6a_degenerate_rho.png", "fig7_8_11_high_dim.png", "fig9_10_12_dimension.png"} <= names
     assert results["figure6a"]["rhos"] == pytest.approx([0.0, 0.15, 0.3])
@@ -469,11 +470,11 @@ def test_appendix_g_parts_run_and_record_the_papers_panels(tmp_path):
 
 def test_appendix_g_minimal_rmse_is_the_distance_over_root_d():
     run = C.train_heads(dim=16, sigma=0.3, lam=0.6, init="sphere", steps=2, batch_size=4, runs=2, record_every=1)
-    record = C._rmse_record(run, 16)
+    record = CF._rmse_record(run, 16)
     assert record["rows"][-1] == pytest.approx([value / 4 for value in run["final"]])
     assert record["final"] == C.percentile_band([value / 4 for value in run["final"]])
 
 
 def test_appendix_g_sigmas_and_lambdas_must_pair_up():
     with pytest.raises(ValueError, match="appendix_g_sigmas"):
-        C.run(parts=["high_dim"], appendix_g_sigmas=[0.0, 0.3], appendix_g_lams=[0.6], steps=1, runs=1)
+        CF.run(parts=["high_dim"], appendix_g_sigmas=[0.0, 0.3], appendix_g_lams=[0.6], steps=1, runs=1)

@@ -78,7 +78,7 @@ def test_backbones():
     assert hybrid.attention_type == full.attention_type == "mssa" and hybrid.normalize_query and full.normalize_query
     assert [hybrid.layer_has_mlp(i) for i in range(4)] == [True, True, False, False]
     assert all(full.layer_has_mlp(i) for i in range(4))
-    assert I._layers("aot-hybrid", {"aot_layers": 16, "hybrid_layers": None, "transformer_layers": 16}) == 24
+    assert I._layers("aot-hybrid", I.Options(aot_layers=16, transformer_layers=16)) == 24
 
 
 @pytest.mark.parametrize("tokens", I.TOKEN_LAYOUTS)

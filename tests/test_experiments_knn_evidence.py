@@ -12,7 +12,6 @@ import torch
 from aot_transformers import AoTConfig, AoTForImageClassification
 from aot_transformers.cli import main
 from aot_transformers.experiments import _vision
-from aot_transformers.experiments._common import make_generator
 from aot_transformers.experiments.knn_evidence import (
     attention_variance_and_gradients,
     knn_fast,
@@ -22,6 +21,7 @@ from aot_transformers.experiments.knn_evidence import (
     selections_agree,
     set_k,
 )
+from aot_transformers.experiments.study import make_generator
 
 
 @pytest.fixture(autouse=True)

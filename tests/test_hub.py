@@ -363,7 +363,7 @@ def test_push_refuses_what_is_not_an_export(tmp_path, hub):
     (tmp_path / "config.json").write_text(json.dumps(AoTConfig().to_dict()))
     with pytest.raises(ValueError, match="does not load with trust_remote_code=True"):
         push_to_hub(tmp_path, "someone/x", endpoint=hub.url)
-    # Bad input is a UsageError (a ValueError; `aot push` exits with 2), not FileNotFoundError (exit 1): item 15
+    # Bad input is a UsageError (a ValueError; `aot push` exits with 2), not FileNotFoundError (exit 1)
     with pytest.raises(UsageError, match="no such folder"):
         push_to_hub(tmp_path / "missing", "someone/x", endpoint=hub.url)
     with pytest.raises(UsageError, match="not a Hub repository id"):

@@ -171,6 +171,19 @@ def test_a_failed_export_leaves_the_existing_file_untouched(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lm.onnx"]  # no staging folder left behind
 
 
+def test_the_staging_folder_of_a_killed_export_is_removed_by_the_next_export(tmp_path):
+    import socket
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer runs: the writer was killed mid-export (SIGKILL runs no cleanup)
+    killed = tmp_path / f".lm.onnx.{socket.gethostname()}-{dead.pid}.x1y2z3"
+    killed.mkdir()
+    (killed / "lm.onnx").write_bytes(b"half an onnx file")
+    export_onnx(AoTForCausalLM(tiny_config()).eval(), tmp_path / "lm.onnx", check=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lm.onnx"]
+
+
 def test_cli_knn_model_exports_and_matches_onnxruntime(tmp_path, capsys):
     """Under export the k-NN kernel runs in one piece with no Python on the length: the file has dynamic axes."""
     folder = tmp_path / "knn"

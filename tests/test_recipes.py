@@ -269,7 +269,7 @@ def test_a_failed_dry_run_shows_the_runs_own_error_and_replaces_nothing(tmp_path
     import socket
     import subprocess
 
-    from aot_transformers.hub import STAGING_MARKER
+    from aot_transformers._io import STAGING_MARKER
 
     source = RECIPES / "aot-mssa-l-base-openwebtext"
     recipe = tmp_path / "recipe"

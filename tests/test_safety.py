@@ -101,7 +101,7 @@ def test_verify_clean_edited_missing_and_pickle(saved, capsys):
 
 
 def test_verify_rejects_non_model_folder(tmp_path):
-    # Bad input, not a failed check (issue 18 item 12): UsageError, which `aot verify` reports with exit code 2.
+    # Bad input, not a failed check: UsageError, which `aot verify` reports with exit code 2.
     with pytest.raises(UsageError, match="config.json"):
         verify_folder(tmp_path)
 

@@ -1,4 +1,4 @@
-"""The project never triggers transformers' remote-code prompt for its own folders (issue 14).
+"""The project never triggers transformers' remote-code prompt for its own folders.
 
 Root cause: in transformers 5 `AutoTokenizer.from_pretrained(folder)` first loads the folder's `config.json` through
 `AutoConfig`; a saved AoT folder's config has an `auto_map` (the model is remote code), so whenever the model type is

@@ -1,5 +1,5 @@
-"""Trust boundaries of issue 18 ("Nothing lost, nothing run unchecked"): `aot verify`, `aot eval lm`'s remote code,
-`aot push`, and the model card. Each test is named after the issue item it covers.
+"""Trust boundaries ("nothing lost, nothing run unchecked"): `aot verify`, `aot eval lm`'s remote code, `aot push`,
+and the model card.
 
 Every case runs in-process on tiny folders in `tmp_path`; pushes go to a fake `HfApi` (no network).
 """
@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from aot_transformers._io import atomic_write_text
 from aot_transformers.cli import main as aot
 from aot_transformers.errors import UsageError
 from aot_transformers.evaluation import evaluate_model, markdown_table, read_results, update_model_card
-from aot_transformers.evaluation.results import NonFiniteMetricError, atomic_write_text
+from aot_transformers.evaluation.results import NonFiniteMetricError
 from aot_transformers.evaluation.runner import EvaluationReport, load_model_and_tokenizer, remote_code_allowed
 from aot_transformers.hub import push_to_hub
 from aot_transformers.verify import verify_folder
-from test_evaluation_support import FIXTURES, char_tokenizer, save_model, tiny_aot
+from conftest import FIXTURES, char_tokenizer, save_model, tiny_aot
 
 WIKI = ["--tasks", "wikitext", "--data", f"wikitext={FIXTURES / 'wiki.test.raw'}", "--limit", "1", "--no-progress"]
 
@@ -76,15 +77,15 @@ def one_line_error(err: str) -> str:
     return lines[0]
 
 
-# --- item 2: `aot verify` checks everything loading can run --------------------------------------------------
+# --- `aot verify` checks everything loading can run ----------------------------------------------------------
 
 
-def test_item2_pristine_folder_passes(folder, capsys):
+def test_verify_passes_a_pristine_folder(folder, capsys):
     code, out, _ = verify_exit(folder, capsys)
     assert code == 0 and "OK" in out
 
 
-def test_item2_auto_map_to_a_fourth_module_fails(folder, tmp_path, capsys):
+def test_verify_fails_an_auto_map_to_a_foreign_module_without_importing_it(folder, tmp_path, capsys):
     evil_module(folder, tmp_path / "ran")
     map_model(folder, "evil.EvilForCausalLM")
     code, out, err = verify_exit(folder, capsys)
@@ -93,13 +94,13 @@ def test_item2_auto_map_to_a_fourth_module_fails(folder, tmp_path, capsys):
     assert not (tmp_path / "ran").exists()  # verify never imports the folder's code
 
 
-def test_item2_auto_map_to_another_repository_fails(folder, capsys):
+def test_verify_fails_an_auto_map_to_another_repository(folder, capsys):
     map_model(folder, "other/repo--modeling_aot.AoTForCausalLM")
     code, out, err = verify_exit(folder, capsys)
     assert code == 1 and "runs code from another repository" in err
 
 
-def test_item2_auto_map_to_a_missing_module_fails(folder, capsys):
+def test_verify_fails_an_auto_map_to_a_missing_module(folder, capsys):
     map_model(folder, "modeling_extra.Model")
     assert verify_exit(folder, capsys)[0] == 1
     (folder / "modeling_aot.py").unlink()
@@ -108,7 +109,7 @@ def test_item2_auto_map_to_a_missing_module_fails(folder, capsys):
     assert code == 1 and "MISSING  modeling_aot.py" in out
 
 
-def test_item2_tokenizer_auto_map_fails(folder, tmp_path, capsys):
+def test_verify_fails_a_tokenizer_auto_map_to_foreign_code(folder, tmp_path, capsys):
     evil_module(folder, tmp_path / "ran", "tokenization_evil.py")
     edit_json(folder / "tokenizer_config.json", auto_map={"AutoTokenizer": ["tokenization_evil.Tok", None]})
     code, out, err = verify_exit(folder, capsys)
@@ -116,13 +117,13 @@ def test_item2_tokenizer_auto_map_fails(folder, tmp_path, capsys):
     assert "tokenization_evil.py is not an aot-transformers code file" in err
 
 
-def test_item2_any_config_json_with_auto_map_fails(folder, capsys):
+def test_verify_fails_an_auto_map_in_any_config_json(folder, capsys):
     (folder / "preprocessor_config.json").write_text(json.dumps({"auto_map": {"AutoProcessor": "modeling_aot.X"}}))
     code, _, err = verify_exit(folder, capsys)
     assert code == 1 and "preprocessor_config.json: AutoProcessor" in err
 
 
-def test_item2_edited_code_with_rewritten_hash_fails(folder, capsys):
+def test_verify_fails_edited_code_whose_recorded_hash_was_rewritten(folder, capsys):
     path = folder / "modeling_aot.py"
     path.write_text(path.read_text() + "\nimport os  # planted\n")
     config = json.loads((folder / "config.json").read_text())
@@ -135,7 +136,7 @@ def test_item2_edited_code_with_rewritten_hash_fails(folder, capsys):
     assert code == 1 and "DIFFERS  modeling_aot.py" in out and "differs from the installed" in err
 
 
-def test_item2_python_files_at_any_depth_are_checked(folder, capsys):
+def test_verify_checks_python_files_at_any_depth(folder, capsys):
     (folder / "sub").mkdir()
     (folder / "sub" / "helper.py").write_text("print('hi')\n")
     shutil.copy(folder / "attention_aot.py", folder / "sub" / "attention_aot.py")  # an exact copy is harmless
@@ -150,10 +151,10 @@ def test_item2_python_files_at_any_depth_are_checked(folder, capsys):
     assert verify_exit(folder, capsys)[0] == 1
 
 
-# --- item 3: the load-time hash check can be switched off; verify cannot -------------------------------------
+# --- the load-time hash check can be switched off; verify cannot ---------------------------------------------
 
 
-def test_item3_missing_code_sha256_passes_only_with_the_installed_code(folder, capsys):
+def test_folder_without_code_sha256_verifies_only_with_the_installed_code(folder, capsys):
     edit_json(folder / "config.json", code_sha256=None)
     report = verify_folder(folder)
     assert report.unrecorded and report.ok  # byte for byte the installed package: nothing unchecked runs
@@ -164,7 +165,7 @@ def test_item3_missing_code_sha256_passes_only_with_the_installed_code(folder, c
     assert code == 1 and "cannot be checked" in out and "DIFFERS  attention_aot.py" in out
 
 
-def test_item3_card_and_readme_say_what_the_hash_check_protects():
+def test_card_and_readme_say_what_the_hash_check_protects():
     from aot_transformers.evaluation.model_card import render_model_card
     from conftest import REPO_ROOT, tiny_config
 
@@ -176,10 +177,10 @@ def test_item3_card_and_readme_say_what_the_hash_check_protects():
     assert "aot verify" in section and "accidental" in section and "--trust-remote-code" in section
 
 
-# --- item 4: `aot eval lm` does not run a folder's code unasked ----------------------------------------------
+# --- `aot eval lm` does not run a folder's code unasked ------------------------------------------------------
 
 
-def test_item4_unverified_folder_needs_trust_remote_code(folder, tmp_path, capsys):
+def test_eval_lm_of_an_unverified_folder_needs_trust_remote_code(folder, tmp_path, capsys):
     evil_module(folder, tmp_path / "ran")
     map_model(folder, "evil.EvilForCausalLM")
     out = tmp_path / "out"
@@ -190,7 +191,7 @@ def test_item4_unverified_folder_needs_trust_remote_code(folder, tmp_path, capsy
     assert remote_code_allowed(folder, trust_remote_code=True)
 
 
-def test_item4_verified_folder_is_trusted_and_plain_folders_run_no_code(folder, tmp_path):
+def test_eval_lm_trusts_a_verified_folder_and_runs_no_code_of_plain_folders(folder, tmp_path):
     assert remote_code_allowed(folder) is True
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -204,7 +205,7 @@ def test_item4_verified_folder_is_trusted_and_plain_folders_run_no_code(folder, 
     assert type(model).__module__ == "aot_transformers.modeling_aot"
 
 
-def test_item4_hub_id_is_loaded_without_remote_code_unless_asked(monkeypatch, tmp_path, capsys):
+def test_eval_lm_loads_a_hub_id_without_remote_code_unless_asked(monkeypatch, tmp_path, capsys):
     import transformers
 
     calls = []
@@ -233,7 +234,7 @@ def test_item4_hub_id_is_loaded_without_remote_code_unless_asked(monkeypatch, tm
     assert read_results(tmp_path / "out" / "results.json").results["wikitext"]["loss"] > 0
 
 
-# --- item 5: `aot push` uploads only what was checked --------------------------------------------------------
+# --- `aot push` uploads only what was checked ----------------------------------------------------------------
 
 
 class FakeHfApi:
@@ -269,12 +270,12 @@ def fake_hub(monkeypatch):
     return FakeHfApi
 
 
-def test_item5_clean_folder_is_pushed(folder, fake_hub, capsys):
+def test_push_uploads_a_clean_folder(folder, fake_hub, capsys):
     assert aot(["push", str(folder), "--repo-id", "someone/tiny"]) == 0
     assert ("upload_folder", folder) in fake_hub.calls
 
 
-def test_item5_link_out_of_the_folder_is_refused(folder, tmp_path, fake_hub, capsys):
+def test_push_refuses_a_link_out_of_the_folder(folder, tmp_path, fake_hub, capsys):
     secret = tmp_path / "secret.txt"
     secret.write_text("hf_secret_token")
     (folder / "notes.txt").symlink_to(secret)
@@ -290,7 +291,7 @@ def test_item5_link_out_of_the_folder_is_refused(folder, tmp_path, fake_hub, cap
 
 
 @pytest.mark.parametrize("name", ["pytorch_model.bin", "sub/WEIGHTS.PT", "extra.PICKLE", "deep/er/state.Ckpt"])
-def test_item5_pickles_are_refused(folder, fake_hub, name, capsys):
+def test_push_refuses_pickles_at_any_depth_and_case(folder, fake_hub, name, capsys):
     path = folder / name
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({}, path)
@@ -299,7 +300,7 @@ def test_item5_pickles_are_refused(folder, fake_hub, name, capsys):
     assert fake_hub.calls == []
 
 
-def test_item5_unverified_code_is_refused(folder, fake_hub, capsys):
+def test_push_refuses_code_that_differs_from_the_installed_package(folder, fake_hub, capsys):
     path = folder / "attention_aot.py"
     path.write_text(path.read_text() + "\n# planted\n")
     edit_json(folder / "config.json", code_sha256=None)
@@ -308,7 +309,7 @@ def test_item5_unverified_code_is_refused(folder, fake_hub, capsys):
     assert fake_hub.calls == []
 
 
-def test_item5_trainer_state_still_stays_local(folder, fake_hub):
+def test_push_keeps_checkpoints_and_training_args_local(folder, fake_hub):
     (folder / "checkpoint-2").mkdir()
     torch.save({}, folder / "checkpoint-2" / "optimizer.pt")
     torch.save({}, folder / "training_args.bin")
@@ -316,23 +317,25 @@ def test_item5_trainer_state_still_stays_local(folder, fake_hub):
     assert "training_args.bin" not in result.files and not any(n.startswith("checkpoint-") for n in result.files)
 
 
-# --- item 7: one card update at a time, written atomically ---------------------------------------------------
+# --- one card update at a time, written atomically -----------------------------------------------------------
 
 
-def test_item7_second_card_update_fails_at_once(folder, tmp_path, capsys):
+def test_card_update_on_a_locked_folder_fails_at_once(folder, tmp_path, capsys):
     from filelock import FileLock
 
-    held = FileLock(str(folder / ".aot.lock"), timeout=0)
+    lock_path = folder.parent / f".{folder.name}.aot.lock"  # beside the folder: a plain upload never publishes it
+    held = FileLock(str(lock_path), timeout=0)
     held.acquire()
     try:
         code = aot(["eval", "lm", str(folder), *WIKI, "--output-dir", str(tmp_path / "o"), "--update-card"])
         line = one_line_error(capsys.readouterr().err)
-        assert code == 2 and f"another aot run holds {folder / '.aot.lock'}" in line
+        assert code == 2 and f"another aot run holds {lock_path}" in line
         assert not (folder / "README.md").exists() and not (tmp_path / "o").exists()
     finally:
         held.release()
     assert aot(["eval", "lm", str(folder), *WIKI, "--output-dir", str(tmp_path / "o"), "--update-card"]) == 0
     assert "wikitext" in (folder / "README.md").read_text().lower()
+    assert not any(p.name.endswith(".lock") for p in folder.rglob("*")), "no lock file is left inside the model folder"
 
 
 HOLD_LOCK = """
@@ -345,12 +348,12 @@ sys.stdin.read()  # until the test closes our stdin
 """
 
 
-def test_item7_another_process_holding_the_folder_stops_the_card_update(folder, tmp_path, capsys):
+def test_card_update_fails_while_another_process_holds_the_folder(folder, tmp_path, capsys):
     import subprocess
     import sys
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(folder / ".aot.lock")],
+        [sys.executable, "-c", HOLD_LOCK, str(folder.parent / f".{folder.name}.aot.lock")],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -365,7 +368,7 @@ def test_item7_another_process_holding_the_folder_stops_the_card_update(folder, 
     assert not (folder / "README.md").exists()
 
 
-def test_item7_card_write_is_atomic(tmp_path, monkeypatch):
+def test_card_write_is_atomic(tmp_path, monkeypatch):
     card = tmp_path / "README.md"
     card.write_text("old card\n")
 
@@ -378,10 +381,10 @@ def test_item7_card_write_is_atomic(tmp_path, monkeypatch):
     assert card.read_text() == "old card\n" and [p.name for p in tmp_path.iterdir()] == ["README.md"]
 
 
-# --- item 9: a NaN model never reaches a card or a table -----------------------------------------------------
+# --- a NaN model never reaches a card or a table -------------------------------------------------------------
 
 
-def test_item9_nan_model_fails_and_writes_nothing(tmp_path, capsys):
+def test_eval_lm_of_a_nan_model_fails_and_writes_nothing(tmp_path, capsys):
     model = tiny_aot(max_length=32)
     with torch.no_grad():
         model.lm_head.weight.fill_(float("nan"))
@@ -395,7 +398,7 @@ def test_item9_nan_model_fails_and_writes_nothing(tmp_path, capsys):
     assert not out.exists() and (nan_folder / "README.md").read_bytes() == before
 
 
-def test_item9_library_refuses_non_finite_metrics(tmp_path):
+def test_non_finite_metrics_never_reach_a_card_or_a_table(tmp_path):
     report = EvaluationReport(model="m", results={"ptb": {"loss": float("inf"), "source": {"type": "file"}}})
     with pytest.raises(NonFiniteMetricError, match="ptb.loss=inf"):
         update_model_card(tmp_path / "README.md", report)
@@ -403,11 +406,11 @@ def test_item9_library_refuses_non_finite_metrics(tmp_path):
     assert "not finite" in markdown_table([report]) and "inf" not in markdown_table([report]).split("\n")[2]
 
 
-# --- item 12: bad input is exit 2 and one line; a failed check is exit 1 -------------------------------------
+# --- bad input is exit 2 and one line; a failed check is exit 1 ----------------------------------------------
 
 
 @pytest.mark.parametrize("case", ["missing", "file", "no-config", "not-json", "json-list", "binary"])
-def test_item12_verify_bad_folder_is_exit_2(tmp_path, case, capsys):
+def test_verify_of_a_missing_or_malformed_folder_is_one_line_exit_2(tmp_path, case, capsys):
     target = tmp_path / "x"
     if case == "file":
         target.write_text("x")
@@ -429,7 +432,7 @@ def test_item12_verify_bad_folder_is_exit_2(tmp_path, case, capsys):
         (["--update-card", "no/such/dir/README.md"], "--update-card"),
     ],
 )
-def test_item12_eval_lm_bad_arguments_are_one_line(folder, tmp_path, extra, message, capsys):
+def test_eval_lm_bad_arguments_are_one_line_and_write_nothing(folder, tmp_path, extra, message, capsys):
     (tmp_path / "FILE").write_text("x")
     extra = [
         value.replace("FILE", str(tmp_path / "FILE")).replace("no/such", str(tmp_path / "no/such")) for value in extra
@@ -440,7 +443,7 @@ def test_item12_eval_lm_bad_arguments_are_one_line(folder, tmp_path, extra, mess
     assert not (tmp_path / "out").exists()
 
 
-def test_item12_malformed_card_is_refused_before_evaluating(folder, tmp_path, capsys):
+def test_malformed_card_is_refused_before_evaluating(folder, tmp_path, capsys):
     (folder / "README.md").write_text("---\n: : not yaml [\n---\n# card\n")
     before = (folder / "README.md").read_bytes()
     assert aot(["eval", "lm", str(folder), *WIKI, "--output-dir", str(tmp_path / "o"), "--update-card"]) == 2
@@ -461,7 +464,7 @@ def test_item12_malformed_card_is_refused_before_evaluating(folder, tmp_path, ca
         b'{"results": {}, "settings": [1]}',
     ],
 )
-def test_item12_eval_table_malformed_results_are_one_line(tmp_path, content, capsys):
+def test_eval_table_of_malformed_results_is_one_line(tmp_path, content, capsys):
     path = tmp_path / "results.json"
     path.write_bytes(content)
     assert aot(["eval", "table", str(path)]) == 2
@@ -470,10 +473,10 @@ def test_item12_eval_table_malformed_results_are_one_line(tmp_path, content, cap
         read_results(path)
 
 
-# --- item 15: pickles anywhere; `aot push` bad input is exit 2 -----------------------------------------------
+# --- pickles anywhere; `aot push` bad input is exit 2 --------------------------------------------------------
 
 
-def test_item15_verify_finds_pickles_in_subfolders_any_case_and_pickle_suffix(folder):
+def test_verify_finds_pickles_at_any_depth_in_any_case_with_every_pickle_suffix(folder):
     for name in ("sub/deep/optimizer.pt", "WEIGHTS.BIN", "state.pickle", "a.Pkl", "b.pth", "c.ckpt"):
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -486,7 +489,7 @@ def test_item15_verify_finds_pickles_in_subfolders_any_case_and_pickle_suffix(fo
 
 
 @pytest.mark.parametrize("case", ["missing", "file", "bad-json", "bad-repo-id", "bad-endpoint"])
-def test_item15_push_bad_input_is_exit_2(folder, tmp_path, fake_hub, case, capsys):
+def test_push_bad_input_is_one_line_exit_2_and_uploads_nothing(folder, tmp_path, fake_hub, case, capsys):
     target, repo, extra = folder, "someone/tiny", []
     if case == "bad-endpoint":
         extra = ["--endpoint", "hub.example.com"]
@@ -503,13 +506,13 @@ def test_item15_push_bad_input_is_exit_2(folder, tmp_path, fake_hub, case, capsy
     assert fake_hub.calls == []
 
 
-def test_item5_readme_card_is_loadable_after_push_checks(folder, fake_hub):
+def test_push_uploads_a_rendered_card_for_a_folder_without_one(folder, fake_hub):
     """Positive control: the checks do not stop the card that push renders for a folder without one."""
     result = push_to_hub(folder, "someone/tiny")
     assert "README.md" in result.files and ("upload_file", "README.md") in fake_hub.calls
 
 
-def test_item2_lora_adapter_folder_must_hold_no_code(tmp_path, fake_hub, capsys):
+def test_verify_and_push_fail_a_lora_adapter_folder_holding_code(tmp_path, fake_hub, capsys):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "base", "r": 4}))
@@ -523,7 +526,7 @@ def test_item2_lora_adapter_folder_must_hold_no_code(tmp_path, fake_hub, capsys)
     assert fake_hub.calls == []
 
 
-# Issue 26: a folder with missing weights is not evaluated; an adapter whose local base is gone is not passed.
+# A folder with missing weights is not evaluated; an adapter whose local base is gone is not passed.
 
 
 def test_eval_of_a_folder_whose_position_table_is_missing_is_refused(tmp_path, capsys):

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ._io import remove_stale_temporaries, temporary_prefix
 from .modeling_aot import AoTForCausalLM, AoTForImageClassification, AoTModel, AoTPreTrainedModel
 
 # What a saved folder's `architectures[0]` must be for `aot export onnx`, and the class that loads it.
@@ -358,7 +359,8 @@ def export_onnx(
     # module itself, the ONNX exporter would fall back to other tracers and fix the axes to the example's sizes.
     exported = _export(spec, model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as staging:
+    remove_stale_temporaries(path)  # the staging folder of an export that was killed
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=temporary_prefix(path)) as staging:
         staged = Path(staging) / path.name
         program = torch.onnx.export(
             exported,

@@ -13,24 +13,18 @@ Every Hub call takes an `endpoint`, so the same code talks to the Hub, a private
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
-import socket
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._io import CODE_FILES, EVAL_RESULTS_DIR, STAGING_MARKER, atomic_folder, is_pickle_name
 from .errors import RunError, UsageError
 from .evaluation.model_card import card_for_folder, card_template_path, render_model_card
 from .modeling_aot import AoTPreTrainedModel
 
-CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
-EVAL_RESULTS_DIR = ".eval_results"
 # What never leaves the machine in a model push: Trainer checkpoints and logs, caches, pickles (optimizer state and
 # `training_args.bin` execute code when unpickled; the model itself is safetensors).
 PUSH_IGNORE_PATTERNS = [
@@ -51,97 +45,6 @@ PUSH_IGNORE_PATTERNS = [
 
 
 EXPORT_MANIFEST = ".aot_export.json"  # written by every export: marks the folder as ours and lists its files
-STAGING_MARKER = ".aot_staging"  # inside a staging folder while it is written: the pid and host writing it
-
-
-@contextmanager
-def atomic_folder(target: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
-    """Yield a temporary folder beside `target`; when the block ends without error, it replaces `target` in one
-    rename (an existing folder is kept until then, and survives any failure); on error it is removed.
-
-    Staging folders that an earlier, killed writer left beside `target` are removed first (those whose
-    `STAGING_MARKER` names a process of this host that no longer runs)."""
-    target = Path(target)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists; pass overwrite=True to replace it.")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(target)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        (staging / STAGING_MARKER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
-        yield staging
-        (staging / STAGING_MARKER).unlink()
-        _fsync_tree(staging)
-        backup = None
-        if target.exists():
-            backup = target.with_name(f".{target.name}.old")
-            shutil.rmtree(backup, ignore_errors=True)
-            target.rename(backup)
-        staging.rename(target)
-        _fsync_directory(target.parent)
-        if backup is not None:
-            shutil.rmtree(backup, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def remove_stale_staging(target: str | os.PathLike) -> list[Path]:
-    """Remove the staging folders of `target` (`.<name>.*` beside it) left by a writer that was killed: those whose
-    marker names a dead process of this host, and the `.<name>.old` backup of a rename interrupted after the new
-    folder was in place. Returns the folders removed."""
-    target = Path(target)
-    removed = []
-    if not target.parent.is_dir():
-        return removed
-    for path in target.parent.glob(f".{glob.escape(target.name)}.*"):
-        if not path.is_dir():
-            continue
-        stale = path.name == f".{target.name}.old" and target.is_dir()
-        marker = path / STAGING_MARKER
-        if marker.is_file():
-            try:
-                owner = json.loads(marker.read_text())
-                stale = owner.get("host") == socket.gethostname() and not _process_alive(int(owner["pid"]))
-            except (OSError, ValueError, KeyError, TypeError):
-                stale = False  # unreadable: possibly being written right now; left alone
-        if stale:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
-
-
-def _fsync_directory(folder: Path) -> None:
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:  # platforms without directory descriptors
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file of `folder` to disk before it is renamed into place (a power loss then leaves the old folder
-    or the complete new one, never a folder of empty files)."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    _fsync_directory(folder)
 
 
 def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathLike, ...] = ()) -> Path:
@@ -385,7 +288,7 @@ def check_push_contents(folder: Path, names: list[str], escaping: list[str]) -> 
     Raises:
         UsageError: One line naming every offending file; nothing has been uploaded.
     """
-    from .verify import is_pickle_name, verify_folder
+    from .verify import verify_folder
 
     problems = [f"{name} is a link to a folder or out of {folder}" for name in escaping]
     problems += [f"{name} is a pickle (can run arbitrary code when loaded)" for name in names if is_pickle_name(name)]
@@ -532,7 +435,6 @@ def upload_checkpoint(
 __all__ = [
     "HubPushError",
     "PushResult",
-    "atomic_folder",
     "card_for_folder",
     "card_template_path",
     "check_export_folder",

@@ -29,16 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from ._io import PICKLE_SUFFIXES, is_pickle_name
 from .errors import UsageError
 from .modeling_aot import CODE_FILES, code_file_hashes
-
-# Files that may hold a pickle (compared case-insensitively): loading one can run arbitrary code.
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-
-
-def is_pickle_name(name: str) -> bool:
-    """Whether a file name has a pickle suffix (any case): `model.BIN`, `state.pickle`, …"""
-    return name.lower().endswith(PICKLE_SUFFIXES)
 
 
 def _sha256(path: Path) -> str:

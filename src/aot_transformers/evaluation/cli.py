@@ -13,10 +13,9 @@ import os
 import re
 from pathlib import Path
 
+from .._io import LOCK_FILE, FolderLockedError, lock_folder
 from ..errors import RunError, report_error
 from .data import EvaluationError, EvaluationFailed
-
-LOCK_FILE = ".aot.lock"
 
 
 def _data_overrides(values: list[str]) -> dict[str, str]:
@@ -78,24 +77,17 @@ def _check_output_dir(folder: Path) -> None:
 
 
 def _lock(folder: Path):
-    """Hold `folder/.aot.lock` (a `filelock.FileLock`) so that a second run updating the same card fails at once
-    instead of silently losing one of the two results."""
-    from filelock import FileLock, Timeout
-
-    path = folder / LOCK_FILE
-    lock = FileLock(str(path), timeout=0)
+    """Hold `.<folder>.aot.lock` beside the card's folder (never inside it, where a plain upload would publish it), so
+    that a second run updating the same card fails at once instead of silently losing one of the two results."""
     try:
-        lock.acquire()
-    except Timeout:
+        return lock_folder(folder.parent / f".{folder.name}{LOCK_FILE}")
+    except FolderLockedError as error:
+        if error.cause is not None:
+            raise EvaluationError(f"{error}: the model card's folder is not writable.") from None
         raise EvaluationError(
-            f"another aot run holds {path}: wait for it to finish, or update another card (two runs updating one "
-            "model card would lose one's results)."
+            f"{error}: wait for it to finish, or update another card (two runs updating one model card would lose "
+            "one's results)."
         ) from None
-    except OSError as error:
-        raise EvaluationError(
-            f"cannot lock {path} ({type(error).__name__}: {error}): the model card's folder is not writable.",
-        ) from None
-    return lock
 
 
 def run_lm(args: argparse.Namespace) -> int:

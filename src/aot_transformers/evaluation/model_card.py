@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._io import EVAL_RESULTS_DIR, atomic_write_text, is_hub_id
 from .data import EvaluationError
 
 if TYPE_CHECKING:
@@ -23,24 +24,10 @@ if TYPE_CHECKING:
 CARD_TEMPLATE = "aot_model_card.md"
 TEXT_TASK = "text-generation"
 IMAGE_TASK = "image-classification"
-EVAL_RESULTS_DIR = ".eval_results"
 EVAL_RESULTS_FILE = "aot-eval.yaml"
 SECTION_START = "<!-- aot-eval:start -->"
 SECTION_END = "<!-- aot-eval:end -->"
 SOURCE_NAME = "aot eval (aot-transformers)"
-
-
-def is_repo_id(name: str) -> bool:
-    """Whether `name` is a valid Hub repository id (what the Hub accepts as `base_model`)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    if not name or name.startswith((".", "/", "~")) or os.sep + os.sep in name:
-        return False
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return False
-    return True
 
 
 def _base_model_text(base_model: str | None, description: str | None, is_adapter: bool) -> str | None:
@@ -198,7 +185,7 @@ def render_model_card(
     from .. import __version__
     from ..configuration_aot import REQUIRED_TRANSFORMERS
 
-    if base_model is not None and not is_repo_id(base_model):
+    if base_model is not None and not is_hub_id(base_model):
         raise ValueError(
             f"base_model {base_model!r} is not a Hub repository id (namespace/name); the Hub rejects such metadata. "
             "Pass a local base as base_model_description instead."
@@ -421,7 +408,7 @@ def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, mo
     """
     from huggingface_hub import ModelCard, ModelCardData
 
-    from .results import atomic_write_text, check_finite, markdown_table
+    from .results import check_finite, markdown_table
 
     check_finite(report)
     path = card_file(card_path)
@@ -493,7 +480,6 @@ def eval_results_yaml(entries: list) -> str:
 
 
 __all__ = [
-    "EVAL_RESULTS_DIR",
     "SECTION_END",
     "SECTION_START",
     "card_file",
@@ -503,7 +489,6 @@ __all__ = [
     "eval_results",
     "eval_results_yaml",
     "infer_task",
-    "is_repo_id",
     "load_card",
     "render_model_card",
     "update_model_card",

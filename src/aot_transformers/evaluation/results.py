@@ -10,18 +10,15 @@ and an earlier results file survives a failed one.
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
-import re
-import socket
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._io import atomic_write_text
 from ..errors import RunError
 from .data import EvaluationError
 from .runner import EvaluationReport
@@ -92,59 +89,6 @@ def markdown_table(reports: Sequence[EvaluationReport], names: Sequence[str] | N
             cells += [str(result.get("tokens", "–")), f"{seconds:.1f}" if finite else "–"]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _temporary_prefix(path: Path) -> str:
-    """The name prefix of this process's temporary files for `path`: `.<name>.<host>-<pid>.` (see
-    `remove_stale_temporaries`)."""
-    return f".{path.name}.{socket.gethostname()}-{os.getpid()}."
-
-
-def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files of `path` (`.<name>.<host>-<pid>.*` beside it) that a writer killed mid-write left
-    behind: those naming this host and a process that no longer runs. Returns the files removed."""
-    from ..hub import _process_alive
-
-    path = Path(path)
-    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(?P<host>.+)-(?P<pid>\d+)\.[^.]+$")
-    removed = []
-    host = socket.gethostname()
-    for candidate in path.parent.glob(f".{glob.escape(path.name)}.*") if path.parent.is_dir() else []:
-        match = pattern.match(candidate.name)
-        if match and match["host"] == host and not _process_alive(int(match["pid"])) and candidate.is_file():
-            candidate.unlink(missing_ok=True)
-            removed.append(candidate)
-    return removed
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, fsync it, rename it over `path` and fsync the folder: a kill
-    or a power loss leaves the old file or the new one, never a mix or an empty file. The temporary file names its
-    writer, so temporary files of a writer that was killed (SIGKILL runs no cleanup) are removed by the next write
-    (`remove_stale_temporaries`)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path)
-    handle, temporary = tempfile.mkstemp(prefix=_temporary_prefix(path), dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    try:
-        directory = os.open(path.parent, os.O_RDONLY)
-    except OSError:  # a platform without directory handles (Windows): the rename itself is still atomic
-        return
-    try:
-        os.fsync(directory)
-    except OSError:
-        pass
-    finally:
-        os.close(directory)
 
 
 class NonFiniteMetricError(RunError):
@@ -282,13 +226,11 @@ def card_results(report: EvaluationReport) -> list[dict[str, Any]]:
 __all__ = [
     "TABLE_COLUMNS",
     "NonFiniteMetricError",
-    "atomic_write_text",
     "card_results",
     "check_finite",
     "markdown_table",
     "non_finite_metrics",
     "read_results",
-    "remove_stale_temporaries",
     "training_results_json",
     "write_results",
 ]

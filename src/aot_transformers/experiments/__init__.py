@@ -1,14 +1,15 @@
 """The papers' theory and small-scale experiments as tested, runnable modules.
 
 One module per study, each exposing plain functions (generators, operators, metrics, training loops), its options
-declared once as `OPTIONS` (read by the Python API and by `aot experiment`), one function per figure or claim, and
-a `run(out=..., **options)` that fills a shared `Study` record and writes `results.json`, PNG figures and
-`summary.md`:
+declared once as an `Options` dataclass (read by the Python API and, through `HfArgumentParser`, by `aot
+experiment`), one function per figure or claim, and a `run(out=..., **options)` that fills a shared `Study` record
+(`study.py`) and writes `results.json`, PNG figures and `summary.md`:
 
 - `denoising` — AoT Theorem 1 / Fig. 4: SNR per layer of unrolled MSSA on a noisy mixture of low-rank Gaussians.
 - `icl` — AoT Fig. 6: in-context linear and sparse-linear regression (AoT-MSSA, AoT-MHSA, transformer with MLPs).
 - `clustering` — Maulen-Soto, Marion, Boyer: two-head attention learns the centroids; in-context quantization
-  (`clustering_theory` holds the paper's closed forms, apart from the training loops).
+  (`clustering` holds the data, predictors and training loop, `clustering_theory` the paper's closed forms,
+  `clustering_figures` the figures and claims of `aot experiment clustering`).
 - `knn` — KVT: noise distillation of k-NN attention and its training speed on CIFAR-10.
 - `knn_evidence` — KVT's own evidence: slow vs fast definition, Lemmas 1 and 3, Figs 1–4.
 - `attention_maps` — AoT Fig. 7: [CLS]-to-patch attention of each head of a trained image classifier.
@@ -23,26 +24,31 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-STUDIES: dict[str, str] = {
-    "denoising": "denoising",
-    "icl": "icl",
-    "clustering": "clustering",
-    "knn": "knn",
-    "knn-evidence": "knn_evidence",
-    "attention-maps": "attention_maps",
+# Study name -> (its module, one line of help for `aot experiment --help`).
+STUDIES: dict[str, tuple[str, str]] = {
+    "denoising": ("denoising", "AoT Theorem 1 / Fig. 4: SNR per layer of unrolled MSSA"),
+    "icl": ("icl", "AoT Fig. 6: in-context linear / sparse regression"),
+    "clustering": ("clustering_figures", "attention-based clustering: Figs 1-15 and the closed forms"),
+    "knn": ("knn", "KVT: noise distillation and training speed of k-NN attention"),
+    "knn-evidence": ("knn_evidence", "KVT: slow vs fast definition, Lemmas 1 and 3, Figs 1-4 (k sweep, maps)"),
+    "attention-maps": ("attention_maps", "AoT Fig. 7: [CLS]-to-patch attention of each head (penultimate layer)"),
 }
 
 
-def run_experiment(name: str, **options: Any) -> dict[str, Any]:
-    """Run study `name` (a key of `STUDIES`) with `options` passed to its `run` function.
+def study_module(name: str):
+    """The module of study `name` (a key of `STUDIES`): its `Options`, its figures and its `run`.
 
     Raises:
         ValueError: For an unknown study name (the message lists the known ones).
     """
     if name not in STUDIES:
         raise ValueError(f"Unknown study {name!r}; choose one of {sorted(STUDIES)}.")
-    module = importlib.import_module(f"{__name__}.{STUDIES[name]}")
-    return module.run(**options)
+    return importlib.import_module(f"{__name__}.{STUDIES[name][0]}")
 
 
-__all__ = ["STUDIES", "run_experiment"]
+def run_experiment(name: str, **options: Any) -> dict[str, Any]:
+    """Run study `name` (a key of `STUDIES`) with `options` passed to its `run` function (ValueError: unknown name)."""
+    return study_module(name).run(**options)
+
+
+__all__ = ["STUDIES", "run_experiment", "study_module"]

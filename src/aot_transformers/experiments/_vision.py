@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._common import Stopwatch, check_int, check_real, make_generator
+from .study import Stopwatch, check_int, check_real, make_generator
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -76,11 +76,8 @@ def load_cifar10(data_dir: str | Path | None = None, per_class: int = 500) -> tu
 def load_mnist5k(data_dir: str | Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The 5,000 MNIST digits of `vision/mnist5k/mnist_5k.csv.gz`: uint8 (5000, 1, 28, 28) and labels (5000,)."""
     root = Path(data_dir) if data_dir is not None else default_data_dir()
-    path = (
-        root / "mnist_5k.csv.gz"
-        if (root / "mnist_5k.csv.gz").exists()
-        else root / "vision" / "mnist5k" / ("mnist_5k.csv.gz")
-    )
+    path = root / "mnist_5k.csv.gz"
+    path = path if path.exists() else root / "vision" / "mnist5k" / "mnist_5k.csv.gz"
     if not path.exists():
         raise FileNotFoundError(
             f"MNIST file {path} not found; pass `data_dir` pointing at the folder that holds "

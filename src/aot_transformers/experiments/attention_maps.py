@@ -9,23 +9,17 @@ patches (mean intensity above a threshold) against the share those patches would
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
-from ._common import (
-    Option,
-    Study,
-    check_int,
-    new_figure,
-    resolve_options,
-    save_figure,
-)
 from .knn import vision_config
+from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, new_figure, save_figure
 
 DATASETS = ("mnist", "cifar10")
 
@@ -105,73 +99,57 @@ def _dataset(name: str, data_dir: str | Path | None, per_class: int) -> tuple[to
     return _vision.load_cifar10(data_dir, per_class)
 
 
-OPTIONS = (
-    Option("model", None, "saved AoTForImageClassification folder (trains one if left out)", kind=str, optional=True),
-    Option("dataset", "mnist", "mnist or cifar10 (when training)", choices=DATASETS),
-    Option(
-        "layer",
-        None,
-        "layer shown (default: the penultimate, as the paper's Fig. 7; negative counts from the end)",
-        kind=int,
-        optional=True,
-        minimum=-1000,
-    ),
-    Option("num_images", 6, "images shown", minimum=1),
-    Option("epochs", 15, "training epochs", minimum=1),
-    Option("per_class", 300, "training images per class (CIFAR-10)", minimum=1),
-    Option("data_dir", None, "shared data folder", kind=str, optional=True),
-    Option("hidden_size", 96, "width of the trained classifier", minimum=1),
-    Option("num_layers", 4, "layers of the trained classifier", minimum=1),
-    Option("patch_size", 4, "patch size of the trained classifier", minimum=1),
-    Option("lr", 3e-3, "learning rate", minimum=0.0, open_min=True),
-    Option("train_images", None, "cap on the training images", kind=int, optional=True, minimum=1),
-    Option("save_model", True, "save the trained classifier next to the figures"),
-    Option("seed", 0, "random seed", minimum=0),
-)
+@dataclass
+class Options(StudyOptions):
+    model: str | None = arg(None, "saved AoTForImageClassification folder (trains one if left out)")
+    dataset: str = arg("mnist", "mnist or cifar10 (when training)", DATASETS)
+    layer: Annotated[int, Range(-1000)] | None = arg(
+        None, "layer shown (default: the penultimate, as the paper's Fig. 7; negative counts from the end)"
+    )
+    num_images: Annotated[int, Range(1, 64)] = arg(6, "images shown")
+    epochs: Count = arg(15, "training epochs")
+    per_class: Count = arg(300, "training images per class (CIFAR-10)")
+    data_dir: str | None = arg(None, "shared data folder")
+    hidden_size: Count = arg(96, "width of the trained classifier")
+    num_layers: Count = arg(4, "layers of the trained classifier")
+    patch_size: Count = arg(4, "patch size of the trained classifier")
+    lr: Positive = arg(3e-3, "learning rate")
+    train_images: Count | None = arg(None, "cap on the training images")
+    save_model: bool = arg(True, "save the trained classifier next to the figures")
+    seed: Seed = arg(0, "random seed")
 
 
 TITLE = "Attention maps (AoT Fig. 7)"
 
 
-def classifier_for(
-    study: Study, o: dict[str, Any]
-) -> tuple[AoTForImageClassification, dict, torch.Tensor, torch.Tensor]:
-    """The model whose maps are drawn: `o["model"]` loaded, or a small AoT-MSSA trained on `o["dataset"]` first.
+def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification, dict, torch.Tensor, torch.Tensor]:
+    """The model whose maps are drawn: `o.model` loaded, or a small AoT-MSSA trained on `o.dataset` first.
 
     Returns the classifier, the data split, and the normalisation mean and std (the training statistics).
     """
-    dataset = o["dataset"]
+    dataset = o.dataset
     classifier = None
-    if o["model"] is not None:
-        classifier = AoTForImageClassification.from_pretrained(o["model"])
+    if o.model is not None:
+        classifier = AoTForImageClassification.from_pretrained(o.model)
         dataset = "mnist" if classifier.config.num_channels == 1 else "cifar10"
-    images, labels = _dataset(dataset, o["data_dir"], o["per_class"])
-    data = _vision.split(images, labels, 0.2, o["seed"])
-    if o["train_images"] is not None:
-        data["train_images"] = data["train_images"][: o["train_images"]]
-        data["train_labels"] = data["train_labels"][: o["train_images"]]
+    images, labels = _dataset(dataset, o.data_dir, o.per_class)
+    data = _vision.split(images, labels, 0.2, o.seed)
+    if o.train_images is not None:
+        for key in ("train_images", "train_labels"):
+            data[key] = data[key][: o.train_images]
     mean, std = _vision.channel_stats(data["train_images"])
     if classifier is None:
-        torch.manual_seed(o["seed"])
-        config = vision_config(
-            "aot",
-            None,
-            image_size=images.shape[-1],
-            patch_size=o["patch_size"],
-            hidden_size=o["hidden_size"],
-            num_layers=o["num_layers"],
-            num_channels=images.shape[1],
-        )
+        torch.manual_seed(o.seed)
+        size, channels = images.shape[-1], images.shape[1]
+        config = vision_config("aot", None, size, o.patch_size, o.hidden_size, o.num_layers, num_channels=channels)
         config.image_mean, config.image_std = mean.tolist(), std.tolist()  # kept with the model for reuse
         classifier = AoTForImageClassification(config)
         normalised = {
             key: _vision.normalise(value, mean, std) if key.endswith("images") else value
             for key, value in data.items()
         }
-        study.results["training"] = _vision.train_classifier(
-            classifier, normalised, o["epochs"], lr=o["lr"], seed=o["seed"]
-        )
-        if o["save_model"]:
+        study.results["training"] = _vision.train_classifier(classifier, normalised, o.epochs, lr=o.lr, seed=o.seed)
+        if o.save_model:
             classifier.save_pretrained(study.folder / "model")
     else:
         stored_mean = getattr(classifier.config, "image_mean", None)
@@ -182,8 +160,8 @@ def classifier_for(
     return classifier, data, mean, std
 
 
-def figure7(study: Study, o: dict[str, Any], classifier, data: dict, mean: torch.Tensor, std: torch.Tensor) -> None:
-    """AoT Fig. 7: [CLS]-to-patch attention of every head of the penultimate layer (or `o["layer"]`).
+def figure7(study: Study, o: Options, classifier, data: dict, mean: torch.Tensor, std: torch.Tensor) -> None:
+    """AoT Fig. 7: [CLS]-to-patch attention of every head of the penultimate layer (or `o.layer`).
 
     Measured: the share of that attention on "ink" patches (MNIST) against the share uniform attention gives.
     """
@@ -199,10 +177,10 @@ def figure7(study: Study, o: dict[str, Any], classifier, data: dict, mean: torch
 
     val_images, val_labels = data["val_images"], data["val_labels"]
     val_accuracy = _vision.accuracy(classifier, prepare(val_images), val_labels)
-    layer = o["layer"]
+    layer = o.layer
     if layer is None:
         layer = -2 if classifier.config.num_hidden_layers >= 2 else -1  # AoT Fig. 7: the penultimate layer
-    chosen = val_images[: o["num_images"]]
+    chosen = val_images[: o.num_images]
     maps = cls_attention_maps(classifier, prepare(chosen), layer)
     layer_index = layer % classifier.config.num_hidden_layers
     study.figures.append(
@@ -232,14 +210,13 @@ def figure7(study: Study, o: dict[str, Any], classifier, data: dict, mean: torch
 
 
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
-    """Plot the [CLS] attention of each head of one layer (default: the penultimate, as AoT's Fig. 7; `OPTIONS`).
+    """Plot the [CLS] attention of each head of one layer (default: the penultimate, as AoT's Fig. 7; `Options`).
 
     The paper's Fig. 7 is an ImageNet-1K AoT-MSSA; here a small AoT-MSSA trained on the local MNIST digits (or a
     saved model given with `model`), since ImageNet training does not fit this CPU.
     """
-    o = resolve_options(OPTIONS, options)
-    check_int("num_images", o["num_images"], 1, 64)
-    study = Study("attention-maps", TITLE, o, out, spec=OPTIONS)
+    o = Options.parse(options)
+    study = Study("attention-maps", TITLE, o, out)
     classifier, data, mean, std = classifier_for(study, o)
     figure7(study, o, classifier, data, mean, std)
     return study.finish()

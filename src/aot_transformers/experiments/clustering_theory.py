@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from ._common import check_choice, check_int, check_real
+from .study import check_choice, check_int, check_real
 
 VALUES = ("identity", "projected")
 

@@ -27,20 +27,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
-from ._common import (
-    Option,
+from .study import (
+    Count,
+    NonNegative,
+    Positive,
+    Range,
+    Seed,
     Study,
+    StudyOptions,
+    arg,
     check_choice,
     check_int,
     check_real,
     make_generator,
-    new_figure,
-    resolve_options,
 )
 from .subspace import subspace_attention
 
@@ -75,10 +80,7 @@ def orthogonal_subspaces(
 
 
 def sample_noisy_subspace_mixture(
-    num_tokens: int,
-    subspaces: torch.Tensor,
-    noise_level: float,
-    generator: torch.Generator | None = None,
+    num_tokens: int, subspaces: torch.Tensor, noise_level: float, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens from the mixture of noisy low-rank Gaussians of Definition 1, in K equal clusters.
 
@@ -202,20 +204,13 @@ def theorem1_hypotheses(
     n, k, p = num_tokens, num_subspaces, subspace_dim
     log_n = math.log(n)
     tau_max = 1.0 / (1.0 + n * math.exp(-9 * p / 32))
+    delta_max, p_min, n_min = math.sqrt(log_n / p), 64 * (math.sqrt(log_n) + 1) ** 2, 8 * math.pi * k**2 * log_n**3
     checks = {
         "p >= log N": (p, log_n, p >= log_n),
-        "delta <= sqrt(log N / p)": (noise_level, math.sqrt(log_n / p), noise_level <= math.sqrt(log_n / p)),
-        "delta <= sqrt(log N / p) / 8 (Lemma 2)": (
-            noise_level,
-            math.sqrt(log_n / p) / 8,
-            noise_level <= math.sqrt(log_n / p) / 8,
-        ),
-        "p >= 64 (sqrt(log N) + 1)^2 (proof)": (
-            p,
-            64 * (math.sqrt(log_n) + 1) ** 2,
-            p >= 64 * (math.sqrt(log_n) + 1) ** 2,
-        ),
-        "N >= 8 pi K^2 log^3 N (Lemma 2)": (n, 8 * math.pi * k**2 * log_n**3, n >= 8 * math.pi * k**2 * log_n**3),
+        "delta <= sqrt(log N / p)": (noise_level, delta_max, noise_level <= delta_max),
+        "delta <= sqrt(log N / p) / 8 (Lemma 2)": (noise_level, delta_max / 8, noise_level <= delta_max / 8),
+        "p >= 64 (sqrt(log N) + 1)^2 (proof)": (p, p_min, p >= p_min),
+        "N >= 8 pi K^2 log^3 N (Lemma 2)": (n, n_min, n >= n_min),
         "tau in (1/2, 1/(1 + N exp(-9p/32))]": (tau, tau_max, 0.5 < tau <= tau_max),
     }
     return {name: {"value": value, "bound": bound, "holds": bool(ok)} for name, (value, bound, ok) in checks.items()}
@@ -262,50 +257,39 @@ def unroll(
     return {"snr": snr, "ratio": snr[1:] / snr[:-1], "pattern_fraction": torch.stack(pattern), "tokens": tokens}
 
 
-OPTIONS = (
-    Option("noise_levels", [0.2, 0.5], "δ values (Fig. 4 uses 0.2 and 0.5)", many=True, minimum=0.0),
-    Option("num_subspaces", 4, "K", minimum=1),
-    Option("subspace_dim", 128, "p", minimum=1),
-    Option("ambient_dim", None, "d (default K·p)", kind=int, optional=True, minimum=1),
-    Option("num_tokens", 512, "N", minimum=2),
-    Option("num_layers", 8, "layers unrolled", minimum=1),
-    Option("step_size", 0.2, "η", minimum=0.0, open_min=True),
-    Option(
-        "tau",
-        0.6,
-        "τ of the hard threshold, in (0, 1); Theorem 1 takes (1/2, 1/(1 + N e^(-9p/32))]",
-        minimum=0.0,
-        maximum=1.0,
-        open_min=True,
-        open_max=True,
-    ),
-    Option(
-        "scaling",
+@dataclass
+class Options(StudyOptions):
+    noise_levels: list[NonNegative] = arg([0.2, 0.5], "δ values (Fig. 4 uses 0.2 and 0.5)")
+    num_subspaces: Count = arg(4, "K")
+    subspace_dim: Count = arg(128, "p")
+    ambient_dim: Count | None = arg(None, "d (default K·p)")
+    num_tokens: Annotated[int, Range(2)] = arg(512, "N")
+    num_layers: Count = arg(8, "layers unrolled")
+    step_size: Positive = arg(0.2, "η")
+    tau: Annotated[float, Range(0.0, 1.0, open_low=True, open_high=True)] = arg(
+        0.6, "τ of the hard threshold, in (0, 1); Theorem 1 takes (1/2, 1/(1 + N e^(-9p/32))]"
+    )
+    scaling: Positive | None = arg(
         None,
         "factor on the scores Zᵀ U_k U_kᵀ Z (default 1/√p, a model's MSSA; Theorem 1 writes 1, which needs "
         "δ ≤ √(log N / p): at δ = 0.5 the other heads' noise scores then pass the threshold)",
-        kind=float,
-        optional=True,
-        minimum=0.0,
-        open_min=True,
-    ),
-    Option("seed", 0, "random seed", minimum=0),
-)
+    )
+    seed: Seed = arg(0, "random seed")
 
 
 TITLE = "Denoising by unrolled MSSA (AoT Theorem 1, Fig. 4)"
 
 
-def snr_curves(study: Study, o: dict[str, Any], delta: float, subspaces: torch.Tensor, generator, ax) -> None:
+def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, generator, ax) -> None:
     """AoT Theorem 1 / Fig. 4 at one noise level δ: per-layer SNR with φ = h∘softmax and with softmax.
 
     Beside the measured ratio per layer, the claim lists which of Theorem 1's hypotheses (`theorem1_hypotheses`)
     hold for this (N, K, p, δ, τ), and whether the thresholding pattern of the proof held for every token.
     """
-    num_layers, tau, target = o["num_layers"], o["tau"], 1.0 + o["step_size"] * o["tau"]
-    tokens, labels = sample_noisy_subspace_mixture(o["num_tokens"], subspaces, delta, generator)
+    num_layers, tau, target = o.num_layers, o.tau, 1.0 + o.step_size * o.tau
+    tokens, labels = sample_noisy_subspace_mixture(o.num_tokens, subspaces, delta, generator)
     for phi in PHIS:
-        result = unroll(tokens, labels, subspaces, num_layers, o["step_size"], phi, tau, o["scaling"])
+        result = unroll(tokens, labels, subspaces, num_layers, o.step_size, phi, tau, o.scaling)
         mean_snr = result["snr"].mean(dim=1)
         in_regime = result["pattern_fraction"] == 1.0  # (num_layers,)
         ratios = result["ratio"]  # (num_layers, K)
@@ -320,12 +304,12 @@ def snr_curves(study: Study, o: dict[str, Any], delta: float, subspaces: torch.T
             "layers_in_regime": int(in_regime.sum()),
         }
         if phi == "threshold":
-            hypotheses = theorem1_hypotheses(o["num_tokens"], o["num_subspaces"], o["subspace_dim"], delta, tau)
+            hypotheses = theorem1_hypotheses(o.num_tokens, o.num_subspaces, o.subspace_dim, delta, tau)
             record["theorem1_hypotheses"] = hypotheses
             failed = [name for name, h in hypotheses.items() if not h["holds"]]
             study.claim(
-                f"Theorem 1 / Lemma 2 hypotheses, N={o['num_tokens']}, K={o['num_subspaces']}, "
-                f"p={o['subspace_dim']}, δ={delta}, τ={tau}",
+                f"Theorem 1 / Lemma 2 hypotheses, N={o.num_tokens}, K={o.num_subspaces}, "
+                f"p={o.subspace_dim}, δ={delta}, τ={tau}",
                 "all hold"
                 if not failed
                 else "not met: "
@@ -362,18 +346,17 @@ def snr_curves(study: Study, o: dict[str, Any], delta: float, subspaces: torch.T
 
 
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
-    """The denoising study: SNR per layer for each noise level, with Theorem 1's φ and with softmax (`OPTIONS`)."""
-    o = resolve_options(OPTIONS, options)
-    o["ambient_dim"] = o["num_subspaces"] * o["subspace_dim"] if o["ambient_dim"] is None else o["ambient_dim"]
-    o["scaling"] = o["subspace_dim"] ** -0.5 if o["scaling"] is None else o["scaling"]
-    study = Study("denoising", TITLE, o, out, spec=OPTIONS)
-    generator = make_generator(o["seed"])
-    subspaces = orthogonal_subspaces(o["ambient_dim"], o["num_subspaces"], o["subspace_dim"], generator)
-    study.results.update(target_ratio=1.0 + o["step_size"] * o["tau"], runs={})
-    fig, axes = new_figure(ncols=len(o["noise_levels"]))
-    for column, delta in enumerate(o["noise_levels"]):
+    """The denoising study: SNR per layer for each noise level, with Theorem 1's φ and with softmax (`Options`)."""
+    o = Options.parse(options)
+    o.ambient_dim = o.num_subspaces * o.subspace_dim if o.ambient_dim is None else o.ambient_dim
+    o.scaling = o.subspace_dim**-0.5 if o.scaling is None else o.scaling
+    study = Study("denoising", TITLE, o, out)
+    generator = make_generator(o.seed)
+    subspaces = orthogonal_subspaces(o.ambient_dim, o.num_subspaces, o.subspace_dim, generator)
+    study.results.update(target_ratio=1.0 + o.step_size * o.tau, runs={})
+    axes = study.figure("snr_per_layer.png", ncols=len(o.noise_levels))
+    for column, delta in enumerate(o.noise_levels):
         snr_curves(study, o, delta, subspaces, generator, axes[0, column])
-    study.save(fig, "snr_per_layer.png")
     study.note(
         "Theorem 1: with φ = h∘softmax, h(x) = τ·1{x > τ}, each layer multiplies every cluster's SNR by (1 + ητ)."
     )

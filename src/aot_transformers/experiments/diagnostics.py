@@ -15,6 +15,7 @@ projection, or MHSA's value projection (the part of the token the head passes on
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from torch import nn
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTForCausalLM, AoTForImageClassification
 from . import _vision
-from ._common import (
+from .study import (
     Claim,
     Stopwatch,
     check_int,
@@ -106,10 +107,8 @@ def _text_inputs(
         from transformers import AutoTokenizer
 
         # Only a local folder is ever passed, so this never reaches the network.
-        ids, how = (
-            AutoTokenizer.from_pretrained(folder, trust_remote_code=False)(text)["input_ids"],
-            "the model's tokenizer",
-        )
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        ids, how = tokenizer(text)["input_ids"], "the model's tokenizer"
     else:
         gpt2 = _vision.default_data_dir() / "tokenizer-gpt2"
         if vocab >= 50257 and gpt2.exists():
@@ -153,7 +152,6 @@ def layerwise_diagnostics(model: nn.Module, inputs: torch.Tensor, eps: float = 0
         model: `AoTForCausalLM` (inputs are token ids (B, T)) or `AoTForImageClassification` (pixels (B, C, S, S)).
         inputs: The batch.
         eps: Precision ε of the coding rates.
-        knn_k: k of the k-NN comparison (an int, or a fraction of the keys in (0, 1]); None: no comparison.
     """
     check_real("eps", eps, 0.0, open_min=True)
     model.eval()
@@ -163,13 +161,8 @@ def layerwise_diagnostics(model: nn.Module, inputs: torch.Tensor, eps: float = 0
     else:
         hidden = backbone(input_ids=inputs, output_hidden_states=True, use_cache=False, return_dict=True).hidden_states
     layers = backbone.layers
-    rows: dict[str, list] = {
-        "rate": [],
-        "compressed_rate": [],
-        "rate_gap": [],
-        "head_energy": [],
-        "random_subspace_share": [],
-    }
+    rows: dict[str, list] = {key: [] for key in ("rate", "compressed_rate", "rate_gap", "head_energy")}
+    rows["random_subspace_share"] = []
     for index, layer in enumerate(layers):
         subspaces = head_subspaces(layer.attention).to(torch.float64)
         seen = layer.attention_norm(hidden[index]).double()  # (B, T, d): what the heads see
@@ -267,7 +260,7 @@ def run(
             None,
         ),
     ]
-    results["claims"] = [c.as_dict() for c in claims]
+    results["claims"] = [asdict(c) for c in claims]
     write_json(folder / "results.json", results)
     write_summary(
         folder / "summary.md",
@@ -288,7 +281,7 @@ def run(
 def _knn_comparison(network, inputs: torch.Tensor, knn_k: float | int, folder: Path) -> tuple[dict, str]:
     """KVT Fig. 2's three metrics per layer with the model's dense attention and with k-NN attention (`knn_k`)."""
     from ..attention_aot import check_knn_k
-    from .knn_evidence import layer_diagnostics, set_k
+    from .knn_evidence import layer_diagnostics, plot_layer_diagnostics, set_k
 
     check_knn_k(knn_k)
     original = network.config.knn_k
@@ -300,22 +293,5 @@ def _knn_comparison(network, inputs: torch.Tensor, knn_k: float | int, folder: P
     finally:
         set_k(network, original)
     fig, axes = new_figure(ncols=3)
-    titles = {"cosine_similarity": "token cosine similarity", "attention_std": "std of attention weights",
-              "residual_ratio": "‖f_l(t)‖ / ‖t‖"}  # fmt: skip
-    for col, (metric, title) in enumerate(titles.items()):
-        for name, values in series.items():
-            axes[0, col].plot(range(len(values[metric])), values[metric], "o--", label=name)
-        axes[0, col].set(xlabel="layer", title=title)
-        axes[0, col].legend()
+    plot_layer_diagnostics(axes, series)
     return series, save_figure(fig, folder / "knn_comparison.png")
-
-
-__all__ = [
-    "coding_rate",
-    "head_energy",
-    "head_subspaces",
-    "layerwise_diagnostics",
-    "load_model",
-    "run",
-    "subspace_coding_rate",
-]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +30,18 @@ from torch import nn
 
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTModel
-from ._common import (
-    Option,
+from .study import (
+    Count,
+    Positive,
+    Seed,
     Stopwatch,
     Study,
+    StudyOptions,
+    arg,
     check_choice,
     check_int,
     check_real,
     make_generator,
-    new_figure,
-    resolve_options,
 )
 
 TASKS = ("linear", "sparse_linear")
@@ -288,86 +291,66 @@ def error_curve(errors: torch.Tensor, normaliser: float) -> list[float]:
     return (errors.mean(0) / normaliser).tolist()
 
 
-OPTIONS = (
-    Option("dim", 5, "d of the regression inputs (the paper: 20)", minimum=1),
-    Option(
-        "num_points", None, "examples per prompt (default 2d + 1; the paper: 41)", kind=int, optional=True, minimum=1
-    ),
-    Option("tasks", list(TASKS), "linear and/or sparse_linear", many=True, choices=TASKS),
-    Option(
-        "models",
+@dataclass
+class Options(StudyOptions):
+    dim: Count = arg(5, "d of the regression inputs (the paper: 20)")
+    num_points: Count | None = arg(None, "examples per prompt (default 2d + 1; the paper: 41)")
+    tasks: list[str] = arg(list(TASKS), "linear and/or sparse_linear", TASKS)
+    models: list[str] = arg(
         list(MODELS[:3]),
         "models compared (AoT Fig. 6; aot-hybrid and aot-full-mlp: the earlier version's Fig. 6)",
-        many=True,
-        choices=MODELS,
-    ),
-    Option("hidden_size", 64, "width of every backbone (the paper: 128)", minimum=1),
-    Option("num_heads", 4, "attention heads (the paper: 8)", minimum=1),
-    Option("aot_layers", 4, "layers of the attention-only backbones (the earlier version: 16)", minimum=1),
-    Option(
-        "transformer_layers", 2, "layers of the transformer and of AoT Full-MLP (the earlier version: 16)", minimum=1
-    ),
-    Option(
-        "hybrid_layers",
-        None,
-        "layers of AoT Hybrid (default 1.5x aot_layers, as the earlier version's 24 vs 16)",
-        kind=int,
-        optional=True,
-        minimum=1,
-    ),
-    Option("steps", 6000, "training steps per model and task (the paper: 50,000)", minimum=1),
-    Option("batch_size", 64, "prompts per step (the paper: 64)", minimum=1),
-    Option("lr", 3e-3, "AdamW peak learning rate", minimum=0.0, open_min=True),
-    Option("sparsity", 3, "non-zero coordinates of sparse tasks (the paper: 3)", minimum=1),
-    Option("lasso_alpha", 0.01, "Lasso penalty of the baseline (the paper: 0.01)", minimum=0.0, open_min=True),
-    Option("eval_prompts", 512, "evaluation prompts (the paper: 1280)", minimum=1),
-    Option("time_budget", 1800.0, "seconds for the whole run", minimum=0.0, open_min=True),
-    Option(
-        "tokens", "pairs", "token layout: pairs (y tokens carry their x) or garg (Garg et al.)", choices=TOKEN_LAYOUTS
-    ),
-    Option("seed", 0, "random seed", minimum=0),
-)
+        MODELS,
+    )
+    hidden_size: Count = arg(64, "width of every backbone (the paper: 128)")
+    num_heads: Count = arg(4, "attention heads (the paper: 8)")
+    aot_layers: Count = arg(4, "layers of the attention-only backbones (the earlier version: 16)")
+    transformer_layers: Count = arg(2, "layers of the transformer and of AoT Full-MLP (the earlier version: 16)")
+    hybrid_layers: Count | None = arg(
+        None, "layers of AoT Hybrid (default 1.5x aot_layers, as the earlier version's 24 vs 16)"
+    )
+    steps: Count = arg(6000, "training steps per model and task (the paper: 50,000)")
+    batch_size: Count = arg(64, "prompts per step (the paper: 64)")
+    lr: Positive = arg(3e-3, "AdamW peak learning rate")
+    sparsity: Count = arg(3, "non-zero coordinates of sparse tasks (the paper: 3)")
+    lasso_alpha: Positive = arg(0.01, "Lasso penalty of the baseline (the paper: 0.01)")
+    eval_prompts: Count = arg(512, "evaluation prompts (the paper: 1280)")
+    time_budget: Positive = arg(1800.0, "seconds for the whole run")
+    tokens: str = arg("pairs", "token layout: pairs (y tokens carry their x) or garg (Garg et al.)", TOKEN_LAYOUTS)
+    seed: Seed = arg(0, "random seed")
+
 
 TITLE = "In-context regression (AoT Fig. 6, after Garg et al.)"
 
 
-def _layers(kind: str, o: dict[str, Any]) -> int:
+def _layers(kind: str, o: Options) -> int:
     """Layers per model: the earlier version matches sizes by depth (transformer, Full MLP 16; Hybrid 24; AoT 16)."""
     return {
-        "transformer": o["transformer_layers"],
-        "aot-full-mlp": o["transformer_layers"],
-        "aot-hybrid": o["hybrid_layers"] or max(2, round(1.5 * o["aot_layers"])),
-    }.get(kind, o["aot_layers"])
+        "transformer": o.transformer_layers,
+        "aot-full-mlp": o.transformer_layers,
+        "aot-hybrid": o.hybrid_layers or max(2, round(1.5 * o.aot_layers)),
+    }.get(kind, o.aot_layers)
 
 
-def task_curves(study: Study, o: dict[str, Any], task: str, seconds_per_model: float, ax) -> None:
+def task_curves(study: Study, o: Options, task: str, time_limit: float, ax) -> None:
     """AoT Fig. 6 for one task: normalised squared error against in-context examples, models and baselines.
 
     Each model is trained on fresh prompts (Garg et al.'s protocol), then evaluated on `eval_prompts` prompts
     beside least squares and Lasso (the paper's α = 0.01).
     """
-    dim, num_points, sparsity = o["dim"], o["num_points"], o["sparsity"]
+    dim, num_points, sparsity = o.dim, o.num_points, o.sparsity
     normaliser = zero_estimator_error(dim, task, sparsity)
-    xs, ys, _ = sample_prompts(o["eval_prompts"], num_points, dim, task, sparsity, make_generator(o["seed"] + 10_000))
+    xs, ys, _ = sample_prompts(o.eval_prompts, num_points, dim, task, sparsity, make_generator(o.seed + 10_000))
     curves = {"least squares": error_curve(least_squares_errors(xs, ys), normaliser)}
-    lasso_count = min(o["eval_prompts"], 128)  # Lasso is fitted per prompt and prefix: a subset keeps it quick
-    curves[f"Lasso (α={o['lasso_alpha']})"] = error_curve(
-        lasso_errors(xs[:lasso_count], ys[:lasso_count], o["lasso_alpha"]), normaliser
+    lasso_count = min(o.eval_prompts, 128)  # Lasso is fitted per prompt and prefix: a subset keeps it quick
+    curves[f"Lasso (α={o.lasso_alpha})"] = error_curve(
+        lasso_errors(xs[:lasso_count], ys[:lasso_count], o.lasso_alpha), normaliser
     )
     training = {}
-    for kind in o["models"]:
+    for kind in o.models:
         layers = _layers(kind, o)
-        model = build_model(kind, dim, o["hidden_size"], layers, o["num_heads"], num_points, o["seed"], o["tokens"])
+        model = build_model(kind, dim, o.hidden_size, layers, o.num_heads, num_points, o.seed, o.tokens)
         history = train_regressor(
-            model,
-            task,
-            num_points,
-            o["steps"],
-            o["batch_size"],
-            o["lr"],
-            sparsity=sparsity,
-            time_limit=seconds_per_model,
-            seed=o["seed"],
+            model, task, num_points, o.steps, o.batch_size, o.lr, sparsity=sparsity, time_limit=time_limit, seed=o.seed
         )
         curves[kind] = error_curve(model_errors(model, xs, ys), normaliser)
         training[kind] = {
@@ -388,8 +371,8 @@ def task_curves(study: Study, o: dict[str, Any], task: str, seconds_per_model: f
     )
     ax.legend(fontsize=7)
     at = 2 * dim if task == "linear" else min(num_points - 1, 2 * dim)
-    baseline = curves["least squares"] if task == "linear" else curves[f"Lasso (α={o['lasso_alpha']})"]
-    for kind in o["models"]:
+    baseline = curves["least squares"] if task == "linear" else curves[f"Lasso (α={o.lasso_alpha})"]
+    for kind in o.models:
         value = curves[kind][at]
         holds = value <= 0.25 if (kind == "aot-mssa" and task == "linear") else None
         study.claim(
@@ -410,24 +393,23 @@ def task_curves(study: Study, o: dict[str, Any], task: str, seconds_per_model: f
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """AoT Fig. 6 (and the earlier version's Fig. 6 with Hybrid / Full-MLP): in-context linear and sparse regression.
 
-    The paper trains 16-32-layer, width-128 models for 50,000 steps on d = 20 (GPU scale); `OPTIONS` defaults are a
+    The paper trains 16-32-layer, width-128 models for 50,000 steps on d = 20 (GPU scale); `Options` defaults are a
     CPU-sized version and README.md gives the d = 20 command whose results are committed.
     """
-    o = resolve_options(OPTIONS, options)
-    dim, tasks, models = o["dim"], o["tasks"], o["models"]
-    o["num_points"] = 2 * dim + 1 if o["num_points"] is None else o["num_points"]
-    check_int("num_points", o["num_points"], 2 * dim + 1)
+    o = Options.parse(options)
+    dim, tasks, models = o.dim, o.tasks, o.models
+    o.num_points = 2 * dim + 1 if o.num_points is None else o.num_points
+    check_int("num_points", o.num_points, 2 * dim + 1)
     if "sparse_linear" in tasks:
-        check_int("sparsity", o["sparsity"], 1, dim)
-    study = Study("icl", TITLE, o, out, spec=OPTIONS)
+        check_int("sparsity", o.sparsity, 1, dim)
+    study = Study("icl", TITLE, o, out)
     study.results["tasks"] = {}
-    seconds_per_model = o["time_budget"] * 0.9 / (len(tasks) * len(models))  # a tenth for evaluation, baselines
-    fig, axes = new_figure(ncols=len(tasks))
+    seconds_per_model = o.time_budget * 0.9 / (len(tasks) * len(models))  # a tenth for evaluation, baselines
+    axes = study.figure("icl_error_curves.png", ncols=len(tasks))
     for column, task in enumerate(tasks):
         task_curves(study, o, task, seconds_per_model, axes[0, column])
-    study.save(fig, "icl_error_curves.png")
     study.note(
         "Error normalised by the zero estimator's (d for linear, the sparsity for sparse tasks), as Garg et al."
     )
-    study.note(f"Time budget {o['time_budget']:.0f} s, shared equally by the (task, model) trainings.")
+    study.note(f"Time budget {o.time_budget:.0f} s, shared equally by the (task, model) trainings.")
     return study.finish()

@@ -12,23 +12,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
-from ._common import (
-    Option,
-    Study,
-    check_int,
-    check_real,
-    make_generator,
-    new_figure,
-    resolve_options,
-)
+from .study import Count, Range, Seed, Study, StudyOptions, arg, check_int, check_real, make_generator
 from .subspace import subspace_attention
 
 ARCHITECTURES = ("aot", "vit")
@@ -188,41 +181,40 @@ def training_speed(
     }
 
 
-OPTIONS = (
-    Option("noise_ratios", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], "noise ratios", many=True, minimum=0.0),
-    Option("num_tokens", 128, "tokens per trial", minimum=1),
-    Option("dim", 32, "token dimension", minimum=1),
-    Option("num_trials", 32, "trials per noise ratio", minimum=1),
-    Option("data_dir", None, "folder with vision/cifar10/train_<class>.tar.gz", kind=str, optional=True),
-    Option("per_class", 500, "CIFAR-10 training images per class", minimum=1),
-    Option("epochs", 5, "training epochs", minimum=1),
-    Option("hidden_size", 96, "width of the classifiers", minimum=1),
-    Option("num_layers", 4, "layers of the classifiers", minimum=1),
-    Option("skip_training", False, "only the noise-distillation part"),
-    Option("seed", 0, "random seed", minimum=0),
-)
+@dataclass
+class Options(StudyOptions):
+    noise_ratios: list[Annotated[float, Range(0.0, 1.0, open_high=True)]] = arg(
+        [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], "noise ratios, in [0, 1)"
+    )
+    num_tokens: Count = arg(128, "tokens per trial")
+    dim: Count = arg(32, "token dimension")
+    num_trials: Count = arg(32, "trials per noise ratio")
+    data_dir: str | None = arg(None, "folder with vision/cifar10/train_<class>.tar.gz")
+    per_class: Count = arg(500, "CIFAR-10 training images per class")
+    epochs: Count = arg(5, "training epochs")
+    hidden_size: Count = arg(96, "width of the classifiers")
+    num_layers: Count = arg(4, "layers of the classifiers")
+    skip_training: bool = arg(False, "only the noise-distillation part")
+    seed: Seed = arg(0, "random seed")
 
 
 TITLE = "k-NN attention (KVT): noise distillation and training speed"
 
 
-def distillation(study: Study, o: dict[str, Any]) -> None:
+def distillation(study: Study, o: Options) -> None:
     """KVT's noise-distillation lemma: ‖attention output − μ‖ of dense against top-k attention, per noise ratio."""
-    ratios = o["noise_ratios"]
+    ratios = o.noise_ratios
     ks: list[int | float | None] = [None, 0.5, 0.25]
-    curves = noise_distillation_curve(
-        ratios, ks, o["num_tokens"], o["dim"], num_trials=o["num_trials"], seed=o["seed"]
-    )
-    fig, axes = new_figure()
+    curves = noise_distillation_curve(ratios, ks, o.num_tokens, o.dim, num_trials=o.num_trials, seed=o.seed)
+    axes = study.figure("noise_distillation.png")
     for label, curve in curves.items():
         axes[0, 0].plot(ratios, curve, marker="o", label=label)
     axes[0, 0].set(
         xlabel="noise ratio r (fraction of noisy tokens)",
         ylabel="‖attention output − μ‖",
-        title=f"Noise distillation, n = {o['num_tokens']}, d = {o['dim']}",
+        title=f"Noise distillation, n = {o.num_tokens}, d = {o.dim}",
     )
     axes[0, 0].legend()
-    study.save(fig, "noise_distillation.png")
     dense, half = curves["dense"], curves[_k_label(0.5)]
     high = [i for i, r in enumerate(ratios) if r >= 0.5]
     crossover = next((ratios[i] for i in range(len(ratios)) if half[i] < dense[i]), None)
@@ -241,18 +233,13 @@ def distillation(study: Study, o: dict[str, Any]) -> None:
     study.results["noise_distillation"] = {"noise_ratios": list(ratios), "curves": curves}
 
 
-def speed(study: Study, o: dict[str, Any]) -> None:
+def speed(study: Study, o: Options) -> None:
     """KVT's faster convergence: CIFAR-10 validation accuracy per epoch, dense against k = n/2, AoT and ViT."""
     result = training_speed(
-        o["data_dir"],
-        o["per_class"],
-        o["epochs"],
-        hidden_size=o["hidden_size"],
-        num_layers=o["num_layers"],
-        seed=o["seed"],
+        o.data_dir, o.per_class, o.epochs, hidden_size=o.hidden_size, num_layers=o.num_layers, seed=o.seed
     )
     study.results["training_speed"] = result
-    fig, axes = new_figure()
+    axes = study.figure("training_speed.png")
     for name, record in result["runs"].items():
         axes[0, 0].plot(
             range(1, len(record["val_accuracy"]) + 1),
@@ -267,7 +254,6 @@ def speed(study: Study, o: dict[str, Any]) -> None:
         title=f"CIFAR-10 ({result['num_train']} train images), {result['tokens_per_image']} tokens",
     )
     axes[0, 0].legend()
-    study.save(fig, "training_speed.png")
     for architecture in ARCHITECTURES:
         dense, knn = result["runs"].get(f"{architecture}/dense"), result["runs"].get(f"{architecture}/k = 0.5·n")
         if dense is None or knn is None:
@@ -284,13 +270,11 @@ def speed(study: Study, o: dict[str, Any]) -> None:
 
 
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
-    """Both k-NN studies (`OPTIONS`); `skip_training` runs the distillation part alone (seconds)."""
-    o = resolve_options(OPTIONS, options)
-    for ratio in o["noise_ratios"]:
-        check_real("noise_ratios", ratio, 0.0, 1.0, open_max=True)
-    study = Study("knn", TITLE, o, out, spec=OPTIONS)
+    """Both k-NN studies (`Options`); `skip_training` runs the distillation part alone (seconds)."""
+    o = Options.parse(options)
+    study = Study("knn", TITLE, o, out)
     distillation(study, o)
-    if not o["skip_training"]:
+    if not o.skip_training:
         speed(study, o)
     study.note("Accuracy pairs are k-NN|dense per epoch.")
     return study.finish()

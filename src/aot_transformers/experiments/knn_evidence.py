@@ -24,35 +24,38 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
-from ._common import Option, Study, make_generator, new_figure, resolve_options
 from .attention_maps import cls_attention_maps
 from .knn import vision_config
+from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, make_generator
 
 TITLE = "KVT's evidence for k-NN attention: definitions, Lemmas 1 and 3, Figs 1–4"
 
-OPTIONS = (
-    Option("k_fractions", [0.25, 0.5, 0.75], "k as fractions of the tokens, beside dense attention", many=True,
-           minimum=0.0, maximum=1.0, open_min=True),
-    Option("seeds", [0, 1, 2], "training seeds of the k sweep (Fig. 1)", many=True, minimum=0),
-    Option("epochs", 8, "training epochs of each model", minimum=1),
-    Option("lr", 3e-3, "peak learning rate (AdamW, cosine decay, batch 32)", minimum=0.0, open_min=True),
-    Option("train_images", 4000, "MNIST training images", minimum=50),
-    Option("hidden_size", 64, "width of the classifier", minimum=8),
-    Option("num_layers", 3, "layers of the classifier", minimum=1),
-    Option("timing_tokens", 197, "tokens per image in the slow-vs-fast timing (DeiT-Tiny: 197)", minimum=4),
-    Option("timing_batch", 8, "images in the slow-vs-fast timing", minimum=1),
-    Option("lemma3_dims", [16, 64, 256, 1024], "dimensions d of the Lemma 3 sweep", many=True, minimum=2),
-    Option("lemma3_exponent", 0.25, "c in k = ceil(n·d^(−c))", minimum=0.0, maximum=1.0, open_min=True),
-    Option("data_dir", None, "folder of the shared data (default: ../shared/data)", kind=str, optional=True),
-)  # fmt: skip
+
+@dataclass
+class Options(StudyOptions):
+    k_fractions: list[Annotated[float, Range(0.0, 1.0, open_low=True)]] = arg(
+        [0.25, 0.5, 0.75], "k as fractions of the tokens, beside dense attention"
+    )
+    seeds: list[Seed] = arg([0, 1, 2], "training seeds of the k sweep (Fig. 1)")
+    epochs: Count = arg(8, "training epochs of each model")
+    lr: Positive = arg(3e-3, "peak learning rate (AdamW, cosine decay, batch 32)")
+    train_images: Annotated[int, Range(50)] = arg(4000, "MNIST training images")
+    hidden_size: Annotated[int, Range(8)] = arg(64, "width of the classifier")
+    num_layers: Count = arg(3, "layers of the classifier")
+    timing_tokens: Annotated[int, Range(4)] = arg(197, "tokens per image in the slow-vs-fast timing (DeiT-Tiny: 197)")
+    timing_batch: Count = arg(8, "images in the slow-vs-fast timing")
+    lemma3_dims: list[Annotated[int, Range(2)]] = arg([16, 64, 256, 1024], "dimensions d of the Lemma 3 sweep")
+    lemma3_exponent: Annotated[float, Range(0.0, 1.0, open_low=True)] = arg(0.25, "c in k = ceil(n·d^(−c))")
+    data_dir: str | None = arg(None, "folder of the shared data (default: ../shared/data)")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -86,15 +89,15 @@ def selections_agree(query: torch.Tensor, key: torch.Tensor, k: int) -> float:
     return float((near == best).all(-1).float().mean())
 
 
-def slow_vs_fast(study: Study, o: dict[str, Any]) -> None:
+def slow_vs_fast(study: Study, o: Options) -> None:
     generator = make_generator(0)
-    n, d, k = o["timing_tokens"], 64, max(1, o["timing_tokens"] // 2)
+    n, d, k = o.timing_tokens, 64, max(1, o.timing_tokens // 2)
     q, key, v = (torch.randn(n, d, generator=generator, dtype=torch.float64) for _ in range(3))
     unit = key / key.norm(dim=-1, keepdim=True) * math.sqrt(d)  # equal norms
     agree_equal, agree_raw = selections_agree(q, unit, k), selections_agree(q, key, k)
     difference = float((knn_slow(q, unit, v, k) - knn_fast(q, unit, v, k)).abs().max())
     # Table 3: one forward over a batch of images with 3 heads (DeiT-Tiny's), slow loop vs fast top-k, float32.
-    shapes = (o["timing_batch"] * 3, n, d)
+    shapes = (o.timing_batch * 3, n, d)
     tq, tk, tv = (torch.randn(*shapes, generator=generator) for _ in range(3))
     knn_fast(tq, tk, tv, k)  # warm-up
     slow = fast = math.inf
@@ -109,7 +112,7 @@ def slow_vs_fast(study: Study, o: dict[str, Any]) -> None:
     study.results["slow_vs_fast"] = {
         "tokens": n, "dim": d, "k": k, "agreement_equal_norm_keys": agree_equal, "agreement_gaussian_keys": agree_raw,
         "max_output_difference_equal_norms": difference, "slow_seconds": slow, "fast_seconds": fast,
-        "timing_shapes": f"{o['timing_batch']} images x 3 heads x {n} tokens x {d}, k = {k}, forward, fp32",
+        "timing_shapes": f"{o.timing_batch} images x 3 heads x {n} tokens x {d}, k = {k}, forward, fp32",
     }  # fmt: skip
     study.claim(
         "slow (Euclidean k-NN) = fast (top-k scores) when keys have equal norms",
@@ -147,15 +150,15 @@ def relevant_recall(n: int, d: int, num_relevant: int, k: int, trials: int, gene
     return {"recall": float(recall), "needed_k": int(ranks[:, :num_relevant].max(dim=-1).values.float().mean() + 1)}
 
 
-def lemma3(study: Study, o: dict[str, Any]) -> None:
-    n, num_relevant, c = 1024, 64, o["lemma3_exponent"]
+def lemma3(study: Study, o: Options) -> None:
+    n, num_relevant, c = 1024, 64, o.lemma3_exponent
     generator = make_generator(3)
     rows = []
-    for d in o["lemma3_dims"]:
+    for d in o.lemma3_dims:
         k = max(num_relevant, math.ceil(n * d ** (-c)))
         rows.append({"d": d, "k": k, **relevant_recall(n, d, num_relevant, k, 200, generator)})
     study.results["lemma3"] = {"tokens": n, "relevant": num_relevant, "c": c, "rows": rows}
-    fig, axes = new_figure(ncols=2)
+    axes = study.figure("lemma3_recall.png", ncols=2)
     dims = [r["d"] for r in rows]
     axes[0, 0].semilogx(dims, [r["recall"] for r in rows], "o-")
     axes[0, 0].set(xlabel="d", ylabel="recall of relevant keys", title=f"k = ceil(n d^-{c:g}), n = {n}")
@@ -163,7 +166,6 @@ def lemma3(study: Study, o: dict[str, Any]) -> None:
     axes[0, 1].loglog(dims, [r["k"] / n for r in rows], "--", label=f"d^-{c:g}")
     axes[0, 1].set(xlabel="d", ylabel="fraction of keys", title="smallest k keeping every relevant key")
     axes[0, 1].legend()
-    study.save(fig, "lemma3_recall.png")
     last = rows[-1]
     study.claim(
         f"Lemma 3: relevant keys kept at k = ceil(n d^-{c:g}) (n = {n}, {num_relevant} relevant)",
@@ -178,42 +180,41 @@ def lemma3(study: Study, o: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _data(o: dict[str, Any]) -> dict[str, torch.Tensor]:
-    images, labels = _vision.load_mnist5k(o["data_dir"])
-    data = _vision.split(images[: o["train_images"] + 1000], labels[: o["train_images"] + 1000], 0.2, seed=0)
+def _data(o: Options) -> dict[str, torch.Tensor]:
+    images, labels = _vision.load_mnist5k(o.data_dir)
+    data = _vision.split(images[: o.train_images + 1000], labels[: o.train_images + 1000], 0.2, seed=0)
     mean, std = _vision.channel_stats(data["train_images"])
     for part in ("train_images", "val_images"):
         data[part] = _vision.normalise(data[part], mean, std)
     return data
 
 
-def _classifier(o: dict[str, Any], knn_k: float | None, seed: int) -> AoTForImageClassification:
+def _classifier(o: Options, knn_k: float | None, seed: int) -> AoTForImageClassification:
     torch.manual_seed(seed)
-    config = vision_config("vit", knn_k, image_size=28, patch_size=4, hidden_size=o["hidden_size"],
-                           num_layers=o["num_layers"], num_heads=4, num_channels=1)  # fmt: skip
+    config = vision_config("vit", knn_k, image_size=28, patch_size=4, hidden_size=o.hidden_size,
+                           num_layers=o.num_layers, num_heads=4, num_channels=1)  # fmt: skip
     return AoTForImageClassification(config)
 
 
-def k_sweep(study: Study, o: dict[str, Any], data: dict) -> dict:
+def k_sweep(study: Study, o: Options, data: dict) -> dict:
     """Fig. 1: validation accuracy for dense attention and every k, each trained with every seed."""
     models, table = {}, {}
-    for k in [None, *o["k_fractions"]]:
+    for k in [None, *o.k_fractions]:
         accuracies = []
-        for seed in o["seeds"]:
+        for seed in o.seeds:
             model = _classifier(o, k, seed)
-            history = _vision.train_classifier(model, data, epochs=o["epochs"], seed=seed, lr=o["lr"], batch_size=32)
+            history = _vision.train_classifier(model, data, epochs=o.epochs, seed=seed, lr=o.lr, batch_size=32)
             accuracies.append(history["val_accuracy"][-1])
             models.setdefault(k, model)  # the first seed's model is inspected below
         table["dense" if k is None else f"{k:g}"] = accuracies
     study.results["k_sweep"] = {"val_accuracy": table, "tokens": 50}
     stats = {name: (sum(a) / len(a), _std(a)) for name, a in table.items()}
-    fig, axes = new_figure()
+    axes = study.figure("fig1_k_sweep.png")
     names = list(stats)
     axes[0, 0].errorbar(range(len(names)), [stats[n][0] for n in names], yerr=[stats[n][1] for n in names], fmt="o-",
                         capsize=4)  # fmt: skip
     axes[0, 0].set_xticks(range(len(names)), ["dense" if n == "dense" else f"k={n}·n" for n in names])
-    axes[0, 0].set(ylabel="validation accuracy", title=f"MNIST, {len(o['seeds'])} seeds, {o['epochs']} epochs")
-    study.save(fig, "fig1_k_sweep.png")
+    axes[0, 0].set(ylabel="validation accuracy", title=f"MNIST, {len(o.seeds)} seeds, {o.epochs} epochs")
     best = max((n for n in names if n != "dense"), key=lambda n: stats[n][0])
     dense_mean, dense_std = stats["dense"]
     study.claim(
@@ -273,10 +274,10 @@ def attention_variance_and_gradients(model: AoTForImageClassification, images) -
     return {"grad_norm_wq_wk": math.sqrt(squares), "mean_trace_var": float(torch.stack(traces).mean())}
 
 
-def lemma1(study: Study, o: dict[str, Any], dense_model, data: dict) -> None:
+def lemma1(study: Study, o: Options, dense_model, data: dict) -> None:
     images = data["val_images"][:256]
     rows = []
-    for k in [*sorted(o["k_fractions"]), None]:
+    for k in [*sorted(o.k_fractions), None]:
         set_k(dense_model, k)
         rows.append({"k": "dense" if k is None else k, **attention_variance_and_gradients(dense_model, images)})
     set_k(dense_model, None)
@@ -284,12 +285,11 @@ def lemma1(study: Study, o: dict[str, Any], dense_model, data: dict) -> None:
     grads = [r["grad_norm_wq_wk"] for r in rows]
     variances = [r["mean_trace_var"] for r in rows]
     correlation = float(torch.corrcoef(torch.tensor([grads, variances]))[0, 1])
-    fig, axes = new_figure()
+    axes = study.figure("lemma1_gradients.png")
     axes[0, 0].plot(variances, grads, "o-")
     for row in rows:
         axes[0, 0].annotate(str(row["k"]), (row["mean_trace_var"], row["grad_norm_wq_wk"]))
     axes[0, 0].set(xlabel="mean tr Var_a(x)", ylabel="‖∂L/∂(W_Q, W_K)‖", title="Lemma 1 on the trained dense model")
-    study.save(fig, "lemma1_gradients.png")
     grads_grow = all(a <= b for a, b in zip(grads, grads[1:], strict=False))
     variance_grows = all(a <= b for a, b in zip(variances, variances[1:], strict=False))
     study.claim(
@@ -338,7 +338,18 @@ def layer_diagnostics(model, pixel_values: torch.Tensor) -> dict[str, list[float
     return {"cosine_similarity": cosine, "attention_std": spread, "residual_ratio": ratio}
 
 
-def fig2(study: Study, o: dict[str, Any], models: dict, data: dict) -> None:
+def plot_layer_diagnostics(axes, series: dict[str, dict[str, list[float]]]) -> None:
+    """Fig. 2's three panels (axes (1, 3)): each metric of `layer_diagnostics` per layer, one line per series."""
+    titles = {"cosine_similarity": "token cosine similarity", "attention_std": "std of attention weights",
+              "residual_ratio": "‖f_l(t)‖ / ‖t‖"}  # fmt: skip
+    for col, (metric, title) in enumerate(titles.items()):
+        for name, values in series.items():
+            axes[0, col].plot(range(len(values[metric])), values[metric], "o--", label=name)
+        axes[0, col].set(xlabel="layer", title=title)
+        axes[0, col].legend()
+
+
+def fig2(study: Study, o: Options, models: dict, data: dict) -> None:
     k = 0.5 if 0.5 in models else next(k for k in models if k is not None)
     images = data["val_images"][:128]
     series = {}
@@ -346,16 +357,7 @@ def fig2(study: Study, o: dict[str, Any], models: dict, data: dict) -> None:
         set_k(models[key], key)
         series[name] = layer_diagnostics(models[key], images)
     study.results["fig2"] = series
-    fig, axes = new_figure(ncols=3)
-    for col, (metric, label) in enumerate(
-        (("cosine_similarity", "token cosine similarity"), ("attention_std", "std of attention weights"),
-         ("residual_ratio", "‖f_l(t)‖ / ‖t‖"))
-    ):  # fmt: skip
-        for name, values in series.items():
-            axes[0, col].plot(range(len(values[metric])), values[metric], "o--", label=name)
-        axes[0, col].set(xlabel="layer", title=label)
-        axes[0, col].legend()
-    study.save(fig, "fig2_layer_diagnostics.png")
+    plot_layer_diagnostics(study.figure("fig2_layer_diagnostics.png", ncols=3), series)
     dense, sparse = series["dense"], series[f"k={k:g}·n"]
     higher = sum(s > d for s, d in zip(sparse["cosine_similarity"], dense["cosine_similarity"], strict=True))
     study.claim(
@@ -377,7 +379,7 @@ def figs3_4(study: Study, models: dict, data: dict) -> None:
     """Dense and k-NN [CLS] attention (last layer, averaged over heads) of the same images, side by side."""
     k = 0.5 if 0.5 in models else next(k for k in models if k is not None)
     images = data["val_images"][:6]
-    fig, axes = new_figure(ncols=len(images), nrows=3, size=(1.8, 1.8))
+    axes = study.figure("figs3_4_attention_maps.png", ncols=len(images), nrows=3, size=(1.8, 1.8))
     for col in range(len(images)):
         axes[0, col].imshow(images[col, 0], cmap="gray")
     for row, key in ((1, None), (2, k)):
@@ -390,13 +392,12 @@ def figs3_4(study: Study, models: dict, data: dict) -> None:
         ax.set_yticks([])
     axes[1, 0].set_ylabel("dense")
     axes[2, 0].set_ylabel(f"k = {k:g}·n")
-    study.save(fig, "figs3_4_attention_maps.png")
 
 
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
-    """Every claim of the module docstring (`OPTIONS`); the trained-model claims share one k sweep."""
-    o = resolve_options(OPTIONS, options)
-    study = Study("knn-evidence", TITLE, o, out, spec=OPTIONS)
+    """Every claim of the module docstring (`Options`); the trained-model claims share one k sweep."""
+    o = Options.parse(options)
+    study = Study("knn-evidence", TITLE, o, out)
     slow_vs_fast(study, o)
     lemma3(study, o)
     data = _data(o)

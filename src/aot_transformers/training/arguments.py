@@ -4,7 +4,6 @@ goes, parsing of our dataclasses plus every `TrainingArguments` flag, and buildi
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._io import looks_like_path
 from ..configuration_aot import AoTConfig
 from ..errors import UsageError, run_command
 
@@ -211,24 +211,6 @@ def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixe
         )
 
 
-def looks_like_path(name: str) -> bool:
-    """Whether `name` is meant as a local path rather than a Hub id (`namespace/name`)."""
-    return name.startswith((".", "/", "~")) or os.sep in name and name.count("/") != 1 or name.endswith(os.sep)
-
-
-def is_hub_id(name: str | None) -> bool:
-    """Whether `name` is a Hub repository id (`name` or `namespace/name`) and not a local folder."""
-    if not name or looks_like_path(name) or Path(name).exists():
-        return False
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return False
-    return True
-
-
 def parse_dataclasses(classes: tuple[type, ...], argv: list[str] | None = None) -> tuple[Any, ...]:
     """Parse `(*classes, TrainingArguments)` from `argv` (default `sys.argv[1:]`); a single `.json`, `.yaml` or
     `.yml` argument is read as a file of arguments instead (the recipes' form)."""
@@ -392,7 +374,6 @@ __all__ = [
     "build_config",
     "check_checkpoint_weights",
     "check_training_arguments",
-    "is_hub_id",
     "parse_dataclasses",
     "parse_overrides",
     "run_with_clear_errors",

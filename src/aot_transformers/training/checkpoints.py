@@ -7,8 +7,9 @@ import os
 import re
 from pathlib import Path
 
+from .._io import read_json
 from .arguments import TrainingSetupError
-from .run_state import RUN_RECORD, read_json
+from .run_state import RUN_RECORD
 
 logger = logging.getLogger(__name__)
 

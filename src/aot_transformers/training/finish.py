@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .arguments import CURVES_FILE, PublishArguments, TrainingSetupError, is_hub_id
+from .._io import is_hub_id
+from .arguments import CURVES_FILE, PublishArguments, TrainingSetupError
 
 logger = logging.getLogger(__name__)
 

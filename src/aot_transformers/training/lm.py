@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._io import atomic_folder, read_json, write_json
 from .arguments import (
     ModelArguments,
     PublishArguments,
@@ -30,12 +31,10 @@ from .optim import OptimizerArguments, optimizer_cls_and_kwargs
 from .run_state import (
     RecordRunTrainerMixin,
     data_fingerprint,
-    read_json,
     run_identity,
     run_state_callbacks,
     start_run,
     train_unless_finished,
-    write_json_atomically,
 )
 from .text_data import TextDataArguments, load_text_source, tokenize_and_pack
 
@@ -135,11 +134,9 @@ def load_or_train_tokenizer(
             (row[text_column] for row in texts), vocab_size=vocab_size, length=_length(texts), show_progress=True
         )
         if training_args.process_index == 0:
-            from ..hub import atomic_folder
-
             with atomic_folder(saved) as staging:
                 tokenizer.save_pretrained(staging)
-                write_json_atomically(staging / TOKENIZER_RECORD, made_from)
+                write_json(staging / TOKENIZER_RECORD, made_from)
         return tokenizer
 
 

@@ -150,8 +150,9 @@ def export_adapter(
     otherwise in the text, as the Hub accepts only repository ids there. Like `export_model`, it replaces only an
     earlier export, never a folder in `protected` or a parent of one (`hub.check_replaceable`).
     """
+    from .._io import atomic_folder
     from ..evaluation.model_card import render_model_card
-    from ..hub import atomic_folder, check_replaceable, write_export_manifest, write_extra_files
+    from ..hub import check_replaceable, write_export_manifest, write_extra_files
 
     check_replaceable(save_directory, protected)
 

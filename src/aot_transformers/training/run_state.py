@@ -25,12 +25,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._io import LOCK_FILE, FolderLockedError, lock_folder, read_json, remove_stale_temporaries, write_json
 from ..errors import RunError
 from .arguments import TrainingSetupError
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = ".aot.lock"
 RUN_RECORD = "aot_run.json"
 # Config fields that change between runs of the same model without changing the model.
 _VOLATILE_CONFIG_FIELDS = {
@@ -47,23 +47,6 @@ _VOLATILE_CONFIG_FIELDS = {
     "auto_map",
 }
 _SAMPLE_BYTES = 1 << 20  # a data file is fingerprinted by its size and its first and last MiB
-
-
-def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
-    """Write `data` as JSON to `path` atomically (`evaluation.results.atomic_write_text`): a kill or power loss
-    leaves the old file or the new one, never a truncated one, and the next write removes a killed writer's
-    temporary file."""
-    from ..evaluation.results import atomic_write_text
-
-    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
-
-
-def read_json(path: str | os.PathLike) -> Any | None:
-    """The JSON in `path`, or None when it is missing, empty, truncated or not JSON (treated as absent)."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
 
 
 def check_output_dir(output_dir: str) -> Path:
@@ -94,18 +77,12 @@ def lock_output_dir(output_dir: str, is_main_process: bool = True):
     """
     if not is_main_process:
         return None
-    from filelock import FileLock, Timeout
-
-    lock = FileLock(str(Path(output_dir) / LOCK_FILE), timeout=0)
     try:
-        lock.acquire()
-    except Timeout:
+        return lock_folder(Path(output_dir) / LOCK_FILE)
+    except FolderLockedError as error:
         raise TrainingSetupError(
-            f"another aot run holds {Path(output_dir) / LOCK_FILE}; wait for it to finish or choose another folder",
-            argument="--output_dir",
-            value=output_dir,
+            f"{error}; wait for it to finish or choose another folder", argument="--output_dir", value=output_dir
         ) from None
-    return lock
 
 
 def check_final_model_dir(training_args, publish_args) -> Path:
@@ -216,7 +193,6 @@ def claim_output_dir(output_dir: str | os.PathLike, identity: dict[str, Any], wr
         TrainingSetupError: Another run's work is in the folder (one line naming the folder, the fields that differ
             and how to resume or choose another folder).
     """
-    from ..evaluation.results import remove_stale_temporaries
     from .checkpoints import CHECKPOINT_PATTERN
 
     root = Path(output_dir)
@@ -249,7 +225,7 @@ def claim_output_dir(output_dir: str | os.PathLike, identity: dict[str, Any], wr
     for folder in [root, *checkpoints]:
         remove_stale_temporaries(folder / RUN_RECORD)
     if write:
-        write_json_atomically(root / RUN_RECORD, identity)
+        write_json(root / RUN_RECORD, identity)
 
 
 class RecordRunTrainerMixin:
@@ -266,7 +242,7 @@ class RecordRunTrainerMixin:
         folder = Path(output_dir or self.args.output_dir)
         if _internal_call and self.run_record is not None and self.args.should_save:
             if CHECKPOINT_PATTERN.match(folder.name):
-                write_json_atomically(folder / RUN_RECORD, self.run_record)
+                write_json(folder / RUN_RECORD, self.run_record)
 
 
 def run_state_callbacks() -> list:
@@ -321,7 +297,6 @@ def check_finite_model(model) -> None:
 
 
 __all__ = [
-    "LOCK_FILE",
     "RUN_RECORD",
     "RecordRunTrainerMixin",
     "check_final_model_dir",
@@ -331,12 +306,10 @@ __all__ = [
     "claim_output_dir",
     "data_fingerprint",
     "lock_output_dir",
-    "read_json",
     "run_identity",
     "run_state_callbacks",
     "start_run",
     "train_unless_finished",
-    "write_json_atomically",
 ]
 
 

@@ -1,7 +1,8 @@
-"""What every study shares: its options (declared once, as `Option`s), its record (`Study`) and argument checks.
+"""What every study shares: its options (a `StudyOptions` dataclass), its record (`Study`) and argument checks.
 
-A study module declares `OPTIONS`, a tuple of `Option`; `resolve_options` fills the defaults and checks the values
-(the Python API and the `aot experiment` command read the same declaration). Its `run(out=None, **options)` opens a
+A study module declares `Options`, a dataclass of typed fields checked when it is built; `HfArgumentParser` turns it
+into the `aot experiment NAME` flags, so the Python API and the command read one declaration. Its
+`run(out=None, **options)` opens a
 `Study`, calls one function per figure or claim, each adding claims, figures and numbers to the record, and returns
 `study.finish()`, which writes the same three kinds of artifact into the output folder: `results.json` (every
 measured number and the options that produced it), PNG figures, and `summary.md`, a table that puts each measured
@@ -10,17 +11,18 @@ value beside the paper's claim.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from numbers import Integral, Real
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin, get_type_hints
 
 import torch
+
+from .. import _io
 
 DEFAULT_OUTPUT_ROOT = Path("out") / "experiments"
 
@@ -71,9 +73,7 @@ def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
 def make_generator(seed: int) -> torch.Generator:
     """A CPU generator seeded with `seed`: every random draw of a study goes through one, so runs repeat exactly."""
     check_int("seed", seed, minimum=0)
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    return generator
+    return torch.Generator().manual_seed(seed)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -127,11 +127,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> Path:
-    """Write `payload` as indented JSON, writing to a temporary file first so a crash never leaves half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    """Write `payload` (tensors, paths and numpy scalars converted) as indented JSON, atomically, keys in order."""
+    return _io.write_json(path, _jsonable(payload), indent=2, sort_keys=False)
 
 
 @dataclass
@@ -142,13 +139,6 @@ class Claim:
     measured: str
     paper: str
     holds: bool | None = None  # None: reported only, no pass/fail criterion
-
-    def as_row(self) -> str:
-        verdict = {True: "yes", False: "**no**", None: "—"}[self.holds]
-        return f"| {self.quantity} | {self.measured} | {self.paper} | {verdict} |"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"quantity": self.quantity, "measured": self.measured, "paper": self.paper, "holds": self.holds}
 
 
 def write_summary(
@@ -169,7 +159,8 @@ def write_summary(
         "| quantity | measured | paper | matches |",
         "|---|---|---|---|",
     ]
-    lines += [claim.as_row() for claim in claims]
+    verdicts = {True: "yes", False: "**no**", None: "—"}
+    lines += [f"| {c.quantity} | {c.measured} | {c.paper} | {verdicts[c.holds]} |" for c in claims]
     if figures:
         lines += ["", "Figures: " + ", ".join(f"[{name}]({name})" for name in figures)]
     if notes:
@@ -203,133 +194,101 @@ class Stopwatch:
         return time.perf_counter() - self.start
 
 
-def format_command(study: str, options: dict[str, Any], spec: Sequence[Option] = ()) -> str:
-    """The `aot experiment ...` command line that reproduces a run with `options`.
-
-    A boolean option declared in `spec` with default True is written `--no-NAME` when False (as `Option.add_to`
-    declares it); other booleans are written `--NAME` when True.
-    """
-    true_by_default = {option.name for option in spec if option.type is bool and option.default}
-    parts = ["aot experiment", study]
-    for key, value in options.items():
-        if value is None or key == "out":
-            continue
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            if key in true_by_default:
-                if not value:
-                    parts.append("--no-" + key.replace("_", "-"))
-            elif value:
-                parts.append(flag)
-        elif isinstance(value, (list, tuple)):
-            parts.append(flag + " " + " ".join(str(v) for v in value))
-        else:
-            parts.append(f"{flag} {value}")
-    return " ".join(parts)
-
-
 # --------------------------------------------------------------------------------------------------------------------
-# Options, declared once per study.
+# Options: one dataclass per study, parsed by `HfArgumentParser` on the command line and checked on construction.
 # --------------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Option:
-    """One option of a study: its name, default, help text and allowed values.
+class Range:
+    """The interval a number option must lie in, declared in its type: `Annotated[float, Range(0, 1)]`."""
 
-    `kind` is the type of one value (int, float, str or bool; default: the type of `default`); `many` makes it a
-    non-empty list of such values; `optional` allows None (the default then means "derived from other options").
-    Numbers must lie in [`minimum`, `maximum`] (`open_min`: excluding the minimum); strings in `choices`.
-    """
+    low: float = -math.inf
+    high: float = math.inf
+    open_low: bool = False
+    open_high: bool = False
 
-    name: str
-    default: Any
-    help: str
-    kind: type | None = None
-    many: bool = False
-    optional: bool = False
-    minimum: float | None = None
-    maximum: float | None = None
-    open_min: bool = False
-    open_max: bool = False
-    choices: Sequence[str] | None = None
 
-    @property
-    def type(self) -> type:
-        if self.kind is not None:
-            return self.kind
-        sample = self.default[0] if self.many else self.default
-        return type(sample)
+Count = Annotated[int, Range(1)]  # an int >= 1
+Seed = Annotated[int, Range(0)]
+NonNegative = Annotated[float, Range(0.0)]
+Positive = Annotated[float, Range(0.0, open_low=True)]
 
-    def check(self, value: Any) -> Any:
-        """The checked value (lists become lists, ints are accepted for floats); ValueError naming the option."""
-        if value is None and self.optional:
+
+def arg(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
+    """A dataclass field with its help text (and allowed values) for `HfArgumentParser`; lists are copied."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": list(choices)}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _check_value(name: str, value: Any, kind: Any, choices: Sequence[str] | None) -> Any:
+    """`value` checked against the option type `kind` (ValueError naming the option); lists become lists."""
+    if type(None) in get_args(kind):  # Optional[...]: None means "derived from the other options"
+        if value is None:
             return None
-        if self.many:
-            if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-                raise ValueError(f"`{self.name}` must be a list of values, got {value!r}.")
-            values = list(value)
-            if not values:
-                raise ValueError(f"`{self.name}` must list at least one value, got an empty list.")
-            return [self._check_one(v) for v in values]
-        return self._check_one(value)
-
-    def _check_one(self, value: Any) -> Any:
-        kind = self.type
-        if self.choices is not None:
-            return check_choice(self.name, value, self.choices)
-        if kind is bool:
-            if not isinstance(value, bool):
-                raise ValueError(f"`{self.name}` must be True or False, got {value!r}.")
-            return value
-        if kind is int:
-            return check_int(self.name, value, int(self.minimum if self.minimum is not None else 0), self.maximum)
-        if kind is float:
-            low = -math.inf if self.minimum is None else self.minimum
-            high = math.inf if self.maximum is None else self.maximum
-            return check_real(self.name, value, low, high, open_min=self.open_min, open_max=self.open_max)
-        if kind is str and isinstance(value, Path):
-            return value  # folders may be given as paths
-        if not isinstance(value, kind):
-            raise ValueError(f"`{self.name}` must be a {kind.__name__}, got {value!r}.")
+        kind = next(arg for arg in get_args(kind) if arg is not type(None))
+    if get_origin(kind) is list:
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+            raise ValueError(f"`{name}` must be a list of values, got {value!r}.")
+        if not (values := list(value)):
+            raise ValueError(f"`{name}` must list at least one value, got an empty list.")
+        return [_check_value(name, v, get_args(kind)[0], choices) for v in values]
+    if choices is not None:
+        return check_choice(name, value, choices)
+    kind, bounds = get_args(kind) if get_origin(kind) is Annotated else (kind, Range())
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"`{name}` must be True or False, got {value!r}.")
         return value
+    if kind is int:
+        low = 0 if bounds.low == -math.inf else int(bounds.low)
+        return check_int(name, value, low, None if bounds.high == math.inf else int(bounds.high))
+    if kind is float:
+        return check_real(name, value, bounds.low, bounds.high, open_min=bounds.open_low, open_max=bounds.open_high)
+    if not isinstance(value, (str, Path)):  # folders may be given as paths
+        raise ValueError(f"`{name}` must be a {kind.__name__}, got {value!r}.")
+    return value
 
-    def add_to(self, parser) -> None:
-        """Add `--name` to an argparse parser; left out, the option keeps its default (argparse.SUPPRESS)."""
-        import argparse
 
-        flag = "--" + self.name.replace("_", "-")
-        default_text = "derived" if self.default is None else self.default
-        if self.type is bool:
-            if self.default:
-                parser.add_argument(
-                    "--no-" + self.name.replace("_", "-"),
-                    dest=self.name,
-                    action="store_false",
-                    default=argparse.SUPPRESS,
-                    help=self.help,
-                )
+@dataclass
+class StudyOptions:
+    """The base of a study's options: each field is checked against its type (ranges via `Range`, allowed values via
+    the field's `choices`) when the dataclass is built, from Python or from `aot experiment NAME --option value`."""
+
+    def __post_init__(self) -> None:
+        kinds = get_type_hints(type(self), include_extras=True)
+        for item in fields(self):
+            value = _check_value(item.name, getattr(self, item.name), kinds[item.name], item.metadata.get("choices"))
+            setattr(self, item.name, value)
+
+    @classmethod
+    def parse(cls, given: dict[str, Any]):
+        """The options from keyword arguments; ValueError for an unknown name (listing the known ones)."""
+        names = [item.name for item in fields(cls)]
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise ValueError(f"Unknown option(s) {unknown}; this study takes {names}.")
+        return cls(**given)
+
+    def command(self, study: str) -> str:
+        """The `aot experiment ...` command line that reproduces a run with these options.
+
+        A boolean with default True is written `--no-NAME` when False; other booleans `--NAME` when True."""
+        parts = ["aot experiment", study]
+        for item in fields(self):
+            value, flag = getattr(self, item.name), "--" + item.name.replace("_", "-")
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                if value != item.default:
+                    parts.append(flag if value else "--no-" + flag[2:])
+            elif isinstance(value, (list, tuple)):
+                parts.append(flag + " " + " ".join(str(v) for v in value))
             else:
-                parser.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=self.help)
-            return
-        kind = str if self.choices is not None else self.type
-        parser.add_argument(
-            flag,
-            type=kind,
-            nargs="+" if self.many else None,
-            choices=self.choices,
-            default=argparse.SUPPRESS,
-            help=f"{self.help} (default: {default_text})",
-        )
-
-
-def resolve_options(spec: Sequence[Option], given: dict[str, Any]) -> dict[str, Any]:
-    """Every option of `spec`, from `given` or its default, checked; ValueError for unknown names or bad values."""
-    names = [option.name for option in spec]
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise ValueError(f"Unknown option(s) {unknown}; this study takes {names}.")
-    return {option.name: option.check(given.get(option.name, option.default)) for option in spec}
+                parts.append(f"{flag} {value}")
+        return " ".join(parts)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -343,9 +302,8 @@ class Study:
 
     name: str
     title: str
-    options: dict[str, Any]
+    options: StudyOptions
     out: str | Path | None = None
-    spec: Sequence[Option] = ()
     results: dict[str, Any] = field(default_factory=dict)
     claims: list[Claim] = field(default_factory=list)
     figures: list[str] = field(default_factory=list)
@@ -354,6 +312,7 @@ class Study:
     def __post_init__(self) -> None:
         self.folder = output_dir(self.out, self.name)
         self.clock = Stopwatch()
+        self._drawn: list[tuple[Any, str]] = []
 
     def claim(self, quantity: str, measured: str, paper: str, holds: bool | None = None) -> Claim:
         """Add a summary row: the measured value beside the paper's statement, and whether it held."""
@@ -361,31 +320,33 @@ class Study:
         self.claims.append(claim)
         return claim
 
-    def save(self, fig, filename: str) -> str:
-        """Save a figure into the study's folder and list it in the summary."""
-        name = save_figure(fig, self.folder / filename)
-        self.figures.append(name)
-        return name
+    def figure(self, filename: str, ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 3.6)):
+        """The axes of a new figure (`new_figure`), listed in the summary and saved as `filename` by `finish`."""
+        fig, axes = new_figure(ncols, nrows, size)
+        self._drawn.append((fig, filename))
+        self.figures.append(filename)
+        return axes
 
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-    def finish(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    def finish(self) -> dict[str, Any]:
         """Write results.json and summary.md; return the results (options, numbers, claims, seconds)."""
-        options = self.options if options is None else options
+        for fig, filename in self._drawn:
+            save_figure(fig, self.folder / filename)
         results = {
             "study": self.name,
-            "options": options,
+            "options": asdict(self.options),
             **self.results,
             "seconds": self.clock.seconds(),
-            "claims": [claim.as_dict() for claim in self.claims],
+            "claims": [asdict(claim) for claim in self.claims],
         }
         write_json(self.folder / "results.json", results)
         write_summary(
             self.folder / "summary.md",
             self.title,
             self.claims,
-            command=format_command(self.name, self.options, self.spec),
+            command=self.options.command(self.name),
             figures=self.figures,
             notes=[*self.notes, f"Wall time {results['seconds']:.0f} s."],
         )

@@ -1,0 +1,236 @@
+"""The plumbing every wing shares: atomic writes, the folder lock, and what names a Hub repository, a pickle or a code
+file. Defined once here; `training/`, `evaluation/`, `experiments/` and `hub.py` import it and nothing of each other.
+
+Atomic means a kill or a power loss leaves the old file (folder) or the new one, never a mix: write beside the target,
+fsync, rename over it, fsync the folder. Temporary names carry their writer's host and pid, so whatever a killed writer
+(SIGKILL runs no cleanup) left behind is removed by the next write.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .modeling_aot import CODE_FILES, PICKLE_SUFFIXES
+
+EVAL_RESULTS_DIR = ".eval_results"  # the Hub's folder of evaluation results, the one hidden folder a push uploads
+LOCK_FILE = ".aot.lock"
+STAGING_MARKER = ".aot_staging"  # inside a staging folder while it is written: the pid and host writing it
+
+
+def is_pickle_name(name: str) -> bool:
+    """Whether a file name is a pickle format (loading one can run arbitrary code)."""
+    return name.lower().endswith(PICKLE_SUFFIXES)
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether `name` is meant as a local path rather than a Hub id (`namespace/name`)."""
+    return name.startswith((".", "/", "~")) or os.sep in name and name.count("/") != 1 or name.endswith(os.sep)
+
+
+def is_hub_id(name: str | None) -> bool:
+    """Whether `name` is a Hub repository id (`name` or `namespace/name`, as `huggingface_hub` validates it) and not
+    a local path."""
+    if not name or looks_like_path(name) or Path(name).exists():
+        return False
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def fsync_directory(folder: Path) -> None:
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform without directory handles (Windows): the rename itself is still atomic
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    fsync_directory(folder)
+
+
+def temporary_prefix(path: Path) -> str:
+    """The name prefix of this process's temporary files and folders for `path`: `.<name>.<host>-<pid>.`."""
+    return f".{path.name}.{socket.gethostname()}-{os.getpid()}."
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files and folders of `path` (`.<name>.<host>-<pid>.*` beside it) that a writer killed
+    mid-write left behind: those naming this host and a process that no longer runs. Returns what was removed."""
+    path = Path(path)
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(?P<host>.+)-(?P<pid>\d+)\.[^.]+$")
+    removed = []
+    host = socket.gethostname()
+    for candidate in path.parent.glob(f".{glob.escape(path.name)}.*") if path.parent.is_dir() else []:
+        match = pattern.match(candidate.name)
+        if match and match["host"] == host and not process_alive(int(match["pid"])):
+            shutil.rmtree(candidate, ignore_errors=True) if candidate.is_dir() else candidate.unlink(missing_ok=True)
+            removed.append(candidate)
+    return removed
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` atomically (see the module docstring)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
+    handle, temporary = tempfile.mkstemp(prefix=temporary_prefix(path), dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+
+
+def write_json(path: str | os.PathLike, data: Any, indent: int = 1, sort_keys: bool = True) -> Path:
+    """Write `data` as JSON (with a final newline) to `path` atomically; returns the path."""
+    atomic_write_text(path, json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n")
+    return Path(path)
+
+
+def read_json(path: str | os.PathLike) -> Any | None:
+    """The JSON in `path`, or None when it is missing, empty, truncated or not JSON (treated as absent)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+@contextmanager
+def atomic_folder(target: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a temporary folder beside `target`; when the block ends without error, it replaces `target` in one
+    rename (an existing folder is kept until then, and survives any failure); on error it is removed.
+
+    Staging folders that an earlier, killed writer left beside `target` are removed first (those whose
+    `STAGING_MARKER` names a process of this host that no longer runs)."""
+    target = Path(target)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; pass overwrite=True to replace it.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(target)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        (staging / STAGING_MARKER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+        yield staging
+        (staging / STAGING_MARKER).unlink()
+        _fsync_tree(staging)
+        backup = None
+        if target.exists():
+            backup = target.with_name(f".{target.name}.old")
+            shutil.rmtree(backup, ignore_errors=True)
+            target.rename(backup)
+        staging.rename(target)
+        fsync_directory(target.parent)
+        if backup is not None:
+            shutil.rmtree(backup, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def remove_stale_staging(target: str | os.PathLike) -> list[Path]:
+    """Remove the staging folders of `target` (`.<name>.*` beside it) left by a writer that was killed: those whose
+    marker names a dead process of this host, and the `.<name>.old` backup of a rename interrupted after the new
+    folder was in place. Returns the folders removed."""
+    target = Path(target)
+    removed = []
+    if not target.parent.is_dir():
+        return removed
+    for path in target.parent.glob(f".{glob.escape(target.name)}.*"):
+        if not path.is_dir():
+            continue
+        stale = path.name == f".{target.name}.old" and target.is_dir()
+        marker = path / STAGING_MARKER
+        if marker.is_file():
+            try:
+                owner = json.loads(marker.read_text())
+                stale = owner.get("host") == socket.gethostname() and not process_alive(int(owner["pid"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                stale = False  # unreadable: possibly being written right now; left alone
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+class FolderLockedError(RuntimeError):
+    """Another process holds the lock; `path` is the lock file."""
+
+    def __init__(self, path: Path, cause: OSError | None = None):
+        self.path, self.cause = path, cause
+        what = f"cannot lock {path} ({type(cause).__name__}: {cause})" if cause else f"another aot run holds {path}"
+        super().__init__(what)
+
+
+def lock_folder(lock_path: str | os.PathLike):
+    """Take the exclusive `filelock.FileLock` at `lock_path` without waiting; returns the held lock (released when
+    dropped). Raises `FolderLockedError` when another process holds it or the lock file cannot be made."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(lock_path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise FolderLockedError(Path(lock_path)) from None
+    except OSError as error:
+        raise FolderLockedError(Path(lock_path), error) from None
+    return lock
+
+
+__all__ = [
+    "CODE_FILES",
+    "EVAL_RESULTS_DIR",
+    "LOCK_FILE",
+    "PICKLE_SUFFIXES",
+    "STAGING_MARKER",
+    "FolderLockedError",
+    "atomic_folder",
+    "atomic_write_text",
+    "is_hub_id",
+    "is_pickle_name",
+    "lock_folder",
+    "looks_like_path",
+    "read_json",
+    "remove_stale_staging",
+    "remove_stale_temporaries",
+    "temporary_prefix",
+    "write_json",
+]
