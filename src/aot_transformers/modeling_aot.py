@@ -460,6 +460,8 @@ class AoTModel(AoTPreTrainedModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
         cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
@@ -494,8 +496,9 @@ class AoTModel(AoTPreTrainedModel):
         mask_kwargs = {_MASK_CACHE_ARGUMENT: cache, "position_ids": given_position_ids}
         mask = create_causal_mask(self.config, inputs_embeds, attention_mask, **mask_kwargs)
         # `past_key_values` is the layers' own name for the cache, apart from the `cache` kwarg of backends.
+        flags = (output_attentions, output_hidden_states)
         hidden_states, all_hidden_states, all_attentions = self._run_layers(
-            hidden_states, attention_mask=mask, past_key_values=cache, **kwargs
+            hidden_states, *flags, attention_mask=mask, past_key_values=cache, **kwargs
         )
         hidden_states = self.norm(hidden_states)
         if all_hidden_states is not None:  # as in GPT-2, the last entry is the normalised output
@@ -527,6 +530,8 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         cache: Cache | None = None,
         **kwargs,
@@ -539,6 +544,7 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         """
         outputs = self.model(
             input_ids, attention_mask, position_ids, inputs_embeds=inputs_embeds, use_cache=use_cache,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
             cache=_one_cache(cache, past_key_values), return_dict=True, **kwargs
         )  # fmt: skip
         hidden_states = outputs.last_hidden_state
@@ -631,6 +637,8 @@ class AoTVisionModel(AoTPreTrainedModel):
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
         interpolate_pos_encoding: bool = False,
         **kwargs,
     ) -> BaseModelOutputWithPooling | tuple:
@@ -641,7 +649,9 @@ class AoTVisionModel(AoTPreTrainedModel):
         pixel_values = pixel_values.to(self.embeddings.cls_token.dtype)
         hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
         # Every token sees every token.
-        hidden_states, all_hidden_states, all_attentions = self._run_layers(hidden_states, **kwargs)
+        hidden_states, all_hidden_states, all_attentions = self._run_layers(
+            hidden_states, output_attentions, output_hidden_states, **kwargs
+        )
         pooled = hidden_states[:, 0] if self.config.pooling == "cls" else hidden_states[:, 1:].mean(dim=1)  # (B, d)
         return BaseModelOutputWithPooling(
             last_hidden_state=hidden_states, pooler_output=pooled, attentions=all_attentions,
@@ -685,7 +695,7 @@ class AoTForImageClassification(AoTPreTrainedModel):
         """Class logits (B, L), and the loss when `labels` (B,) are given."""
         outputs = self.model(
             pixel_values,
-            interpolate_pos_encoding,
+            interpolate_pos_encoding=interpolate_pos_encoding,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
