@@ -102,7 +102,7 @@ def test_any_unknown_flag_is_one_line_naming_it(tmp_path, capsys, kind, name):
 @SETTINGS
 @given(name=st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=2, max_size=20), value=st.integers(1, 9))
 def test_any_unknown_config_override_is_one_line(tmp_path, capsys, name, value):
-    from aot_transformers.training.arguments import config_field_names
+    from aot_transformers.training.model_setup import config_field_names
 
     if name in config_field_names():
         return

@@ -26,8 +26,7 @@ from aot_transformers._io import LOCK_FILE, STAGING_MARKER, atomic_write_text  #
 from aot_transformers.cli import main  # noqa: E402
 from aot_transformers.errors import UsageError  # noqa: E402
 from aot_transformers.hub import EXPORT_MANIFEST, check_replaceable  # noqa: E402
-from aot_transformers.training.checkpoints import last_complete_checkpoint  # noqa: E402
-from aot_transformers.training.run_state import RUN_RECORD  # noqa: E402
+from aot_transformers.training.run_state import RUN_RECORD, last_complete_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")

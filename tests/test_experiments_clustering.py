@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
 import torch
@@ -70,6 +71,7 @@ def test_mixture_second_moment():
         (lambda: C.train_heads(rho=-0.1, steps=1), "rho"),
         (lambda: C.train_heads(sigma=-0.3, steps=1), "sigma"),
         (lambda: C.train_heads(init="anywhere", steps=1), "init"),
+        (lambda: C.train_heads(score="last_token", steps=1), "score"),
         (lambda: C.linear_attention_predictor(torch.zeros(1, 2, 3), torch.eye(3)[:2], 1.0, "other"), "values"),
         (lambda: T.in_context_quantization_risk_exact(2, 0.3, 10, 0.5, num_clusters=3), "dim"),
         (lambda: C.train_heads(dim=2, init="manifold", steps=1), "2K"),
@@ -204,6 +206,14 @@ def test_distance_invariances_and_hand_values():
     # Heads at the diagonal directions (μ0 ± μ1)/√2: each |⟨μ, μ*⟩| = 1/√2, cost 2 − √2 per head.
     diagonal = torch.stack([centroids[0] + centroids[1], centroids[0] - centroids[1]]) / 2**0.5
     assert C.centroid_distance(diagonal, centroids).item() == pytest.approx((2 * (2 - 2**0.5)) ** 0.5)
+
+
+def test_distance_resolves_errors_far_below_float_rounding():
+    # Fig. 6a's "numerical error below 10⁻¹⁴": ‖a‖² + ‖b‖² − 2⟨a, b⟩ would round a 1e-12 error to 0.
+    centroids = C.canonical_centroids(5)
+    heads = centroids.clone()
+    heads[0, 1] = 1e-12
+    assert C.centroid_distance(heads, centroids).item() == pytest.approx(1e-12, rel=1e-9)
 
 
 def test_distance_is_permutation_invariant_for_three_heads():
@@ -381,9 +391,9 @@ def test_degenerate_case_prop_a1_and_a3():
 
 def test_projected_steps_stay_on_the_sphere():
     heads = torch.nn.functional.normalize(torch.randn(2, 5), dim=-1)
-    moved = C.riemannian_sgd_step(heads, torch.randn(2, 5), 0.1)
+    moved = C.projected_sgd_step(heads, torch.randn(2, 5), 0.1)
     torch.testing.assert_close(moved.norm(dim=-1), torch.ones(2))
-    torch.testing.assert_close(C.riemannian_sgd_step(heads, 3.0 * heads, 0.1), heads)  # radial gradient ignored
+    torch.testing.assert_close(C.projected_sgd_step(heads, 3.0 * heads, 0.1), heads)  # radial gradient ignored
     euclidean = C.projected_sgd_step(heads, 3.0 * heads, 0.1, riemannian=False)
     torch.testing.assert_close(euclidean, heads)  # a radial step is undone by the normalisation
     assert not torch.allclose(C.projected_sgd_step(heads, torch.randn(2, 5), 0.1, riemannian=False), heads)
@@ -420,6 +430,25 @@ def test_regularised_psgd_from_the_sphere_reaches_the_centroids():
     assert run["final"][1] < 0.1 < run["distance"][0][1]
 
 
+def test_first_token_scoring_is_one_psgd_step_on_the_papers_h_of_eq_28():
+    # Eq. (28): h = ‖X₁ − (2λ/L) Σ_k [X₁ᵀ(μ₀μ₀ᵀ + μ₁μ₁ᵀ)X_k] X_k‖² + ρ⟨μ₀, X₁⟩²⟨μ₁, X₁⟩², averaged over the batch.
+    lam, rho, lr, batch, length = 0.6, 0.5, 0.1, 8, 30
+    options = dict(sigma=0.3, lam=lam, rho=rho, init="sphere", steps=1, batch_size=batch, lr=lr, seed=3)
+    first, every = (C.train_heads(score=s, **options)["heads"][0] for s in ("first_token", "all_tokens"))
+    generator = C.make_generator(3)  # train_heads draws the initial heads, then the batch
+    centroids = C.canonical_centroids(5, 2, torch.float32)[None]
+    mu = C.initial_heads(centroids, "sphere", generator)[0].requires_grad_(True)
+    x = C.sample_gaussian_mixture(batch, length, centroids, 0.3, generator)[0][0]  # (B, L, d)
+    x1 = x[:, 0]
+    scores = torch.einsum("bd,kd,ke,ble->bl", x1, mu, mu, x)
+    h = (x1 - 2 * lam / length * torch.einsum("bl,bld->bd", scores, x)).square().sum(-1)
+    (grad,) = torch.autograd.grad((h + rho * (x1 @ mu[0]) ** 2 * (x1 @ mu[1]) ** 2).mean(), mu)
+    mu = mu.detach()
+    moved = mu - lr * (grad - (grad * mu).sum(-1, keepdim=True) * mu)  # the (PSGD) update of App. F.1
+    torch.testing.assert_close(first, moved / moved.norm(dim=-1, keepdim=True))
+    assert (first - every).abs().max() > 1e-3  # scoring every position is another step
+
+
 def test_run_smoke(tmp_path):
     results = CF.run(out=tmp_path, parts=["theory", "fig3_4"], mc_sequences=50)
     names = {p.name for p in tmp_path.iterdir()}
@@ -444,7 +473,7 @@ def test_fig6a_sigma_zero_a_small_regulariser_aligns_the_heads_to_precision():
 
 def test_appendix_g_parts_run_and_record_the_papers_panels(tmp_path):
     options = dict(
-        parts=["fig6a", "high_dim", "dimension"],
+        parts=["fig6a", "fig6a_rate", "high_dim", "dimension"],
         runs=2,
         steps=6,
         sweep_steps=4,
@@ -458,6 +487,9 @@ def test_appendix_g_parts_run_and_record_the_papers_panels(tmp_path):
     names = {p.name for p in tmp_path.iterdir()}
     assert {"fig6a_degenerate_rho.png", "fig7_8_11_high_dim.png", "fig9_10_12_dimension.png"} <= names
     assert results["figure6a"]["rhos"] == pytest.approx([0.0, 0.15, 0.3])
+    rate = results["figure6a_rate"]  # one factor changed at a time; e^{1000γρ} beside each measured contraction
+    assert list(rate) == ["as given", "lr=0.1", "batch_size=1", "euclidean", "score=first_token"]
+    assert [row["theory"] for row in rate["lr=0.1"]] == pytest.approx([math.exp(100 * r) for r in (0.1, 0.2, 0.3)])
     for figure in ("fig7_manifold", "fig8_sphere", "fig11_random_centroids"):
         assert set(results["high_dim"][figure]) == {"sigma=0.0", "sigma=0.3", "sigma=1.0"}  # the paper's three panels
         curve = results["high_dim"][figure]["sigma=0.3"]

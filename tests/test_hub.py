@@ -16,14 +16,8 @@ import yaml
 
 from aot_transformers import AoTConfig, AoTForCausalLM, AoTForImageClassification, export_model
 from aot_transformers.errors import UsageError
-from aot_transformers.hub import (
-    EXPORT_MANIFEST,
-    HubPushError,
-    card_template_path,
-    check_export_folder,
-    push_to_hub,
-    render_model_card,
-)
+from aot_transformers.hub import EXPORT_MANIFEST, HubPushError, check_export_folder, push_to_hub
+from aot_transformers.model_card import card_for_folder, card_template, render_model_card
 from conftest import tiny_config
 
 # What the Hub's metadata validation accepts (a subset of its license list; the checks it makes on a model card).
@@ -234,11 +228,28 @@ def lm_card(**overrides):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_card_template_lives_in_model_cards():
-    path = card_template_path()
-    assert path.name == "aot_model_card.md" and path.parent.name == "model_cards"
-    repository_template = Path(__file__).resolve().parents[1] / "model_cards" / "aot_model_card.md"
-    assert path.resolve() == repository_template.resolve()  # the packaged symlink points at model_cards/
+def test_card_template_is_a_file_of_the_package_itself():
+    from importlib import resources
+
+    template = resources.files("aot_transformers").joinpath("model_card_template.md")
+    assert template.is_file() and not Path(str(template)).is_symlink()  # package data, no link out of the package
+    assert card_template() == template.read_text(encoding="utf-8") and "{{ card_data }}" in card_template()
+
+
+def test_card_for_a_folder_carries_training_and_aot_eval_results(tmp_path):
+    folder = export_model(AoTForCausalLM(tiny_config()), tmp_path / "m")
+    results = {
+        "validation": {"perplexity": 9.5, "source": {"type": "training", "path": "tiny-corpus"}},
+        "ptb": {"loss": 5.1, "acc": "not a number", "source": {"type": "file", "path": "/data/ptb.valid.txt"}},
+    }
+    (folder / "results.json").write_text(json.dumps({"results": results, "settings": {"max_length": 64}}))
+    metadata = yaml.safe_load(str(card_for_folder(folder, "me/m")).split("---")[1])
+    metrics = {(r["dataset"]["name"], m["type"], m["value"]) for r in metadata["model-index"][0]["results"]
+               for m in r["metrics"]}  # fmt: skip
+    assert metrics == {("tiny-corpus", "perplexity", 9.5), ("Penn Treebank (ptb.valid.txt)", "loss", 5.1)}
+    (folder / "results.json").write_text('{"results": {"ptb": 3}}')
+    with pytest.raises(UsageError, match="results.json: not an `aot eval` results file"):
+        card_for_folder(folder)
 
 
 def test_lm_card_metadata_and_sections():
@@ -516,6 +527,30 @@ def test_push_uploads_eval_results_and_leaves_local_state_behind(hub, exported):
     assert not files & left_out and not set(result.files) & left_out
 
 
+def test_a_trainer_output_folder_is_pushed_without_training_args_and_verify_says_what_to_do(hub, tmp_path, caplog):
+    from transformers import Trainer, TrainingArguments
+
+    from aot_transformers.verify import verify_folder
+
+    folder = tmp_path / "trainer"
+    args = TrainingArguments(str(folder), report_to=[], use_cpu=True)
+    Trainer(model=AoTForCausalLM(tiny_config()), args=args).save_model(str(folder))
+    assert (folder / "training_args.bin").is_file()
+    problems = verify_folder(folder).problems()
+    assert problems == [
+        "training_args.bin is a pickle (Trainer's pickled TrainingArguments: loading the model never reads it and "
+        "`aot push` leaves it out; delete it (or move it out of the folder) to pass)"
+    ]
+    with caplog.at_level("WARNING", logger="aot_transformers.hub"):
+        result = push_to_hub(folder, "someone/trained", token="hf_test", endpoint=hub.url)
+    notices = [record.getMessage() for record in caplog.records if record.name == "aot_transformers.hub"]
+    assert len(notices) == 1 and notices[0].startswith("Leaving training_args.bin out of the push")
+    files = set(hub.committed_files("someone/trained"))
+    assert "training_args.bin" not in files | set(result.files) and {"model.safetensors", "README.md"} <= files
+    (folder / "training_args.bin").unlink()
+    assert verify_folder(folder).ok
+
+
 def test_push_to_a_branch_of_a_private_repo(hub, exported):
     push_to_hub(exported, "someone/tiny", token="hf_test", endpoint=hub.url, private=True, revision="v1")
     assert hub.private["someone/tiny"] is True
@@ -585,8 +620,7 @@ def test_unknown_hub_strategy_and_bad_repo_id_are_refused(tmp_path, capsys):
 
 
 def test_evaluation_results_go_to_model_index_and_eval_results(tmp_path):
-    from aot_transformers.evaluation.model_card import update_model_card
-    from aot_transformers.evaluation.runner import EvaluationReport
+    from aot_transformers.evaluation import EvaluationReport, update_model_card
 
     report = EvaluationReport(
         model="m",

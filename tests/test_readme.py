@@ -30,3 +30,18 @@ def test_the_ecosystem_section_runs(tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_tested_versions_the_readme_names_are_the_pinned_ones():
+    text = (REPO_ROOT / "README.md").read_text()
+    start = text.index("(`constraints.txt`:")
+    named = re.findall(r"([A-Za-z][\w-]*) (\d+(?:\.\d+)+)", text[start : text.index(")", start)])
+    lines = (REPO_ROOT / "constraints.txt").read_text().splitlines()
+    pins = dict(
+        line.split(";")[0].strip().split("==", 1) for line in lines if "==" in line and not line.startswith("#")
+    )
+    pins = {name.lower().replace("_", "-"): version.split("+")[0] for name, version in pins.items()}
+    assert len(named) >= 6
+    for name, version in named:
+        if name != "Python":
+            assert pins[name.lower().replace("_", "-")] == version, name

@@ -4,14 +4,16 @@ resumes from the checkpoint, the export loads through the Auto classes — with 
 FSDP recipe's loss curve equals the DDP recipe's and its export is a plain safetensors folder.
 
 CI runs four dry runs (~2-4 min on 2 shared cores): the DDP LM recipe (AoT-MSSA-L Base), the FSDP LM recipe
-(AoT-MSSA-L Large), AoT-MHSA-L Base (one launch), and both stages of AoT-V Base. Scaled down, AoT-MSSA-L Medium is
-the same run as Base and AoT-V Large / Huge the same as AoT-V Base (`test_scaled_down_recipes_coincide` checks it);
-their own dry runs: `pytest -m slow tests/test_recipes.py` or `python recipes/dry_run.py recipes/<name>`.
+(AoT-MSSA-L Large), AoT-MHSA-L Base (one launch), and both stages of AoT-V Base (Lion, then AdamW). Scaled down,
+AoT-MSSA-L Medium is the same run as Base and AoT-V Large / Huge the same as AoT-V Base
+(`test_scaled_down_recipes_coincide` checks it); their dry runs and those of the ICML vision recipes (AoT-MSSA-V,
+AoT-MHSA-V): `pytest -m slow tests/test_recipes.py` or `python recipes/dry_run.py recipes/<name>`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -31,7 +33,8 @@ sys.path.insert(0, str(RECIPES))
 import dry_run  # noqa: E402
 
 LM_RECIPES = sorted(p.name for p in RECIPES.glob("aot-m*-l-*-openwebtext"))
-VISION_RECIPES = sorted(p.name for p in RECIPES.glob("aot-v-*-imagenet"))
+VISION_RECIPES = sorted(p.name for p in RECIPES.glob("aot-*-imagenet"))
+PAPERS = REPO_ROOT.parent / "shared" / "papers"
 # What a dry run may change: scale (model size, steps, batch), data, devices and logging — never the method.
 SCALE_KEYS = {
     "preset", "config_overrides", "tokenizer_name_or_path", "dataset_name", "streaming_validation_examples",
@@ -80,17 +83,62 @@ def test_lm_recipes_parse_into_the_papers_settings(recipe):
     assert "aot eval lm" in readme and "lm_eval" in readme
 
 
+# Each vision recipe follows one paper (../shared/papers): per stage (file, optimizer, learning rate, weight decay,
+# label smoothing, global batch). The earlier version gives no label smoothing (0 here).
+EARLIER_VERSION = (
+    ("pretrain.yaml", "lion", 1e-4, 0.05, 0.0, 4096),
+    ("finetune.yaml", "trainer", 5e-5, 0.05, 0.0, 2048),
+)
+VISION_SETTINGS = {
+    "aot-v-base-imagenet": ("aot-earlier-version.txt:365", EARLIER_VERSION),
+    "aot-v-large-imagenet": ("aot-earlier-version.txt:365", EARLIER_VERSION),
+    "aot-v-huge-imagenet": ("aot-earlier-version.txt:365", EARLIER_VERSION),
+    "aot-mssa-v-imagenet": (
+        "aot-icml2025.txt:198",
+        (("pretrain.yaml", "lion", 2e-4, 0.7, 0.2, 4096), ("finetune.yaml", "lion", 5e-4, 0.3, 0.1, 2048)),
+    ),
+    "aot-mhsa-v-imagenet": ("aot-icml2025.txt:206", (("train.yaml", "lion", 5e-4, 0.1, 0.1, 2048),)),
+}
+
+
+def test_every_vision_recipe_has_its_papers_settings():
+    assert sorted(VISION_SETTINGS) == VISION_RECIPES
+
+
 @pytest.mark.parametrize("recipe", VISION_RECIPES)
 def test_vision_recipes_parse_into_the_papers_settings(recipe):
-    # AoT paper, Sec. 4.1: Lion; pre-training lr 2e-4, wd 0.7, smoothing 0.2, batch 4096; fine-tuning 5e-4, 0.3,
-    # 0.1, 2048.
-    stages = (("pretrain.yaml", 2e-4, 0.7, 0.2, 4096), ("finetune.yaml", 5e-4, 0.3, 0.1, 2048))
-    for file, lr, wd, smoothing, batch in stages:
+    source, stages = VISION_SETTINGS[recipe]
+    for file, optimizer, lr, wd, smoothing, batch in stages:
         model, data, _, lora, optim, training = parse(recipe, file)
-        assert optim.optimizer == "lion" and data.streaming
+        assert optim.optimizer == optimizer and data.streaming and not lora.enabled
         assert (training.learning_rate, training.weight_decay, training.label_smoothing_factor) == (lr, wd, smoothing)
         assert training.per_device_train_batch_size * training.gradient_accumulation_steps * 8 == batch
-    assert model.model_name_or_path.endswith("in21k/model")  # fine-tuning starts from the pre-trained folder
+        assert source in (RECIPES / recipe / file).read_text()  # each argument file cites its paper's line
+    if len(stages) == 2:
+        assert model.model_name_or_path.endswith("in21k/model")  # fine-tuning starts from the pre-trained folder
+
+
+@pytest.mark.skipif(not PAPERS.is_dir(), reason="../shared/papers is not present")
+@pytest.mark.parametrize("recipe", VISION_RECIPES)
+def test_vision_recipe_expects_the_papers_numbers_and_its_preset_has_the_papers_size(recipe):
+    """The README's expected accuracy and size are printed on the paper line it cites, and the recipe's preset has
+    that many parameters (within the preset's stated tolerance)."""
+    from aot_transformers import AoTConfig, AoTForImageClassification
+    from aot_transformers.presets import PAPER_PARAMETERS
+
+    readme = (RECIPES / recipe / "README.md").read_text()
+    expected = readme[readme.index("## Expected") :].split("##")[1]
+    file, line = re.search(r"`([\w.-]+\.txt):(\d+)`", expected).groups()
+    accuracy, size = re.search(r"(\d+M) parameters.*\*\*(\d+\.\d)% top-1\*\*", expected, re.S).groups()[::-1]
+    printed = (PAPERS / file).read_text().splitlines()[int(line) - 1]
+    assert f"{accuracy}%" in printed and size in printed, printed
+    first = VISION_SETTINGS[recipe][1][0][0]
+    model = parse(recipe, first)[0]
+    paper_count, tolerance, cited = PAPER_PARAMETERS[model.preset]
+    assert cited.startswith(f"{file}:{line}") and paper_count == int(size[:-1]) * 1_000_000
+    with torch.device("meta"):
+        count = sum(p.numel() for p in AoTForImageClassification(AoTConfig.from_preset(model.preset)).parameters())
+    assert abs(count / paper_count - 1) <= tolerance, f"{model.preset}: {count / 1e6:.2f}M"
 
 
 def test_dry_runs_change_only_the_scale():
@@ -195,8 +243,17 @@ def test_fsdp_loss_curve_equals_ddp_and_exports_a_plain_folder(dry_runs):
 
 @needs_data
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["aot-mssa-l-medium-openwebtext", "aot-v-large-imagenet", "aot-v-huge-imagenet"])
-def test_dry_run_of_the_coinciding_recipes(tmp_path, recipe):
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        "aot-mssa-l-medium-openwebtext",
+        "aot-v-large-imagenet",
+        "aot-v-huge-imagenet",
+        "aot-mssa-v-imagenet",
+        "aot-mhsa-v-imagenet",
+    ],
+)
+def test_dry_run_of_the_recipes_ci_does_not_run(tmp_path, recipe):
     summary = dry_run.dry_run(RECIPES / recipe, tmp_path, DATA, steps=4)
     assert summary["stages"][0]["resumed"]
 

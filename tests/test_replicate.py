@@ -4,6 +4,7 @@ transformers' peers, the verdict rules of the report, and the `--smoke` command 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -152,10 +153,10 @@ def test_report_verdicts_follow_the_stated_rules(tmp_path, aot_loss, knn_delta, 
 
 
 def test_smoke_command_writes_every_section(shared_data, tmp_path):
-    work, out = tmp_path / "work", tmp_path / "report"
+    work, out, records = tmp_path / "work", tmp_path / "report", tmp_path / "records"
     command = [sys.executable, "-m", "benchmarks.replicate", "--smoke", "--data-dir", str(shared_data)]
-    command += ["--work-dir", str(work), "--report-dir", str(out)]
-    subprocess.run(command, cwd=REPO_ROOT, check=True, capture_output=True, text=True, timeout=900)
+    command += ["--records-dir", str(records), "--report-dir", str(out)]
+    subprocess.run(command + ["--work-dir", str(work)], cwd=REPO_ROOT, check=True, capture_output=True, timeout=900)
     text = (out / "REPORT.md").read_text()
     for header in ("## 1. Language", "## 2. Image", "## 3. k-NN", "## 4. Compute", "## Noise"):
         assert header in text
@@ -169,8 +170,11 @@ def test_smoke_command_writes_every_section(shared_data, tmp_path):
         assert check["metric"] == metric
         assert check["rerun"] == pytest.approx(check["first"], abs=1e-5)
     assert "Rerun from scratch" in text
-    # A second invocation reuses every cached run and redraws the same report.
-    rerun = subprocess.run(command + ["--only", "report"], cwd=REPO_ROOT, check=True, capture_output=True, text=True)
+    # Per-run records, one file per run, in the records folder (the committed one by default), none in the work folder.
+    assert len(list(records.glob("language-*/gpt2-seed*.json"))) == 2 and not list(work.glob("*/*.json"))
+    # A second invocation with a fresh work folder redraws the same report from the records alone.
+    redraw = command + ["--only", "report", "--work-dir", str(tmp_path / "fresh")]
+    rerun = subprocess.run(redraw, cwd=REPO_ROOT, check=True, capture_output=True, text=True)
     assert "Report:" in rerun.stdout
     assert (out / "REPORT.md").read_text() == text
 
@@ -191,3 +195,24 @@ def test_paper_compute_table_is_our_count_without_attention_products_and_lm_head
     assert all(abs(r["relative_difference"]) < 1e-3 for r in rows.values())
     lines = "\n".join(compute.paper_comparison_lines(full, 16, 1024))
     assert "0.59x in the paper's GFLOPS but 1.07x in ours" in lines
+
+
+def test_committed_report_is_redrawn_from_the_committed_records(tmp_path):
+    """Every number of REPORT.md comes from the per-run records committed under benchmarks/results/replicate."""
+    from benchmarks.replicate.run import DEFAULT_RECORDS_DIR, DEFAULT_REPORT_DIR, main
+
+    assert DEFAULT_RECORDS_DIR == REPO_ROOT / "benchmarks" / "results" / "replicate"
+    committed = (DEFAULT_REPORT_DIR / "REPORT.md").read_text()
+    budget = re.search(r"come from --budget ([\d.]+)", committed).group(1)  # the settings the records were made with
+    redraw = [
+        "--only",
+        "report",
+        "--budget",
+        budget,
+        "--work-dir",
+        str(tmp_path / "work"),
+        "--report-dir",
+        str(tmp_path),
+    ]
+    assert main(redraw) == 0
+    assert (tmp_path / "REPORT.md").read_text() == committed

@@ -19,7 +19,6 @@ pytest.importorskip("tokenizers")
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments  # noqa: E402
 
 from aot_transformers.training.arguments import PublishArguments, TrainingSetupError  # noqa: E402
-from aot_transformers.training.checkpoints import last_complete_checkpoint, resolve_resume  # noqa: E402
 from aot_transformers.training.lm import (  # noqa: E402
     LMModelArguments,
     prepare_lm_training,
@@ -27,6 +26,7 @@ from aot_transformers.training.lm import (  # noqa: E402
     train_lm,
     unigram_perplexity,
 )
+from aot_transformers.training.run_state import last_complete_checkpoint, resolve_resume  # noqa: E402
 from aot_transformers.training.text_data import (  # noqa: E402
     TextDataArguments,
     embedded_corpus,
@@ -179,6 +179,13 @@ def test_bad_data_is_a_clear_error(text_dir, data_args, message):
     (text_dir / "weights.bin").write_bytes(b"\0")
     with pytest.raises(TrainingSetupError, match=message):
         load_text_source(TextDataArguments(**data_args))
+
+
+def test_a_dataset_name_that_is_no_hub_id_is_read_as_a_local_path():
+    # Deeper than namespace/name, or with a data-file suffix: never looked up on the Hub.
+    for name in ("corpora/wiki/part-1", "someone/corpus.jsonl"):
+        with pytest.raises(TrainingSetupError, match=f"training data: no such file or folder: {name}"):
+            load_text_source(TextDataArguments(dataset_name=name))
 
 
 def test_unknown_hub_dataset_offline_is_a_clear_error(monkeypatch):
@@ -430,7 +437,7 @@ def test_cpu_training_uses_the_shared_projection_backend_for_mssa_only():
     from types import SimpleNamespace
 
     from aot_transformers import AoTForCausalLM
-    from aot_transformers.training.arguments import use_training_attention
+    from aot_transformers.training.model_setup import use_training_attention
     from conftest import tiny_config
 
     on_cpu = SimpleNamespace(use_cpu=True)

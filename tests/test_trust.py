@@ -166,7 +166,7 @@ def test_folder_without_code_sha256_verifies_only_with_the_installed_code(folder
 
 
 def test_card_and_readme_say_what_the_hash_check_protects():
-    from aot_transformers.evaluation.model_card import render_model_card
+    from aot_transformers.model_card import render_model_card
     from conftest import REPO_ROOT, tiny_config
 
     card = " ".join(str(render_model_card(tiny_config(), model_name="m")).split())

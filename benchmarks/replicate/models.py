@@ -1,7 +1,8 @@
 """The rows of the comparisons: which model each is, built from the package's presets or from transformers' peers.
 
-AoT rows start from the paper's presets (`aot-mssa-l-base`, `aot-mhsa-l-base`, `aot-v-base`) with the size fields
-scaled down. Peers are transformers' own `GPT2LMHeadModel` and `ViTForImageClassification`; their k-NN twins run
+AoT rows start from the papers' presets (`aot-mssa-l-base`, `aot-mhsa-l-base`; `aot-mssa-v`, `aot-mhsa-v`, and
+`aot-v-base` for the row without LayerNorm) with the size fields scaled down. Peers are transformers' own
+`GPT2LMHeadModel` and `ViTForImageClassification`; their k-NN twins run
 the package's k-NN kernel through transformers' attention registry (`attn_implementation="aot_knn"`), so every
 k-NN row uses the same exact top-k code.
 """
@@ -102,7 +103,7 @@ def vision_rows(plan) -> list[Row]:
     shape = f"{plan.num_hidden_layers} x {plan.hidden_size}"
     rows = [
         Row("vit", f"ViT ({shape}, MLP 4x)", "vit", common),
-        Row("aot-mssa", f"AoT-MSSA ({shape})", "aot", common, "aot-v-base"),
+        Row("aot-mssa", f"AoT-MSSA ({shape})", "aot", common, "aot-mssa-v"),
         Row(
             "aot-mssa-noln",
             f"AoT-MSSA without LayerNorm ({shape})",
@@ -110,7 +111,7 @@ def vision_rows(plan) -> list[Row]:
             {**common, "layer_norm": False},
             "aot-v-base",
         ),
-        Row("aot-mhsa", f"AoT-MHSA ({shape})", "aot", {**common, "attention_type": "mhsa"}, "aot-v-base"),
+        Row("aot-mhsa", f"AoT-MHSA ({shape})", "aot", {**common, "attention_type": "mhsa"}, "aot-mhsa-v"),
     ]
     return _with_knn(rows)
 

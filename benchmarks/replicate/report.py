@@ -742,6 +742,9 @@ def render_report(results: dict[str, Any], report_dir: Path) -> Path:
         if value.replace(".", "", 1).isdigit()
     ]
     threads = machine.get("threads")
+    per_section = results.get("threads", {})
+    if len(set(per_section.values())) > 1:  # sections measured with different thread counts: say which
+        threads = ", ".join(f"{count} ({name})" for name, count in per_section.items())
     quiet = bool(loads) and isinstance(threads, int) and max(loads) <= threads + 0.5
     load_note = (
         f"The load average stayed at {min(loads):.1f}–{max(loads):.1f} (the benchmark itself keeps {threads} "
@@ -769,9 +772,20 @@ def render_report(results: dict[str, Any], report_dir: Path) -> Path:
         head.append(f"| {name} | {commands} | {runs[-1]['date']} | {minutes:.0f} min{spread} | {load} |")
     head += [
         "",
-        "Regenerate with the commands in [README.md](README.md). Every run is cached in the work folder as soon "
-        "as it finishes, so an interrupted run resumes and sections can run in separate invocations.",
+        "Regenerate with the commands in [README.md](README.md). Every run's record (losses, accuracies, curves, "
+        "zero-shot scores, timings) is committed under `benchmarks/results/replicate/<section>-<settings hash>/` "
+        "the moment it finishes, so an interrupted run resumes, sections can run in separate invocations, and "
+        "`python -m benchmarks.replicate --only report` redraws this report from the committed records alone.",
         "",
+    ]
+    missing = [name for name in ("language", "vision", "compute") if name not in sections]
+    if missing:
+        head += [
+            f"**Not run at these settings: {', '.join(missing)}** — no committed record, so this report has no "
+            "section, verdict or number for it.",
+            "",
+        ]
+    head += [
         "Everything here is a miniature: models of a few million parameters (mostly the GPT-2 embedding) trained "
         "for minutes on a CPU. The verdicts say whether a claim *held at this scale*, by the rule stated under "
         "each; they do not confirm or refute the papers at theirs.",
@@ -784,7 +798,7 @@ def render_report(results: dict[str, Any], report_dir: Path) -> Path:
     head += [f"| {claim} | **{status}** | {numbers} |" for claim, status, numbers in verdicts]
     head += [""]
     noise = _noise_section(language, vision)
-    text = "\n".join(head + body + noise + _limitations(plan)) + "\n"
+    text = "\n".join(head + body + noise + _limitations(plan, language, vision)) + "\n"
     path = report_dir / "REPORT.md"
     path.write_text(text)
     return path
@@ -836,23 +850,32 @@ def _noise_section(language, vision) -> list[str]:
     return lines
 
 
-def _limitations(plan) -> list[str]:
+def _limitations(plan, language, vision) -> list[str]:
     lp, vp = plan["language"], plan["vision"]
     tokens = lp["max_steps"] * lp["batch_size"] * lp["block_size"]
     images = vp["max_steps"] * vp["batch_size"]
-    return [
-        "## Limitations",
-        "",
-        f"- Scale: {tokens:,} training tokens per language run and {images:,} images per vision run (a fraction "
-        "of one CIFAR-10 epoch); the papers train for billions of tokens / hundreds of epochs. Early-training "
-        "behaviour dominates everything here, and deep narrow AoT stacks may simply need more steps than a "
-        "shallow GPT-2.",
-        "- With GPT-2's 50,257-token vocabulary at width ~100, the embedding is most of every LM's parameters "
-        "and the LM head most of its compute; 'equal parameters' therefore means equal embedding plus equal "
-        "non-embedding weights.",
+    scale = " and ".join(
+        [f"{tokens:,} training tokens per language run"] * bool(language)
+        + [f"{images:,} images per vision run (a fraction of one CIFAR-10 epoch)"] * bool(vision)
+    )
+    lines = ["## Limitations", ""]
+    if scale:
+        lines.append(
+            f"- Scale: {scale}; the papers train for billions of tokens / hundreds of epochs. Early-training "
+            "behaviour dominates everything here, and deep narrow AoT stacks may simply need more steps than a "
+            "shallow GPT-2."
+        )
+    if language:
+        lines += [
+            "- With GPT-2's 50,257-token vocabulary at width ~100, the embedding is most of every LM's parameters "
+            "and the LM head most of its compute; 'equal parameters' therefore means equal embedding plus equal "
+            "non-embedding weights.",
+            "- Zero-shot data: only the local dev files (PTB validation start, 100 LAMBADA passages); no WikiText, "
+            "no CBT.",
+        ]
+    lines += [
         "- One learning rate for all rows, not tuned per model (as in a fixed-recipe comparison).",
-        "- Zero-shot data: only the local dev files (PTB validation start, 100 LAMBADA passages); no WikiText, "
-        "no CBT.",
-        "- k-NN rows and the MLP ablations ran with one seed.",
+        "- k-NN rows" + (" and the MLP ablations" if language else "") + " ran with one seed.",
         "",
     ]
+    return lines

@@ -5,8 +5,9 @@
     python -m benchmarks.replicate --smoke          # CI: a few steps of every row (report in the work folder)
     python -m benchmarks.replicate --only language,vision --budget 0.25   # some sections; --only report: redraw
 
-Each run's record is written to `<work-dir>/<section>-<settings hash>/` as soon as it finishes and reused by later
-invocations with the same settings, so a killed run resumes and sections can run in separate invocations.
+Each run's record is written to `<records-dir>/<section>-<settings hash>/` (committed: benchmarks/results/replicate)
+as soon as it finishes and reused by later invocations with the same settings, so a killed run resumes, sections can
+run in separate invocations, and `--only report` redraws REPORT.md from the committed records alone.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SECTIONS = ("language", "vision", "compute")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = Path(os.environ.get("AOT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 DEFAULT_REPORT_DIR = Path(__file__).resolve().parent
+DEFAULT_RECORDS_DIR = REPO_ROOT / "benchmarks" / "results" / "replicate"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,7 +48,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: <data-dir>/tokenizer-gpt2)")
     parser.add_argument("--eval-dir", type=Path, help="zero-shot files (default: <data-dir>/eval-dev)")
     parser.add_argument("--cifar", type=Path, help="CIFAR-10 archives (default: <data-dir>/vision/cifar10)")
-    parser.add_argument("--work-dir", type=Path, help="run records and Trainer scratch (default: a temp folder)")
+    parser.add_argument("--work-dir", type=Path, help="Trainer scratch and results.json (default: a temp folder)")
+    parser.add_argument(
+        "--records-dir", type=Path, help="per-run records (default: benchmarks/results/replicate; smoke: work folder)"
+    )
     parser.add_argument("--report-dir", type=Path, help="REPORT.md + PNGs (default: benchmarks/replicate)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     return parser.parse_args(argv)
@@ -55,9 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class RunCache:
     """One JSON record per (section, row, seed) under a folder named by the section's settings."""
 
-    def __init__(self, work_dir: Path, plan: Plan, section: str):
-        self.folder = work_dir / f"{section}-{plan.section_key(section)}"
-        self.folder.mkdir(parents=True, exist_ok=True)
+    def __init__(self, records_dir: Path, work_dir: Path, plan: Plan, section: str):
+        self.folder = records_dir / f"{section}-{plan.section_key(section)}"
+        self.scratch = work_dir / self.folder.name / "trainer"  # checkpoints: never committed
 
     def path(self, name: str) -> Path:
         return self.folder / f"{name.replace('+', '_')}.json"
@@ -67,8 +72,9 @@ class RunCache:
         return json.loads(path.read_text()) if path.is_file() else None
 
     def put(self, name: str, record: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
         temporary = self.path(name).with_suffix(".tmp")
-        temporary.write_text(json.dumps(record, indent=1))
+        temporary.write_text(json.dumps(record, indent=1) + "\n")
         temporary.replace(self.path(name))  # atomic: a kill never leaves half a record
 
 
@@ -116,7 +122,7 @@ def run_language(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
         record = cache.get(name)
         if record is None:
             start = time.perf_counter()
-            record = train_language_row(row, seed, lp, data, cache.folder / "trainer")
+            record = train_language_row(row, seed, lp, data, cache.scratch)
             cache.put(name, record)
             print(
                 f"  language: {name}: val loss {record['eval_loss']:.3f} "
@@ -129,7 +135,7 @@ def run_language(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
         runs,
         records,
         "eval_loss",
-        lambda row, seed: train_language_row(row, seed, lp, data, cache.folder / "trainer"),
+        lambda row, seed: train_language_row(row, seed, lp, data, cache.scratch),
     )
     timing = cache.get("step-seconds") or {"seconds": time_language_rows(rows, lp, data)}
     cache.put("step-seconds", timing)
@@ -163,7 +169,7 @@ def run_vision(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
         record = cache.get(name)
         if record is None:
             start = time.perf_counter()
-            record = train_vision_row(row, seed, vp, data, cache.folder / "trainer")
+            record = train_vision_row(row, seed, vp, data, cache.scratch)
             cache.put(name, record)
             print(
                 f"  vision: {name}: val accuracy {100 * record['eval_accuracy']:.1f}% "
@@ -176,7 +182,7 @@ def run_vision(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
         runs,
         records,
         "eval_accuracy",
-        lambda row, seed: train_vision_row(row, seed, vp, data, cache.folder / "trainer"),
+        lambda row, seed: train_vision_row(row, seed, vp, data, cache.scratch),
     )
     timing = cache.get("step-seconds") or {"seconds": time_vision_rows(rows, vp, data)}
     cache.put("step-seconds", timing)
@@ -223,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     label = "smoke" if plan.smoke else f"budget-{plan.budget:g}"
     args.work_dir = args.work_dir or Path(tempfile.gettempdir()) / "aot-replicate" / label
     args.report_dir = args.report_dir or (args.work_dir / "report" if plan.smoke else DEFAULT_REPORT_DIR)
+    args.records_dir = args.records_dir or (args.work_dir / "records" if plan.smoke else DEFAULT_RECORDS_DIR)
     args.text = args.text or args.data_dir / "text" / "janeausten"
     args.tokenizer = args.tokenizer or args.data_dir / "tokenizer-gpt2"
     args.eval_dir = args.eval_dir or args.data_dir / "eval-dev"
@@ -252,10 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.replicate " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
-    print(f"{command.strip()}: work folder {args.work_dir}", flush=True)
-    results: dict = {"plan": plan.to_dict(), "machine": machine(), "sections": {}}
+    print(f"{command.strip()}: records {args.records_dir}, work folder {args.work_dir}", flush=True)
+    results: dict = {"plan": plan.to_dict(), "sections": {}}
     for section in SECTIONS:
-        cache = RunCache(args.work_dir, plan, section)
+        cache = RunCache(args.records_dir, args.work_dir, plan, section)
         earlier = cache.get("section")
         if section in only:
             print(f"[{section}] start (load {_load()})", flush=True)
@@ -274,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 ]
             }
+            summary["machine"] = machine()
             cache.put("section", summary)
             print(f"[{section}] done in {summary['meta']['invocations'][-1]['minutes']:.1f} min", flush=True)
         elif earlier is not None:
@@ -281,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             continue
         results[section] = summary
+        results.setdefault("machine", summary.get("machine", machine()))  # the records', not this machine's
+        results.setdefault("threads", {})[section] = summary.get("machine", results["machine"])["threads"]
         results["sections"][section] = summary["meta"]
+    args.work_dir.mkdir(parents=True, exist_ok=True)
     (args.work_dir / "results.json").write_text(json.dumps(results, indent=1))
     if not results["sections"]:
         print("No section has results yet for these settings: nothing to report.", file=sys.stderr)

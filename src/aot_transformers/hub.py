@@ -1,6 +1,5 @@
 """Export of AoT models as self-contained folders that load with `trust_remote_code=True`, and publishing them to
-the Hugging Face Hub. (Model cards live in `aot_transformers.evaluation.model_card`; their functions are
-re-exported here.)
+the Hugging Face Hub (model cards are rendered by `aot_transformers.model_card`).
 
 - `export_model` writes a folder atomically (temporary folder, then rename);
 - `push_to_hub` uploads a folder with `HfApi.upload_folder` and deliberate ignore patterns (hidden files except the
@@ -14,6 +13,7 @@ Every Hub call takes an `endpoint`, so the same code talks to the Hub, a private
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -22,8 +22,10 @@ from typing import Any
 
 from ._io import CODE_FILES, EVAL_RESULTS_DIR, STAGING_MARKER, atomic_folder, is_pickle_name
 from .errors import RunError, UsageError
-from .evaluation.model_card import card_for_folder, card_template_path, render_model_card
+from .model_card import card_for_folder
 from .modeling_aot import AoTPreTrainedModel
+
+logger = logging.getLogger(__name__)
 
 # What never leaves the machine in a model push: Trainer checkpoints and logs, caches, pickles (optimizer state and
 # `training_args.bin` execute code when unpickled; the model itself is safetensors).
@@ -202,16 +204,6 @@ class PushResult:
     files: list[str]
 
 
-def _read_config(path: Path) -> dict:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"{path} cannot be read as JSON ({type(error).__name__}: {error}).") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"{path} holds a JSON {type(config).__name__}, not an object: not a model config.")
-    return config
-
-
 def check_export_folder(folder: str | os.PathLike) -> Path:
     """Check that `folder` is a complete AoT export (config with `auto_map`, safetensors weights, code files) or a
     LoRA adapter folder (`adapter_config.json` + safetensors adapter weights).
@@ -219,20 +211,22 @@ def check_export_folder(folder: str | os.PathLike) -> Path:
     Raises:
         UsageError: It is neither (bad input: `aot push` exits with 2).
     """
+    from .verify import read_config
+
     folder = Path(folder)
     if not folder.exists():
         raise UsageError("no such folder", argument="folder", value=str(folder))
     if not folder.is_dir():
         raise UsageError("not a folder", argument="folder", value=str(folder))
     if (folder / "adapter_config.json").is_file():
-        _read_config(folder / "adapter_config.json")
+        read_config(folder / "adapter_config.json", "`aot push` needs a saved adapter")
         if not any(folder.glob("adapter_model*.safetensors")):
             raise UsageError(f"{folder} is a LoRA adapter folder without adapter_model.safetensors.")
         return folder
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise UsageError(f"{folder} has no config.json: it is not a saved model folder.")
-    config = _read_config(config_file)
+    config = read_config(config_file, "`aot push` needs the config.json of a saved model")
     missing = [name for name in CODE_FILES if not (folder / name).is_file()]
     if "auto_map" not in config or missing:
         raise UsageError(
@@ -288,10 +282,10 @@ def check_push_contents(folder: Path, names: list[str], escaping: list[str]) -> 
     Raises:
         UsageError: One line naming every offending file; nothing has been uploaded.
     """
-    from .verify import verify_folder
+    from .verify import pickle_note, verify_folder
 
     problems = [f"{name} is a link to a folder or out of {folder}" for name in escaping]
-    problems += [f"{name} is a pickle (can run arbitrary code when loaded)" for name in names if is_pickle_name(name)]
+    problems += [f"{name} is a pickle ({pickle_note(name)})" for name in names if is_pickle_name(name)]
     # The code checks of `aot verify` (a LoRA adapter folder must hold no code); its pickle check is the one above,
     # on the files that would be uploaded: Trainer state that stays local is no reason to refuse.
     problems += [problem for problem in verify_folder(folder).problems() if "is a pickle" not in problem]
@@ -316,10 +310,11 @@ def push_to_hub(
     """Upload an exported model folder to a Hub repository (created if needed) with `HfApi.upload_folder`.
 
     Nothing is uploaded when the folder holds a symbolic link out of it, a pickle that would be uploaded (`*.bin`,
-    `*.pt`, … in any case; Trainer checkpoints and `training_args.bin` stay local), or code that `aot verify` does
-    not pass (`UsageError`). The folder is read, never written: when it has no `README.md`, a model card rendered
-    from its config is uploaded from memory in a second commit. Whatever fails (network, authentication, a card the
-    Hub refuses, server error), the local folder is left as it was and `HubPushError` says what went wrong.
+    `*.pt`, … in any case; Trainer checkpoints stay local, and so does `training_args.bin`, with a logged notice), or
+    code that `aot verify` does not pass (`UsageError`). The folder is read, never written: when it has no
+    `README.md`, a model card rendered from its config is uploaded from memory in a second commit. Whatever fails
+    (network, authentication, a card the Hub refuses, server error), the local folder is left as it was and
+    `HubPushError` says what went wrong.
 
     Args:
         folder: A folder written by `export_model` or by `aot train`.
@@ -355,6 +350,11 @@ def push_to_hub(
         raise UsageError(f"{folder} cannot be read ({type(error).__name__}: {error}).") from None
     names = list(filter_repo_objects(relative, ignore_patterns=ignore))
     check_push_contents(folder, names, list(filter_repo_objects(escaping, ignore_patterns=ignore)))
+    if "training_args.bin" in relative:  # a Trainer / TRL output folder
+        logger.warning(
+            "Leaving training_args.bin out of the push: it is Trainer's pickled TrainingArguments, which loading the "
+            "model never reads (you may delete it)."
+        )
     card = None
     if not (folder / "README.md").is_file() and not (folder / "adapter_config.json").is_file():
         try:
@@ -435,12 +435,9 @@ def upload_checkpoint(
 __all__ = [
     "HubPushError",
     "PushResult",
-    "card_for_folder",
-    "card_template_path",
     "check_export_folder",
     "export_model",
     "non_finite_weights",
     "push_to_hub",
-    "render_model_card",
     "upload_checkpoint",
 ]

@@ -1,9 +1,12 @@
 """Named configurations of the papers' models, reached through `AoTConfig.from_preset(name, **overrides)`.
 
-Parameter counts (nanoGPT's convention for language models: everything but the position table):
-AoT-MSSA-L Base / Medium / Large ≈ 102M / 182M / 326M, AoT-MHSA-L Base ≈ 122M, all with GPT-2's 50,257-token
-vocabulary; vision AoT Base / Large / Huge ≈ 16M / 52M / 86M at 224 px, patch 16, 1,000 classes.
-`tests/test_presets.py` checks each against the paper on the meta device.
+Each preset follows one paper, cited with file and line in `PAPER_PARAMETERS` (the plain-text copies in
+../shared/papers). Parameter counts (nanoGPT's convention for language models: everything but the position table):
+AoT-MSSA-L Base / Medium / Large ≈ 102M / 182M / 326M, AoT-MHSA-L Base ≈ 122M, GPT-2's 50,257-token vocabulary;
+AoT-Base / Large / Huge (`aot-v-*`, the earlier version's Table 2) ≈ 16M / 52M / 86M without LayerNorm; AoT-MSSA-V
+22M and AoT-MHSA-V 15M (ICML 2025, Tables 1–2); vision at 224 px, patch 16, 1,000 classes. Shapes no paper prints
+(the Large LM's, every vision width, the ICML vision depths) are inferred from the counts.
+`tests/test_presets.py` checks each count on the meta device.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ _LANGUAGE = {
 }
 _CAUSAL_MSSA = {**_LANGUAGE, "attention_type": "mssa", "normalize_query": True}
 _VISION = {"image_size": 224, "patch_size": 16, "num_channels": 3, "num_labels": 1000, "attention_type": "mssa"}
+_VISION_NO_NORM = {**_VISION, "layer_norm": False}  # earlier version, Sec. 4.2: "we do *not* even use LayerNorm"
 
 PRESETS: dict[str, dict[str, Any]] = {
     "aot-mssa-l-base": {**_CAUSAL_MSSA, "num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16},
@@ -32,9 +36,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "hidden_size": 896,
         "num_attention_heads": 14,
     },
-    "aot-v-base": {**_VISION, "num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12},
-    "aot-v-large": {**_VISION, "num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16},
-    "aot-v-huge": {**_VISION, "num_hidden_layers": 32, "hidden_size": 1152, "num_attention_heads": 16},
+    # Earlier version, Table 2: the depths 12 / 24 / 32 are printed, the widths inferred.
+    "aot-v-base": {**_VISION_NO_NORM, "num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12},
+    "aot-v-large": {**_VISION_NO_NORM, "num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16},
+    "aot-v-huge": {**_VISION_NO_NORM, "num_hidden_layers": 32, "hidden_size": 1152, "num_attention_heads": 16},
+    # ICML 2025, Tables 1-2: only the parameter counts are printed; depth and width inferred (ViT-B / ViT-S widths).
+    "aot-mssa-v": {**_VISION, "num_hidden_layers": 17, "hidden_size": 768, "num_attention_heads": 12},
+    "aot-mhsa-v": {
+        **_VISION,
+        "attention_type": "mhsa",
+        "num_hidden_layers": 24,
+        "hidden_size": 384,
+        "num_attention_heads": 6,
+    },
     # Tiny models for tests, demos and CPU experiments.
     "aot-mssa-l-tiny": {
         **_CAUSAL_MSSA,
@@ -68,15 +82,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-# What each preset reproduces: (paper parameter count, relative tolerance), for the tests and the docs.
-PAPER_PARAMETERS: dict[str, tuple[int, float]] = {
-    "aot-mssa-l-base": (102_000_000, 0.015),
-    "aot-mssa-l-medium": (182_000_000, 0.015),
-    "aot-mssa-l-large": (326_000_000, 0.015),
-    "aot-mhsa-l-base": (122_000_000, 0.015),
-    "aot-v-base": (16_000_000, 0.025),
-    "aot-v-large": (52_000_000, 0.025),
-    "aot-v-huge": (86_000_000, 0.025),
+# What each preset reproduces: (paper parameter count, relative tolerance, where the paper prints it), for the tests
+# and the docs; the files are those of ../shared/papers (line numbers of the plain-text copies).
+_ICML, _EARLIER = "aot-icml2025.txt", "aot-earlier-version.txt"
+PAPER_PARAMETERS: dict[str, tuple[int, float, str]] = {
+    "aot-mssa-l-base": (102_000_000, 0.015, f"{_ICML}:231 (Table 3; shape: Table 4, line 569)"),
+    "aot-mssa-l-medium": (182_000_000, 0.015, f"{_ICML}:232 (Table 3; shape: Table 4, line 570)"),
+    "aot-mssa-l-large": (326_000_000, 0.015, f"{_EARLIER}:337 (Table 1; shape inferred)"),
+    "aot-mhsa-l-base": (122_000_000, 0.015, f"{_ICML}:233 (Table 3; shape: Table 4, line 571)"),
+    "aot-v-base": (16_000_000, 0.025, f"{_EARLIER}:359 (Table 2)"),
+    "aot-v-large": (52_000_000, 0.025, f"{_EARLIER}:360 (Table 2)"),
+    "aot-v-huge": (86_000_000, 0.025, f"{_EARLIER}:361 (Table 2)"),
+    "aot-mssa-v": (22_000_000, 0.025, f"{_ICML}:194 (Table 1)"),
+    "aot-mhsa-v": (15_000_000, 0.025, f"{_ICML}:202 (Table 2)"),
 }
 
 

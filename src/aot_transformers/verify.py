@@ -14,6 +14,8 @@ a folder only when loading it can run nothing but the installed package's own th
   an edit is caught even when `code_sha256` was rewritten to match it, and a folder without `code_sha256` passes
   only when its code matches the installed package;
 - no file is a pickle (`.bin`, `.pt`, `.pth`, `.pkl`, `.pickle`, `.ckpt`, any case, any depth): unpickling runs code.
+  `training_args.bin` of a `Trainer` / TRL output folder is named for what it is: loading never reads it, `aot push`
+  leaves it out, and deleting it makes the folder pass.
 
 A folder saved by another release of aot-transformers fails until that release is installed: its code cannot be
 told apart from an edit without the release's own files to compare with.
@@ -32,6 +34,16 @@ from . import __version__
 from ._io import PICKLE_SUFFIXES, is_pickle_name
 from .errors import UsageError
 from .modeling_aot import CODE_FILES, code_file_hashes
+
+
+def pickle_note(name: str) -> str:
+    """Why the pickle `name` fails the check, and for Trainer's own file what to do about it."""
+    if Path(name).name == "training_args.bin":
+        return (
+            "Trainer's pickled TrainingArguments: loading the model never reads it and `aot push` leaves it out; "
+            "delete it (or move it out of the folder) to pass"
+        )
+    return "can run arbitrary code when loaded"
 
 
 def _sha256(path: Path) -> str:
@@ -100,7 +112,7 @@ class VerifyReport:
         ]
         out += [f"{name} is not an aot-transformers code file" for name in self.unknown_code]
         out += list(self.auto_map)
-        out += [f"{name} is a pickle (can run arbitrary code when loaded)" for name in self.pickle_files]
+        out += [f"{name} is a pickle ({pickle_note(name)})" for name in self.pickle_files]
         if self.adapter_base_missing:
             out.append(f"its base model {self.adapter_base} (adapter_config.json) does not exist: it cannot load")
         if not self.matches_installed and self.adapter_base is None and not out:
@@ -125,7 +137,7 @@ class VerifyReport:
         if self.unrecorded:
             note = "the code matches the installed package" if self.matches_installed else "cannot be checked"
             out.append(f"  NO HASH  config.json records no `code_sha256` ({note})")
-        out += [f"  PICKLE   {name} (can run arbitrary code when loaded)" for name in self.pickle_files]
+        out += [f"  PICKLE   {name} ({pickle_note(name)})" for name in self.pickle_files]
         if self.adapter_base_missing:
             out.append(f"  NO BASE  {self.adapter_base} (the base model in adapter_config.json does not exist)")
         elif self.adapter_base is not None:
@@ -142,13 +154,17 @@ class VerifyReport:
         return out
 
 
-def _read_json(path: Path, what: str) -> Any:
+def read_config(path: Path, what: str) -> dict:
+    """The JSON object in `path`, or a `UsageError` naming the file, what is wrong with it, and then `what`."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise UsageError(f"{path} is not valid JSON (line {error.lineno}): {error.msg}; {what}.") from None
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"{path} cannot be read ({type(error).__name__}: {error}); {what}.") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{path} holds a JSON {type(config).__name__}, not an object: not a model config.")
+    return config
 
 
 def _auto_map_entries(auto_map: Any) -> list[tuple[str, Any]]:
@@ -223,9 +239,7 @@ def verify_folder(folder: str | Path) -> VerifyReport:
         config_path = adapter_path
     if not config_path.is_file():
         raise UsageError(f"{config_path} not found: `aot verify` needs a saved model folder.")
-    config = _read_json(config_path, "`aot verify` needs the config.json of a saved model")
-    if not isinstance(config, dict):
-        raise UsageError(f"{config_path} holds a JSON {type(config).__name__}, not an object: not a model config.")
+    config = read_config(config_path, "`aot verify` needs the config.json of a saved model")
 
     report = VerifyReport(folder=folder)
     if adapter:

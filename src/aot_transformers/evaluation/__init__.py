@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..model_card import eval_results
 from .data import (
     ClozeExample,
     DataFormatError,
@@ -30,8 +31,7 @@ from .data import (
     read_ptb,
     read_wikitext,
 )
-from .model_card import eval_results, update_model_card
-from .results import markdown_table, read_results, write_results
+from .results import markdown_table, read_results, update_model_card, write_results
 from .runner import EvaluationReport, evaluate_model, load_model_and_tokenizer
 from .scoring import LanguageModelScorer, rolling_windows
 from .tasks import DATASETS, TASKS, load_source, resolve_sources, run_task

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from .._io import LOCK_FILE, FolderLockedError, lock_folder
-from ..errors import RunError, report_error
+from ..errors import RunError, UsageError, report_error
 from .data import EvaluationError, EvaluationFailed
 
 
@@ -35,7 +35,7 @@ def _default_output_dir(model: str) -> Path:
 
 def _card_target(args: argparse.Namespace) -> Path | None:
     """The card file `--update-card` writes (checked before any evaluation: its folder exists, it can be read)."""
-    from .model_card import card_file, load_card
+    from ..model_card import card_file, load_card
 
     if args.update_card is None:
         return None
@@ -96,8 +96,7 @@ def run_lm(args: argparse.Namespace) -> int:
     Every argument is checked before the model runs (device, output folder, card, lock on the card's folder); the
     files are written only once every task has finished with finite numbers.
     """
-    from .model_card import update_model_card
-    from .results import check_finite, write_results
+    from .results import check_finite, update_model_card, write_results
     from .runner import check_device, evaluate_model
 
     check_device(args.device)
@@ -191,7 +190,7 @@ def _guard(function):
             )
             error.__cause__ = failure
             return report_error(error, prog="aot eval")
-        except (EvaluationError, RunError) as error:
+        except (UsageError, RunError) as error:
             return report_error(error, prog="aot eval")
 
     return run

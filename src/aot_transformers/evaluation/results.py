@@ -1,8 +1,7 @@
 """Results files: `results.json` and a markdown table in the layout of the AoT paper's Table 3.
 
 One `results.json` format for every folder the package writes: `aot eval lm` writes an `EvaluationReport`, and a
-training run writes the same keys (`model`, `model_info`, `settings` = the training settings, `results` = split ->
-metrics and data source, `versions`, `date`) plus Trainer's `metrics`; `read_results` reads both.
+training run writes the same keys (`aot_transformers.model_card.training_results_json`); `read_results` reads both.
 
 Files are written to a temporary name and renamed into place, so an interrupted run never leaves a partial file
 and an earlier results file survives a failed one.
@@ -13,13 +12,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from .._io import atomic_write_text
 from ..errors import RunError
+from ..model_card import add_eval_results, read_results_file
 from .data import EvaluationError
 from .runner import EvaluationReport
 
@@ -136,101 +134,35 @@ def read_results(path: str | os.PathLike) -> EvaluationReport:
     """Read a `results.json` written by `write_results` (or by a training run).
 
     Raises:
-        EvaluationError: The file is missing, unreadable, not JSON, or not a results file (naming what is wrong).
+        UsageError: The file is missing, unreadable, not JSON, or not a results file (naming what is wrong).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise EvaluationError(f"results file not found: {path}")
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise EvaluationError(f"{path}, line {error.lineno}: not JSON ({error.msg}).") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise EvaluationError(f"{path} cannot be read ({type(error).__name__}: {error}).") from None
+    payload = read_results_file(path)
     try:
         return EvaluationReport.from_dict(payload)
     except EvaluationError as error:
         raise EvaluationError(f"{path}: {error}") from None
 
 
-TRAINING_SOURCE = "training"
+def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, model_name: str | None = None) -> Path:
+    """Add the report to the card at `card_path` (a `README.md`, or a model folder holding one), creating it if
+    needed: `model-index` entries, the results table, and the Hub's `.eval_results/` (see
+    `model_card.add_eval_results`). Returns the card's path.
 
-
-def training_results_json(
-    model_name: str,
-    *,
-    task: str,
-    results: list[dict[str, Any]],
-    training: dict[str, Any],
-    metrics: dict[str, Any],
-    num_parameters: int | None = None,
-) -> str:
-    """The `results.json` of a training run, in the `EvaluationReport` layout.
-
-    Args:
-        model_name: Name of the model.
-        task: `"text-generation"` or `"image-classification"`.
-        results: The run's evaluation results, each `{"metric", "value", "split", "dataset"}`.
-        training: The training settings (as shown in the card).
-        metrics: Trainer's metrics (numbers only are kept).
-        num_parameters: Parameter count.
+    Raises:
+        NonFiniteMetricError: A metric of `report` is NaN or infinite; the card is not touched.
+        UsageError: The card cannot be read, or its folder does not exist.
     """
-    import torch
-    import transformers
-
-    from .. import __version__
-
-    by_split: dict[str, dict[str, Any]] = {}
-    for result in results:
-        entry = by_split.setdefault(
-            result.get("split") or "validation",
-            {
-                "task_type": task,
-                "source": {"type": TRAINING_SOURCE, "path": result.get("dataset"), "split": result.get("split")},
-            },
-        )
-        entry[result["metric"]] = result["value"]
-    report = EvaluationReport(
-        model=model_name,
-        results=by_split,
-        settings=dict(training),
-        model_info={"num_parameters": num_parameters, "task": task},
-        versions={
-            "aot-transformers": __version__,
-            "transformers": transformers.__version__,
-            "torch": torch.__version__,
-        },
-        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    )
-    payload = report.to_dict()
-    payload["metrics"] = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) or v is None}
-    return json.dumps(payload, indent=2, default=str) + "\n"
-
-
-def card_results(report: EvaluationReport) -> list[dict[str, Any]]:
-    """The training results of a report as the card's result entries (`aot eval` tasks become `model-index` through
-    `model_card.eval_results`)."""
-    entries = []
-    for split, result in report.results.items():
-        source = result.get("source", {})
-        if source.get("type") != TRAINING_SOURCE:
-            continue
-        for metric, value in result.items():
-            if metric in ("source", "task_type") or not isinstance(value, (int, float)) or not math.isfinite(value):
-                continue  # a non-finite number is never written into a card
-            name = source.get("path") or "custom"
-            entries.append({"metric": metric, "value": value, "split": split, "dataset": name, "dataset_type": name})
-    return entries
+    check_finite(report)
+    return add_eval_results(card_path, report, lambda name: markdown_table([report], names=[name]), model_name)
 
 
 __all__ = [
     "TABLE_COLUMNS",
     "NonFiniteMetricError",
-    "card_results",
     "check_finite",
     "markdown_table",
     "non_finite_metrics",
     "read_results",
-    "training_results_json",
+    "update_model_card",
     "write_results",
 ]

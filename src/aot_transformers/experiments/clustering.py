@@ -13,9 +13,9 @@ Predictors (tokens as rows):
 - `in_context_quantizer` — T_ctx of Eq. (12): (2λ/L) Σ_m ⟨X_ℓ, X_m⟩ X_m, `subspace_attention` with U = I.
 
 Training is projected SGD on the spheres (PSGD, App. F.1; the Euclidean variant of App. G.3 with
-`riemannian=False`), vectorised over independent runs (seeds × regularisation strengths). One deviation: the paper's
-h (Eq. 28) scores the first token of each sequence; here every position of the sequence is scored (the tokens are
-exchangeable, so the expected gradient is the same; its variance is lower, so the SGD plateaus sit lower).
+`riemannian=False`), vectorised over independent runs (seeds × regularisation strengths). The paper's h (Eq. 28)
+scores the first token of each sequence (`score="first_token"`); by default every position is scored
+(`"all_tokens"`: the tokens are exchangeable, so the expected gradient is the same and its variance lower).
 
 The closed forms are in `clustering_theory`; the figures and claims of `aot experiment clustering` in
 `clustering_figures`.
@@ -38,6 +38,7 @@ INITS = ("manifold", "manifold_tilde", "sphere")
 PREDICTORS = ("linear", "softmax")
 REGULARISERS = ("pairwise", "product", "softmax", "softmax_squared")
 CENTROIDS = ("canonical", "random")
+SCORES = ("all_tokens", "first_token")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -209,10 +210,10 @@ def _assignment_cost(heads: torch.Tensor, centroids: torch.Tensor, signed: bool)
     if heads.shape[-2:] != centroids.shape[-2:]:
         raise ValueError(f"`heads` {tuple(heads.shape)} and `centroids` {tuple(centroids.shape)} must have one shape.")
     heads, centroids = heads.detach().to(torch.float64), centroids.to(torch.float64)
-    inner = heads @ centroids.transpose(-1, -2)
-    # ‖a − s b‖² = ‖a‖² + ‖b‖² − 2s⟨a, b⟩; the best sign gives −2|⟨a, b⟩|.
-    cost = heads.square().sum(-1)[..., :, None] + centroids.square().sum(-1)[..., None, :]
-    cost = cost - 2 * (inner if signed else inner.abs())
+    # ‖a − s b‖² from the differences: the expansion ‖a‖² + ‖b‖² − 2s⟨a, b⟩ cancels below distances of ~1e-8.
+    pairs = heads[..., :, None, :], centroids[..., None, :, :]
+    cost = (pairs[0] - pairs[1]).square().sum(-1)
+    cost = cost if signed else torch.minimum(cost, (pairs[0] + pairs[1]).square().sum(-1))
     num = heads.shape[-2]
     totals = [sum(cost[..., k, perm[k]] for k in range(num)) for perm in itertools.permutations(range(num))]
     return torch.stack(totals).min(0).values.clamp(min=0.0).sqrt()
@@ -292,11 +293,6 @@ def projected_sgd_step(heads: torch.Tensor, grad: torch.Tensor, lr: float, riema
     return moved / moved.norm(dim=-1, keepdim=True)
 
 
-def riemannian_sgd_step(heads: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
-    """The (PSGD) update of App. F.1: `projected_sgd_step` with the tangent projection."""
-    return projected_sgd_step(heads, grad, lr, riemannian=True)
-
-
 def train_heads(
     dim: int = 5,
     num_clusters: int = 2,
@@ -313,6 +309,7 @@ def train_heads(
     regulariser: str = "pairwise",
     riemannian: bool = True,
     centroids: str = "canonical",
+    score: str = "all_tokens",
     psi: float = 2.0,
     record_every: int = 100,
     seed: int = 0,
@@ -337,6 +334,8 @@ def train_heads(
         regulariser: `"pairwise"` (r, r⁽¹⁾), `"product"` (r⁽²⁾) or `"softmax"` (r₀); see `centroid_regulariser`.
         riemannian: Tangent-projected gradient (PSGD) or the Euclidean one (App. G.3).
         centroids: `"canonical"` (the paper's e_d, −e₁, …) or `"random"` (uniform on the sphere, App. G.2).
+        score: `"all_tokens"` (risk and regulariser averaged over the L positions) or `"first_token"` (position 0
+            only, the paper's h of Eq. 28; the prediction still attends to the whole sequence).
         psi: Initial centering ψ of softmax heads (App. F.1: 2).
         record_every: Record the distance every this many steps.
         seed: Seed of initialisation and data.
@@ -355,6 +354,7 @@ def train_heads(
     check_choice("predictor", predictor, PREDICTORS)
     check_choice("regulariser", regulariser, REGULARISERS)
     check_choice("centroids", centroids, CENTROIDS)
+    scored = slice(None) if check_choice("score", score, SCORES) == "all_tokens" else slice(0, 1)
     if (predictor == "softmax" or regulariser.startswith("softmax")) and num_clusters != 2:
         raise ValueError(f"softmax heads and r₀ are defined for K = 2 (App. H), got `num_clusters` = {num_clusters}.")
     if init == "manifold" and dim < 2 * num_clusters - 1:
@@ -385,6 +385,7 @@ def train_heads(
             prediction = linear_attention_predictor(tokens, heads_var, lam)
         else:
             prediction = softmax_attention_predictor(tokens, heads_var, lam_t, psi_t)
+        tokens, prediction = tokens[..., scored, :], prediction[..., scored, :]
         loss = reconstruction_risk(tokens, prediction)
         if bool((rho_t > 0).any()):
             loss = loss + rho_t * centroid_regulariser(tokens, heads_var, regulariser)

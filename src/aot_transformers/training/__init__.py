@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
+    "TrainingRun": ".run",
+    "run_training": ".run",
     "LMModelArguments": ".lm",
     "prepare_lm_training": ".lm",
     "run_lm_training": ".lm",
@@ -34,7 +36,7 @@ _EXPORTS = {
     "PublishArguments": ".arguments",
     "TrainingSetupError": ".arguments",
     "LoraArguments": ".lora",
-    "last_complete_checkpoint": ".checkpoints",
+    "last_complete_checkpoint": ".run_state",
     "plot_training_curves": ".finish",
     "train_bpe_tokenizer": ".tokenizer",
     "run_demo": ".demo",

@@ -14,16 +14,10 @@ import math
 _NO_PREFIX = "\x00"
 
 
-def _train_lm(args: argparse.Namespace) -> int:
-    from .lm import main
+def _train(args: argparse.Namespace) -> int:
+    from importlib import import_module
 
-    return main(args.arguments)
-
-
-def _train_image(args: argparse.Namespace) -> int:
-    from .image import main
-
-    return main(args.arguments)
+    return import_module(f".{args.train_kind}", __package__).main(args.arguments)  # `.lm` or `.image`
 
 
 def _push(args: argparse.Namespace) -> int:
@@ -80,15 +74,15 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     """Add `train` (with `lm` and `image`), `push` and `demo` to the `aot` subcommands."""
     train = subcommands.add_parser("train", help="train an AoT model with transformers.Trainer")
     kinds = train.add_subparsers(dest="train_kind", required=True, metavar="{lm,image}")
-    for name, handler, text in (
-        ("lm", _train_lm, "causal-LM pretraining / fine-tuning (`aot train lm --help` for every flag)"),
-        ("image", _train_image, "image classification (`aot train image --help` for every flag)"),
+    for name, text in (
+        ("lm", "causal-LM pretraining / fine-tuning (`aot train lm --help` for every flag)"),
+        ("image", "image classification (`aot train image --help` for every flag)"),
     ):
         parser = kinds.add_parser(name, help=text, description=text, add_help=False, prefix_chars=_NO_PREFIX)
         parser.add_argument(
             "arguments", nargs=argparse.REMAINDER, help="HfArgumentParser arguments or one .json/.yaml"
         )
-        parser.set_defaults(func=handler)
+        parser.set_defaults(func=_train)
 
     push = subcommands.add_parser("push", help="upload an exported model folder (with its model card) to the Hub")
     push.add_argument("folder", help="folder written by `aot train` or export_model")

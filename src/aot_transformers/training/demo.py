@@ -121,18 +121,8 @@ def reload_in_fresh_process(lm_dir: Path, image_dir: Path, test_images: Path, pr
     script = Path(__file__).with_name("_reload_check.py")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-    command = [
-        sys.executable,
-        str(script),
-        "--lm",
-        str(lm_dir),
-        "--prompt",
-        prompt,
-        "--image",
-        str(image_dir),
-        "--test-images",
-        str(test_images),
-    ]
+    command = [sys.executable, str(script), "--lm", str(lm_dir), "--prompt", prompt]
+    command += ["--image", str(image_dir), "--test-images", str(test_images)]
     completed = subprocess.run(
         command, env=env, capture_output=True, text=True, cwd=lm_dir.parent, stdin=subprocess.DEVNULL
     )

@@ -1,6 +1,6 @@
 """Finishing a training run, shared by the language-model and image trainers: the Hub options Trainer would apply
-(taken over so the pushed folder is ours, with its card), the training-curve figure, the card's training summary,
-the final atomic export (merged or LoRA adapter), `results.json`, and the push.
+(taken over, see below), the training-curve figure, the card's training summary, the final atomic export (merged or
+LoRA adapter), `results.json`, and the push.
 
 Trainer's hub options are honoured as Trainer documents them (`--hub_strategy`):
 - `end`: the final folder only;
@@ -8,6 +8,14 @@ Trainer's hub options are honoured as Trainer documents them (`--hub_strategy`):
 - `checkpoint`: at every save, the whole checkpoint (optimizer included, to resume from) to `last-checkpoint/`;
 - `all_checkpoints`: at every save, the whole checkpoint to `checkpoint-<step>/`;
 with `--hub_private_repo` (repository visibility), `--hub_revision` (the branch committed to) and `--hub_token`.
+
+Why not Trainer's own push (checked against transformers 5.24, `Trainer.init_hf_repo`, `_push_from_checkpoint` and
+`push_to_hub`), although checkpoints now carry the code files: it uploads `--output_dir`, not the final folder — the
+run's lock, run record, tokenizer cache, `training_args.bin` (a pickle) and, at every save, a root holding only
+`config.json` and the weights copied from the checkpoint (no code files: `trust_remote_code` loading fails); it
+has no endpoint argument (`--hub_endpoint`), commits to `--hub_revision` without creating the branch, creates the
+repository when the Trainer is built, and pushes in the background, so a failed checkpoint push neither stops the
+run nor is reported before the end. Its card hook (`create_model_card`) would only replace the card of that folder.
 """
 
 from __future__ import annotations
@@ -32,21 +40,18 @@ TRAINER_STATE_PATTERNS = ["optimizer*", "scheduler*", "rng_state*", "scaler*", "
 
 @dataclass
 class HubPlan:
-    """Where and how the run publishes; `push` False means nothing leaves the machine."""
+    """Where and how the run publishes; `push` False means nothing leaves the machine. The token, visibility and
+    branch are Trainer's `--hub_token`, `--hub_private_repo` and `--hub_revision`."""
 
     push: bool
     repo_id: str | None = None
     strategy: str = "end"
-    token: str | None = None
-    private: bool | None = None
-    revision: str | None = None
     endpoint: str | None = None
 
 
 def take_over_hub_options(training_args, publish_args: PublishArguments) -> HubPlan:
-    """Take the push out of Trainer's hands (it would push its own card, without our code files) and return the
-    plan that `finish_run` and `HubCheckpointCallback` carry out. Raises `TrainingSetupError` for options that
-    cannot be honoured."""
+    """Take the push out of Trainer's hands (see the module docstring) and return the plan that `finish_run` and
+    `HubCheckpointCallback` carry out. Raises `TrainingSetupError` for options that cannot be honoured."""
     if training_args.output_dir is None:
         raise TrainingSetupError("--output_dir is required.")
     strategy = str(getattr(training_args.hub_strategy, "value", training_args.hub_strategy))
@@ -56,8 +61,7 @@ def take_over_hub_options(training_args, publish_args: PublishArguments) -> HubP
     training_args.push_to_hub = False
     repo_id = training_args.hub_model_id
     if push and not repo_id:
-        final_dir = Path(publish_args.final_model_dir or Path(training_args.output_dir) / "model")
-        repo_id = final_dir.resolve().parent.name
+        repo_id = publish_args.final_dir(training_args).resolve().parent.name
     if push:
         from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -67,15 +71,7 @@ def take_over_hub_options(training_args, publish_args: PublishArguments) -> HubP
             raise TrainingSetupError(
                 "not a Hub repository id", argument="--hub_model_id", value=repo_id, allowed="namespace/name"
             ) from None
-    return HubPlan(
-        push=push,
-        repo_id=repo_id,
-        strategy=strategy,
-        token=training_args.hub_token,
-        private=training_args.hub_private_repo,
-        revision=training_args.hub_revision,
-        endpoint=publish_args.hub_endpoint,
-    )
+    return HubPlan(push=push, repo_id=repo_id, strategy=strategy, endpoint=publish_args.hub_endpoint)
 
 
 def hub_checkpoint_callback(plan: HubPlan):
@@ -96,22 +92,20 @@ def hub_checkpoint_callback(plan: HubPlan):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if not folder.is_dir():
                 return
-            if plan.strategy == "every_save":
-                path_in_repo, ignore, delete = None, TRAINER_STATE_PATTERNS, None
-            elif plan.strategy == "checkpoint":
-                path_in_repo, ignore, delete = "last-checkpoint", None, "*"
-            else:
-                path_in_repo, ignore, delete = folder.name, None, None
+            path_in_repo, ignore, delete = {
+                "every_save": (None, TRAINER_STATE_PATTERNS, None),
+                "checkpoint": ("last-checkpoint", None, "*"),
+            }.get(plan.strategy, (folder.name, None, None))
             upload_checkpoint(
                 folder,
                 plan.repo_id,
                 path_in_repo=path_in_repo,
                 ignore_patterns=ignore,
                 delete_patterns=delete,
-                token=plan.token,
+                token=args.hub_token,
                 endpoint=plan.endpoint,
-                private=plan.private,
-                revision=plan.revision,
+                private=args.hub_private_repo,
+                revision=args.hub_revision,
                 commit_message=f"Training in progress, step {state.global_step}",
             )
 
@@ -239,29 +233,18 @@ def _full_state_model(trainer):
 
 
 def finish_run(
-    trainer,
-    training_args,
-    publish_args: PublishArguments,
-    plan: HubPlan,
-    *,
-    task: str,
-    processor,
-    metrics: dict[str, Any],
-    results: list[dict[str, Any]],
-    datasets: list[str] | None,
-    dataset_description: str,
-    training: dict[str, Any],
-    base_model: str | None = None,
-    lora=None,
+    run, metrics: dict[str, Any], results: list[dict[str, Any]], training: dict[str, Any]
 ) -> dict[str, Any]:
-    """Write the final hub-ready folder atomically (model or LoRA adapter, tokenizer or image processor, code files,
-    model card, `results.json`, training curves), push it if asked, and save the metrics. Every process must call
-    it (FSDP gathers its shards here); only the main process writes. Returns `metrics` with `final_model_dir`."""
-    from ..evaluation.model_card import render_model_card
-    from ..evaluation.results import training_results_json
+    """Write the final hub-ready folder of `run` (a `run.TrainingRun`) atomically (model or LoRA adapter, tokenizer
+    or image processor, code files, model card with `results` and the `training` summary, `results.json`, training
+    curves), push it if asked, and save the metrics. Every process must call it (FSDP gathers its shards here); only
+    the main process writes. Returns `metrics` with `final_model_dir`."""
     from ..hub import export_model, push_to_hub
+    from ..model_card import render_model_card, training_results_json
 
-    final_dir = Path(publish_args.final_model_dir or Path(training_args.output_dir) / "model")
+    trainer, training_args, publish_args, plan = run.trainer, run.training_args, run.publish_args, run.hub
+    task, processor, lora, base_model = run.task, run.processor, run.lora, run.model_args.model_name_or_path
+    final_dir = publish_args.final_dir(training_args)
     model, _ = _full_state_model(trainer)
     written = None
     if trainer.is_world_process_zero():
@@ -289,8 +272,8 @@ def finish_run(
             model_name=model_name.split("/")[-1],
             repo_id=plan.repo_id or model_name,
             task=task,
-            datasets=datasets,
-            dataset_description=dataset_description,
+            datasets=run.source.hub_ids,
+            dataset_description=run.source.description,
             results=results,
             training=training,
             num_parameters=num_parameters,
@@ -311,10 +294,8 @@ def finish_run(
                 protected=(training_args.output_dir,),
             )
         else:
-            if lora is not None:
-                from .lora import merged_model
-
-                model = merged_model(model)
+            if lora is not None:  # the base model with the adapters merged in: no PEFT needed to load it
+                model = model.merge_and_unload()
                 card_kwargs["tags"] = ["lora-merged"]
             card = render_model_card(model.config, **card_kwargs)
             export_model(
@@ -332,10 +313,10 @@ def finish_run(
             result = push_to_hub(
                 final_dir,
                 plan.repo_id,
-                token=plan.token,
+                token=training_args.hub_token,
                 endpoint=plan.endpoint,
-                private=plan.private,
-                revision=plan.revision,
+                private=training_args.hub_private_repo,
+                revision=training_args.hub_revision,
                 commit_message="End of training",
             )
             print(f"Pushed {final_dir} to {result.repo_url} (commit {result.commit_oid}).")

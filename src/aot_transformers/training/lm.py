@@ -16,26 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_folder, read_json, write_json
-from .arguments import (
-    ModelArguments,
-    PublishArguments,
-    TrainingSetupError,
-    check_checkpoint_weights,
-    use_training_attention,
-)
-from .distributed import enable_fsdp_on_cpu
-from .finish import HubPlan, finish_run, hub_checkpoint_callback, perplexity, take_over_hub_options, training_summary
+from .._io import atomic_folder, looks_like_path, read_json, write_json
+from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
+from .finish import perplexity
 from .lora import LoraArguments
-from .optim import OptimizerArguments, optimizer_cls_and_kwargs
-from .run_state import (
-    RecordRunTrainerMixin,
-    data_fingerprint,
-    run_identity,
-    run_state_callbacks,
-    start_run,
-    train_unless_finished,
-)
+from .optim import OptimizerArguments
+from .run import TrainingRun, dataset_length, run_main, run_training
+from .run_state import RecordRunTrainerMixin, data_fingerprint
 from .text_data import TextDataArguments, load_text_source, tokenize_and_pack
 
 logger = logging.getLogger(__name__)
@@ -59,25 +46,6 @@ class LMModelArguments(ModelArguments):
     )
 
 
-@dataclass
-class LMRun:
-    """Everything set up for a run, before training: `trainer.train(resume_from_checkpoint=resume)` starts it."""
-
-    trainer: Any
-    tokenizer: Any
-    resume: str | None
-    hub: HubPlan
-    source: Any
-    block_size: int
-    unigram_perplexity: float | None
-    model_args: LMModelArguments
-    data_args: TextDataArguments
-    training_args: Any
-    publish_args: PublishArguments
-    lora: LoraArguments | None = None
-    lock: Any = None  # the output folder's lock, held until the run ends
-
-
 def load_or_train_tokenizer(
     model_args: LMModelArguments, config, source, training_args, resume: str | None, data_args: TextDataArguments
 ):
@@ -92,7 +60,7 @@ def load_or_train_tokenizer(
         if not candidate:
             continue
         if candidate == model_args.tokenizer_name_or_path or (Path(candidate) / "tokenizer_config.json").is_file():
-            if candidate.startswith((".", "/", "~")) and not Path(candidate).exists():
+            if looks_like_path(candidate) and not Path(candidate).exists():
                 raise TrainingSetupError(f"--tokenizer_name_or_path {candidate}: no such folder.")
             try:
                 return load_tokenizer(candidate)
@@ -129,22 +97,18 @@ def load_or_train_tokenizer(
                     "The cached tokenizer %s was made from other data or settings: training it again.", saved
                 )
         # A stream is sampled: its first examples teach the merges.
-        texts = source.train.take(TOKENIZER_STREAM_EXAMPLES) if _length(source.train) is None else source.train
+        texts = source.train.take(TOKENIZER_STREAM_EXAMPLES) if dataset_length(source.train) is None else source.train
         tokenizer = train_bpe_tokenizer(
-            (row[text_column] for row in texts), vocab_size=vocab_size, length=_length(texts), show_progress=True
+            (row[text_column] for row in texts),
+            vocab_size=vocab_size,
+            length=dataset_length(texts),
+            show_progress=True,
         )
         if training_args.process_index == 0:
             with atomic_folder(saved) as staging:
                 tokenizer.save_pretrained(staging)
                 write_json(staging / TOKENIZER_RECORD, made_from)
         return tokenizer
-
-
-def _length(dataset) -> int | None:
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
 
 
 def check_tokenizer_fits(tokenizer, config) -> None:
@@ -197,31 +161,17 @@ def prepare_lm_training(
     callbacks: list | None = None,
     lora: LoraArguments | None = None,
     optim: OptimizerArguments | None = None,
-) -> LMRun:
+) -> TrainingRun:
     """Check every input, load and pack the data, build the model and the `Trainer`. Nothing is trained yet."""
     import torch
-    from transformers import default_data_collator, set_seed
+    from transformers import default_data_collator
 
     from ..modeling_aot import AoTForCausalLM
 
-    publish_args = publish_args or PublishArguments()
-    if lora is not None:
-        lora.check()
-        lora = lora if lora.enabled else None
-    optimizer = optimizer_cls_and_kwargs(optim, training_args)
-    if lora is not None and training_args.fsdp:
-        raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
-    hub = take_over_hub_options(training_args, publish_args)
-    config = model_args.build_config(DEFAULT_LM_PRESET)
-    check_checkpoint_weights(model_args.model_name_or_path, AoTForCausalLM, config)
-    if lora is not None:  # before any data is read
-        import torch
-
-        from .lora import check_lora_targets
-
-        with torch.device("meta"):
-            check_lora_targets(AoTForCausalLM(config), lora)
-        lora.check_base(model_args.model_name_or_path)
+    run = TrainingRun.begin(
+        "text-generation", "perplexity", model_args, data_args, training_args, publish_args, callbacks, lora, optim
+    )
+    config = run.build_config(AoTForCausalLM, DEFAULT_LM_PRESET)
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError("--streaming has no length to plan epochs with: give --max_steps.")
     block_size = data_args.block_size or min(512, config.max_position_embeddings)
@@ -229,47 +179,29 @@ def prepare_lm_training(
         raise TrainingSetupError(
             f"--block_size must be in [2, max_position_embeddings={config.max_position_embeddings}], got {block_size}."
         )
-    identity = run_identity(
-        training_args,
+    run.start(
         config,
         data_fingerprint(data_args.dataset_name, data_args.train_file, data_args.validation_file)
         + [f"{data_args.dataset_config_name}", data_args.text_column],
         block_size=block_size,
         tokenizer=model_args.tokenizer_name_or_path or model_args.tokenizer_vocab_size,
-        base_model=model_args.model_name_or_path,
-        lora=lora.lora_r if lora is not None else None,
     )
-    lock, resume = start_run(training_args, publish_args, identity)
-    set_seed(training_args.seed)
-    source = load_text_source(data_args, seed=training_args.seed)
-    tokenizer = load_or_train_tokenizer(model_args, config, source, training_args, resume, data_args)
+    run.source = source = load_text_source(data_args, seed=training_args.seed)
+    tokenizer = load_or_train_tokenizer(model_args, config, source, training_args, run.resume, data_args)
     check_tokenizer_fits(tokenizer, config)
     if not model_args.model_name_or_path:
         for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
             if getattr(config, name, None) is None and getattr(tokenizer, name, None) is not None:
                 setattr(config, name, getattr(tokenizer, name))
     add_eos = source.documents and tokenizer.eos_token_id is not None
+
+    def pack(split, desc: str):
+        text_column, workers = data_args.text_column, data_args.preprocessing_num_workers
+        return tokenize_and_pack(split, tokenizer, block_size, text_column, add_eos, workers, desc)
+
     with training_args.main_process_first(desc="tokenization"):
-        train = tokenize_and_pack(
-            source.train,
-            tokenizer,
-            block_size,
-            data_args.text_column,
-            add_eos,
-            data_args.preprocessing_num_workers,
-            "training text",
-        )
-        validation = None
-        if source.validation is not None:
-            validation = tokenize_and_pack(
-                source.validation,
-                tokenizer,
-                block_size,
-                data_args.text_column,
-                add_eos,
-                data_args.preprocessing_num_workers,
-                "validation text",
-            )
+        train = pack(source.train, "training text")
+        validation = pack(source.validation, "validation text") if source.validation is not None else None
     if data_args.max_train_samples is not None:
         train = (
             train.take(data_args.max_train_samples)
@@ -285,141 +217,39 @@ def prepare_lm_training(
     if validation is not None and len(validation) == 0:
         logger.warning("The validation text is shorter than one block of %d tokens: no validation.", block_size)
         validation = None
-    if validation is None and training_args.eval_strategy != "no":
-        training_args.eval_strategy = "no"
-    baseline = None
+    run.summary = {"block size (tokens)": block_size, "tokenizer vocabulary": len(tokenizer)}
     if validation is not None and not data_args.streaming:
         baseline = unigram_perplexity(train, validation, config.vocab_size)
-
-    if model_args.model_name_or_path:
-        model = AoTForCausalLM.from_pretrained(model_args.model_name_or_path, config=config)
-    else:
-        model = AoTForCausalLM(config)
-    model.config.use_cache = False  # no cache while training; generation turns it back on
-    use_training_attention(model, training_args)
-    if lora is not None:
-        from .lora import apply_lora
-
-        model = apply_lora(model, lora, "text-generation")
-    logger.info("Model: %s parameters", f"{sum(p.numel() for p in model.parameters()):,}")
+        run.extra_metrics["eval_unigram_perplexity"] = baseline
+        run.summary["unigram baseline perplexity (validation)"] = round(baseline, 2)
+    model = run.load_model(AoTForCausalLM, config)
     torch.set_float32_matmul_precision("high")
-    hub_callback = hub_checkpoint_callback(hub)
-    trainer = _perplexity_trainer_class()(
-        model=model,
-        args=training_args,
-        train_dataset=train,
-        eval_dataset=validation,
-        processing_class=tokenizer,
-        data_collator=default_data_collator,
-        optimizer_cls_and_kwargs=optimizer,
-        callbacks=[*(callbacks or []), *run_state_callbacks(), *([hub_callback] if hub_callback else [])],
+    run.make_trainer(
+        _perplexity_trainer_class(), model, train, validation, tokenizer, data_collator=default_data_collator
     )
-    trainer.run_record = identity
-    enable_fsdp_on_cpu(trainer)
-    return LMRun(
-        trainer,
-        tokenizer,
-        resume,
-        hub,
-        source,
-        block_size,
-        baseline,
-        model_args,
-        data_args,
-        training_args,
-        publish_args,
-        lora,
-        lock,
-    )
+    return run
 
 
-def run_lm_training(run: LMRun) -> dict[str, Any]:
-    """Train, evaluate, write the final hub-ready folder (and push it if asked). Returns the metrics."""
-    try:
-        return _train_and_finish(run)
-    finally:
-        if run.lock is not None:
-            run.lock.release()
+run_lm_training = run_training  # train, evaluate, write the final hub-ready folder (and push it if asked)
+LM_ARGUMENTS = (LMModelArguments, TextDataArguments, PublishArguments, LoraArguments, OptimizerArguments)
 
 
-def _train_and_finish(run: LMRun) -> dict[str, Any]:
-    trainer, training_args = run.trainer, run.training_args
-    metrics = train_unless_finished(trainer, run.resume)
-    results = []
-    if trainer.eval_dataset is not None:
-        eval_metrics = trainer.evaluate()
-        eval_metrics["eval_perplexity"] = perplexity(eval_metrics["eval_loss"])
-        metrics.update(eval_metrics)
-        name = run.source.name
-        results.append(
-            {
-                "metric": "perplexity",
-                "value": eval_metrics["eval_perplexity"],
-                "split": "validation",
-                "dataset": name,
-                "dataset_type": name,
-            }
-        )
-        if run.unigram_perplexity is not None:
-            metrics["eval_unigram_perplexity"] = run.unigram_perplexity
-    trainer.accelerator.unwrap_model(trainer.model).config.use_cache = True
-    training = training_summary(
-        training_args, trainer, {"block size (tokens)": run.block_size, "tokenizer vocabulary": len(run.tokenizer)}
-    )
-    if run.unigram_perplexity is not None:
-        training["unigram baseline perplexity (validation)"] = round(run.unigram_perplexity, 2)
-    return finish_run(
-        trainer,
-        training_args,
-        run.publish_args,
-        run.hub,
-        task="text-generation",
-        processor=run.tokenizer,
-        metrics=metrics,
-        results=results,
-        datasets=run.source.hub_ids,
-        dataset_description=run.source.description,
-        training=training,
-        base_model=run.model_args.model_name_or_path,
-        lora=run.lora,
-    )
-
-
-def train_lm(
-    model_args: LMModelArguments,
-    data_args: TextDataArguments,
-    training_args,
-    publish_args: PublishArguments | None = None,
-    callbacks: list | None = None,
-    lora: LoraArguments | None = None,
-    optim: OptimizerArguments | None = None,
-) -> dict[str, Any]:
-    """Train an AoT causal LM end to end (see the module docstring) and return its metrics."""
-    return run_lm_training(
-        prepare_lm_training(model_args, data_args, training_args, publish_args, callbacks, lora=lora, optim=optim)
-    )
+def train_lm(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Train an AoT causal LM end to end (see the module docstring) and return its metrics; takes the arguments of
+    `prepare_lm_training`."""
+    return run_training(prepare_lm_training(*args, **kwargs))
 
 
 def parse_lm_arguments(argv: list[str] | None = None):
     """Parse `(LMModelArguments, TextDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
     TrainingArguments)` from the command line, from a single .json / .yaml file, or from a recipe file followed by
     overriding flags."""
-    from .arguments import parse_dataclasses
-
-    return parse_dataclasses(
-        (LMModelArguments, TextDataArguments, PublishArguments, LoraArguments, OptimizerArguments), argv
-    )
+    return parse_dataclasses(LM_ARGUMENTS, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (`aot train lm`, `python -m aot_transformers.training.lm`)."""
-    from .arguments import run_with_clear_errors
-
-    def job():
-        model_args, data_args, publish_args, lora, optim, training_args = parse_lm_arguments(argv)
-        return train_lm(model_args, data_args, training_args, publish_args, lora=lora, optim=optim)
-
-    return run_with_clear_errors(job, prog="aot train lm")
+    return run_main(prepare_lm_training, LM_ARGUMENTS, argv, prog="aot train lm")
 
 
 if __name__ == "__main__":

@@ -129,11 +129,6 @@ def apply_lora(model, lora: LoraArguments, task: str):
     return peft.get_peft_model(model, config)
 
 
-def merged_model(model):
-    """The base AoT model with the adapters merged into its weights (a plain model, no PEFT needed to load it)."""
-    return model.merge_and_unload()
-
-
 def export_adapter(
     model,
     save_directory: str | os.PathLike,
@@ -151,8 +146,8 @@ def export_adapter(
     earlier export, never a folder in `protected` or a parent of one (`hub.check_replaceable`).
     """
     from .._io import atomic_folder
-    from ..evaluation.model_card import render_model_card
     from ..hub import check_replaceable, write_export_manifest, write_extra_files
+    from ..model_card import render_model_card
 
     check_replaceable(save_directory, protected)
 
@@ -182,4 +177,4 @@ def lora_summary(model) -> dict[str, Any]:
     }
 
 
-__all__ = ["DEFAULT_TARGETS", "LoraArguments", "apply_lora", "export_adapter", "lora_summary", "merged_model"]
+__all__ = ["DEFAULT_TARGETS", "LoraArguments", "apply_lora", "export_adapter", "lora_summary"]

@@ -8,6 +8,8 @@
 - **Whose folder it is**: `<output_dir>/RUN_RECORD` names the run that writes there (seed, data, model config, the
   run's own settings). A different run into a folder that holds another run's checkpoints or final export is refused
   before it writes anything; the same run resumes (or starts over) as before.
+- **Which checkpoint to resume from**: the newest complete one (`--resume_from_checkpoint latest`); one a kill
+  interrupted mid-write is skipped.
 - **What a checkpoint was made from** (`RUN_RECORD` in every checkpoint, written right after its weights and before
   Trainer's `trainer_state.json` marks it complete) is compared with the run that resumes from it: a mismatch is
   refused, naming the fields; a checkpoint without its record is incomplete and never resumed.
@@ -22,6 +24,7 @@ import json
 import logging
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +49,62 @@ _VOLATILE_CONFIG_FIELDS = {
     "use_cache",
     "auto_map",
 }
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+RESUME_LATEST = ("latest", "last", "true", "True", "auto")
 _SAMPLE_BYTES = 1 << 20  # a data file is fingerprinted by its size and its first and last MiB
+
+
+def is_complete_checkpoint(folder: Path) -> bool:
+    """Trainer writes `trainer_state.json` last: a checkpoint without it, or with an empty or truncated one (a power
+    loss before the file reached the disk), was interrupted while being written; so was one without its readable
+    `RUN_RECORD` (written before `trainer_state.json`). The weights are one `*.safetensors` file (or shards) or,
+    under FSDP with a sharded state dict, a `pytorch_model_fsdp_0` folder of distributed-checkpoint shards."""
+    for name in ("trainer_state.json", RUN_RECORD):
+        if not isinstance(read_json(Path(folder) / name), dict):
+            return False
+    return any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model_fsdp_*"))
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The newest complete `checkpoint-N` folder of a run, skipping one a kill interrupted mid-write."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    found = sorted(
+        (int(match.group(1)), path)
+        for path in root.iterdir()
+        if path.is_dir() and (match := CHECKPOINT_PATTERN.match(path.name))
+    )
+    for _step, path in reversed(found):
+        if is_complete_checkpoint(path):
+            return str(path)
+        logger.warning("Skipping incomplete checkpoint %s (interrupted while being written).", path)
+    return None
+
+
+def resolve_resume(resume_from_checkpoint: str | None, output_dir: str | None) -> str | None:
+    """`--resume_from_checkpoint`: a checkpoint folder, or `latest`/`true`/`auto` for the newest complete one in
+    `output_dir` (`auto` starts fresh when there is none). Raises `TrainingSetupError` for a missing checkpoint."""
+    if resume_from_checkpoint in (None, "", "false", "False", "no"):
+        return None
+    if resume_from_checkpoint in RESUME_LATEST:
+        found = last_complete_checkpoint(output_dir) if output_dir else None
+        if found is None and resume_from_checkpoint != "auto":
+            raise TrainingSetupError(
+                f"no checkpoint in {output_dir} (use `auto` to start fresh when there is none)",
+                argument="--resume_from_checkpoint",
+                value=resume_from_checkpoint,
+            )
+        return found
+    path = Path(resume_from_checkpoint)
+    if not path.is_dir():
+        raise TrainingSetupError("no such folder", argument="--resume_from_checkpoint", value=resume_from_checkpoint)
+    if not is_complete_checkpoint(path):
+        raise TrainingSetupError(
+            f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete (no readable trainer_state.json or "
+            f"{RUN_RECORD}: it was interrupted while being written); use an earlier checkpoint or `latest`."
+        )
+    return str(path)
 
 
 def check_output_dir(output_dir: str) -> Path:
@@ -90,9 +148,8 @@ def check_final_model_dir(training_args, publish_args) -> Path:
     from ..errors import UsageError
     from ..hub import check_replaceable
 
-    final_dir = Path(publish_args.final_model_dir or Path(training_args.output_dir) / "model")
     try:
-        return check_replaceable(final_dir, protected=(training_args.output_dir,))
+        return check_replaceable(publish_args.final_dir(training_args), protected=(training_args.output_dir,))
     except UsageError as error:
         raise TrainingSetupError(str(error).replace("final model folder", "--final_model_dir", 1)) from None
 
@@ -193,8 +250,6 @@ def claim_output_dir(output_dir: str | os.PathLike, identity: dict[str, Any], wr
         TrainingSetupError: Another run's work is in the folder (one line naming the folder, the fields that differ
             and how to resume or choose another folder).
     """
-    from .checkpoints import CHECKPOINT_PATTERN
-
     root = Path(output_dir)
     checkpoints = sorted(p for p in root.glob("checkpoint-*") if p.is_dir() and CHECKPOINT_PATTERN.match(p.name))
     export = root / "model"
@@ -237,8 +292,6 @@ class RecordRunTrainerMixin:
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
-        from .checkpoints import CHECKPOINT_PATTERN
-
         folder = Path(output_dir or self.args.output_dir)
         if _internal_call and self.run_record is not None and self.args.should_save:
             if CHECKPOINT_PATTERN.match(folder.name):
@@ -305,7 +358,10 @@ __all__ = [
     "check_resume_identity",
     "claim_output_dir",
     "data_fingerprint",
+    "is_complete_checkpoint",
+    "last_complete_checkpoint",
     "lock_output_dir",
+    "resolve_resume",
     "run_identity",
     "run_state_callbacks",
     "start_run",
@@ -343,7 +399,6 @@ def start_run(training_args, publish_args, identity: dict[str, Any]):
         resume from or None. `training_args.resume_from_checkpoint` is set to the latter.
     """
     from .arguments import check_training_arguments
-    from .checkpoints import resolve_resume
 
     check_training_arguments(training_args)  # again for runs started from Python, not the command line
     check_output_dir(training_args.output_dir)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._io import is_hub_id
 from .arguments import TrainingSetupError
 
 logger = logging.getLogger(__name__)
@@ -80,12 +81,8 @@ class TextSource:
 
 
 def _looks_local(name: str) -> bool:
-    return (
-        os.path.exists(name)
-        or name.startswith((".", "/", "~"))
-        or Path(name).suffix.lower() in TEXT_BUILDERS
-        or name.endswith(".gz")
-    )
+    """A path, an existing file or folder, or not a Hub id; a Hub id ending in a data-file suffix counts as a file."""
+    return not is_hub_id(name) or Path(name).suffix.lower() in TEXT_BUILDERS or name.endswith(".gz")
 
 
 def collect_files(paths: list[str], what: str = "training") -> dict[str, list[str]]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._io import is_hub_id
 from .arguments import TrainingSetupError
 
 SKLEARN_DIGITS = "sklearn-digits"
@@ -292,7 +293,7 @@ def load_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
     elif path.is_dir():
         train = _load_imagefolder(path, "training")
         kind, description = "imagefolder", f"image folder {path.name}"
-    elif name.startswith((".", "/", "~")) or path.suffix:
+    elif not is_hub_id(name) or path.suffix:
         raise TrainingSetupError(f"Image data: no such file or folder: {name}.")
     else:
         try:
@@ -359,7 +360,7 @@ def load_streamed_image_source(args: ImageDataArguments, seed: int = 42) -> Imag
         raise TrainingSetupError("a stream needs a Hub dataset or an imagefolder", argument="--streaming")
     path = Path(name).expanduser()
     local = path.is_dir()
-    if not local and (name.startswith((".", "/", "~")) or path.suffix):
+    if not local and (not is_hub_id(name) or path.suffix):
         raise TrainingSetupError(f"Image data: no such file or folder: {name}.")
     try:
         if local:

@@ -1,6 +1,9 @@
-"""Model cards of AoT models, in one place: rendering a card for an exported or trained model (the template of
-`model_cards/`, metadata through `huggingface_hub.ModelCard`/`ModelCardData`), and adding `aot eval` results to a
-card (`model-index` metadata and a table) and to the Hub's `.eval_results/` folder.
+"""Model cards of AoT models, in one place: rendering a card for an exported or trained model (the template
+`model_card_template.md` shipped in the package, metadata through `huggingface_hub.ModelCard`/`ModelCardData`), the
+`results.json` of a training run, and adding `aot eval` results to a card (`model-index` metadata and a table) and to
+the Hub's `.eval_results/` folder. Shared by `training/`, `evaluation/` and `hub.py`; it imports none of them. A
+report is anything with `results` (task or split -> metrics and `source`), `settings` and `date`: the
+`EvaluationReport` of `aot eval`, or a `results.json` as `card_for_folder` reads it.
 
 Metadata is what the Hub accepts: `base_model` only as a Hub repository id (a local base is described in the text),
 a known `license`, `model-index` entries with task, dataset and metrics. When results are added, existing card
@@ -10,24 +13,37 @@ replaced, and the markdown table lives between two HTML comments so a later run 
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import time
+from collections.abc import Callable, Mapping
+from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import Any
 
-from .._io import EVAL_RESULTS_DIR, atomic_write_text, is_hub_id
-from .data import EvaluationError
+from ._io import EVAL_RESULTS_DIR, atomic_write_text, is_hub_id
+from .errors import UsageError
 
-if TYPE_CHECKING:
-    from .runner import EvaluationReport
-
-CARD_TEMPLATE = "aot_model_card.md"
+CARD_TEMPLATE = "model_card_template.md"
 TEXT_TASK = "text-generation"
 IMAGE_TASK = "image-classification"
 EVAL_RESULTS_FILE = "aot-eval.yaml"
 SECTION_START = "<!-- aot-eval:start -->"
 SECTION_END = "<!-- aot-eval:end -->"
 SOURCE_NAME = "aot eval (aot-transformers)"
+TRAINING_SOURCE = "training"
+# The `aot eval` suite as model-index names it: task -> (kind, dataset title, the dataset's Hub id). The tasks are
+# defined in `evaluation/tasks.py` (`TASKS`, `DATASETS`); tests/test_wings.py keeps the two in step.
+SUITE = {
+    "wikitext": ("perplexity", "WikiText-2 (raw)", "Salesforce/wikitext"),
+    "ptb": ("perplexity", "Penn Treebank", "ptb-text-only/ptb_text_only"),
+    "lambada": ("perplexity", "LAMBADA (OpenAI)", "EleutherAI/lambada_openai"),
+    "lambada_acc": ("last_word", "LAMBADA (OpenAI)", "EleutherAI/lambada_openai"),
+    "cbt_cn": ("cloze", "Children's Book Test (CN)", "cam-cst/cbt"),
+    "cbt_ne": ("cloze", "Children's Book Test (NE)", "cam-cst/cbt"),
+}
 
 
 def _base_model_text(base_model: str | None, description: str | None, is_adapter: bool) -> str | None:
@@ -52,22 +68,9 @@ def _adapter_usage(task: str, repo_id: str, base: str | None) -> str:
     )
 
 
-def card_template_path() -> Path:
-    """The card template of `model_cards/`: shipped in wheels as package data through the symlink
-    `aot_transformers/training/model_cards`, read from the repository's `model_cards/` in a source checkout."""
-    package = Path(__file__).resolve().parents[1]
-    candidates = [
-        package / "training" / "model_cards" / CARD_TEMPLATE,
-        Path(__file__).parents[1] / "training" / "model_cards" / CARD_TEMPLATE,
-        package.parents[1] / "model_cards" / CARD_TEMPLATE,
-    ]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"Model card template {CARD_TEMPLATE} not found (looked in {[str(c) for c in candidates]}); reinstall "
-        "aot-transformers."
-    )
+def card_template() -> str:
+    """The text of the card template, package data of `aot_transformers` (read through `importlib.resources`)."""
+    return resources.files(__package__).joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
 
 
 def _format(value: Any) -> str:
@@ -182,8 +185,8 @@ def render_model_card(
     """
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-    from .. import __version__
-    from ..configuration_aot import REQUIRED_TRANSFORMERS
+    from . import __version__
+    from .configuration_aot import REQUIRED_TRANSFORMERS
 
     if base_model is not None and not is_hub_id(base_model):
         raise ValueError(
@@ -231,7 +234,7 @@ def render_model_card(
     )
     return ModelCard.from_template(
         card_data,
-        template_path=str(card_template_path()),
+        template_str=card_template(),
         model_name=model_name,
         summary=summary or default_summary,
         knn_note=knn_note,
@@ -254,28 +257,107 @@ def render_model_card(
 
 
 def card_for_folder(folder: str | os.PathLike, repo_id: str | None = None):
-    """A model card for an exported folder that has none, from its `config.json` (and `results.json` if present)."""
-    from ..configuration_aot import AoTConfig
-    from .results import card_results, read_results
+    """A model card for an exported folder that has none, from its `config.json` (and `results.json` if present:
+    the results of a training run and those of `aot eval`)."""
+    from .configuration_aot import AoTConfig
 
     folder = Path(folder)
     config = AoTConfig.from_pretrained(folder)
-    results = []
-    if (folder / "results.json").is_file():
-        results = card_results(read_results(folder / "results.json"))
+    results_file = folder / "results.json"
+    report = SimpleNamespace(**{"settings": {}, **read_results_file(results_file)}) if results_file.is_file() else None
     card = render_model_card(
         config,
         model_name=(repo_id or folder.name).split("/")[-1],
         repo_id=repo_id,
         task=infer_task(config),
-        results=results,
+        results=card_results(report) if report else [],
         curves_file="training_curves.png" if (folder / "training_curves.png").is_file() else None,
     )
-    if (folder / "results.json").is_file():
-        evaluated = eval_results(read_results(folder / "results.json"))
-        if evaluated:
-            card.data.eval_results = (card.data.eval_results or []) + evaluated
+    evaluated = eval_results(report) if report else []
+    if evaluated:
+        card.data.eval_results = (card.data.eval_results or []) + evaluated
     return card
+
+
+def read_results_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The payload of a `results.json` (of `aot eval lm` or of a training run): `results` maps each task or split to
+    metrics and a `source` mapping. `UsageError` (naming the file) when it is missing, unreadable or not that."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"results file not found: {path}")
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{path}, line {error.lineno}: not JSON ({error.msg}).") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{path} cannot be read ({type(error).__name__}: {error}).") from None
+    results = payload.get("results") if isinstance(payload, dict) else None
+    if not isinstance(results, Mapping) or not isinstance(payload.get("settings", {}), Mapping):
+        raise UsageError(f"{path}: not an `aot eval` results file: no 'results' and 'settings' mappings.")
+    for task, result in results.items():
+        if not isinstance(result, Mapping) or not isinstance(result.get("source", {}), Mapping):
+            raise UsageError(f"{path}: not an `aot eval` results file: results[{task!r}] or its source is no mapping.")
+    return payload
+
+
+def training_results_json(
+    model_name: str,
+    *,
+    task: str,
+    results: list[dict[str, Any]],
+    training: dict[str, Any],
+    metrics: dict[str, Any],
+    num_parameters: int | None = None,
+) -> str:
+    """The `results.json` of a training run of `model_name` for `task`, in the layout of `aot eval`'s
+    `EvaluationReport`: `model`, `model_info` (`num_parameters`, `task`), `settings` = `training` (the settings the
+    card shows), `results` = split -> metrics and data source (from `results`, each `{"metric", "value", "split",
+    "dataset"}`), `versions`, `date`, plus Trainer's `metrics` (numbers and strings only)."""
+    import torch
+    import transformers
+
+    from . import __version__
+
+    by_split: dict[str, dict[str, Any]] = {}
+    for result in results:
+        entry = by_split.setdefault(
+            result.get("split") or "validation",
+            {
+                "task_type": task,
+                "source": {"type": TRAINING_SOURCE, "path": result.get("dataset"), "split": result.get("split")},
+            },
+        )
+        entry[result["metric"]] = result["value"]
+    payload = {
+        "model": model_name,
+        "model_info": {"num_parameters": num_parameters, "task": task},
+        "settings": dict(training),
+        "results": by_split,
+        "versions": {
+            "aot-transformers": __version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        },
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) or v is None},
+    }
+    return json.dumps(payload, indent=2, default=str) + "\n"
+
+
+def card_results(report) -> list[dict[str, Any]]:
+    """The training results of a report as the card's result entries (`aot eval` tasks become `model-index` through
+    `eval_results`)."""
+    entries = []
+    for split, result in report.results.items():
+        source = result.get("source", {})
+        if source.get("type") != TRAINING_SOURCE:
+            continue
+        for metric, value in result.items():
+            if metric in ("source", "task_type") or not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue  # a non-finite number is never written into a card
+            name = source.get("path") or "custom"
+            entries.append({"metric": metric, "value": value, "split": split, "dataset": name, "dataset_type": name})
+    return entries
 
 
 # (metric key in results, model-index metric type, display name)
@@ -295,54 +377,46 @@ _CARD_METRICS = {
 TASK_NAME = "Zero-shot evaluation"
 
 
-def eval_results(report: EvaluationReport) -> list:
+def _suite_numbers(report):
+    """(task, source, model-index metric type, display name, value) of each finite number of `report` on a task of
+    the suite; absent and non-finite numbers are left out (a NaN is never written into a card)."""
+    for task_name, result in report.results.items():
+        for key, metric_type, metric_name in _CARD_METRICS[SUITE[task_name][0]] if task_name in SUITE else ():
+            if _finite(result.get(key)):
+                yield task_name, result.get("source", {}), metric_type, metric_name, round(float(result[key]), 6)
+
+
+def _dataset_fields(task_name: str, source: Mapping) -> dict[str, Any]:
+    _, title, hub_path = SUITE[task_name]
+    if source.get("type") == "hub":
+        split = {"dataset_config": source.get("name"), "dataset_split": source.get("split")}
+        return {"dataset_type": source["path"], "dataset_name": title, **split}
+    file_name = Path(source.get("path", "")).name or "local file"
+    return {
+        "dataset_type": hub_path,
+        "dataset_name": f"{title} ({file_name})",
+        "dataset_args": {"data_file": file_name},
+    }
+
+
+def eval_results(report) -> list:
     """The `huggingface_hub.EvalResult`s of a report, one per (task, metric)."""
     from huggingface_hub import EvalResult
 
-    from .tasks import DATASETS, TASKS
-
     # How the number was measured (model-index has no free-form source without a URL).
-    settings = {
-        "tool": SOURCE_NAME,
-        "max_length": report.settings.get("max_length"),
-        "stride": report.settings.get("stride"),
-    }
-    results = []
-    for task_name, result in report.results.items():
-        if task_name not in TASKS:
-            continue
-        task = TASKS[task_name]
-        dataset = DATASETS[task.dataset]
-        source = result.get("source", {})
-        if source.get("type") == "hub":
-            dataset_kwargs = dict(
-                dataset_type=source["path"],
-                dataset_name=dataset.title,
-                dataset_config=source.get("name"),
-                dataset_split=source.get("split"),
-            )
-        else:
-            file_name = Path(source.get("path", "")).name or "local file"
-            dataset_kwargs = dict(
-                dataset_type=dataset.hub.path,
-                dataset_name=f"{dataset.title} ({file_name})",
-                dataset_args={"data_file": file_name},
-            )
-        for key, metric_type, metric_name in _CARD_METRICS[task.kind]:
-            if not _finite(result.get(key)):
-                continue  # absent, or non-finite: a NaN is never written into a card (update_model_card refuses)
-            results.append(
-                EvalResult(
-                    task_type="text-generation",
-                    task_name=TASK_NAME,
-                    metric_type=metric_type,
-                    metric_name=metric_name,
-                    metric_value=round(float(result[key]), 6),
-                    metric_args=settings,
-                    **dataset_kwargs,
-                )
-            )
-    return results
+    settings = {key: report.settings.get(key) for key in ("max_length", "stride")}
+    return [
+        EvalResult(
+            task_type="text-generation",
+            task_name=TASK_NAME,
+            metric_type=metric_type,
+            metric_name=metric_name,
+            metric_value=value,
+            metric_args={"tool": SOURCE_NAME, **settings},
+            **_dataset_fields(task_name, source),
+        )
+        for task_name, source, metric_type, metric_name, value in _suite_numbers(report)
+    ]
 
 
 def _finite(value: Any) -> bool:
@@ -350,7 +424,7 @@ def _finite(value: Any) -> bool:
 
 
 def load_card(path: Path):
-    """The `huggingface_hub.ModelCard` at `path`, or an `EvaluationError` naming the file when it cannot be read
+    """The `huggingface_hub.ModelCard` at `path`, or a `UsageError` naming the file when it cannot be read
     (not UTF-8, malformed YAML metadata, metadata that is not a mapping, …)."""
     from huggingface_hub import ModelCard
 
@@ -358,14 +432,14 @@ def load_card(path: Path):
         return ModelCard.load(path)
     except Exception as error:  # huggingface_hub raises ValueError, yaml errors, OSError, … depending on the damage
         message = " ".join(str(error).split())[:200]
-        raise EvaluationError(
+        raise UsageError(
             f"the model card {path} cannot be read ({type(error).__name__}: {message}); fix or move it, or pass "
             "another card with --update-card PATH."
         ) from None
 
 
 def card_file(target: str | os.PathLike) -> Path:
-    """The card file `update_model_card` writes for `target` (a `README.md`, any `.md` file, or a folder)."""
+    """The card file `add_eval_results` writes for `target` (a `README.md`, any `.md` file, or a folder)."""
     path = Path(target)
     return path / "README.md" if path.is_dir() or path.suffix.lower() != ".md" else path
 
@@ -391,29 +465,19 @@ def _with_section(text: str, section: str) -> str:
     return text.rstrip() + "\n\n## Zero-shot evaluation\n\n" + block + "\n"
 
 
-def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, model_name: str | None = None) -> Path:
-    """Add the report to the card at `card_path` (a `README.md`, or a model folder holding one); create it if needed.
-
-    Args:
-        card_path: The card file, or the model folder (its `README.md`).
-        report: Results of `evaluate_model`.
-        model_name: Name in `model-index` when the card has none (default: the folder's name).
-
-    Returns:
-        The path of the written card.
-
-    Raises:
-        NonFiniteMetricError: A metric of `report` is NaN or infinite; the card is not touched.
-        EvaluationError: The card cannot be read, or its folder does not exist.
-    """
+def add_eval_results(
+    card_path: str | os.PathLike, report, table: Callable[[str], str], model_name: str | None = None
+) -> Path:
+    """Add an `aot eval` report to the card at `card_path` (a `README.md`, or a model folder holding one), creating
+    it if needed (named `model_name`, default the folder's name): `model-index` entries, the markdown table
+    `table(name in the card)` between `SECTION_START` and `SECTION_END`, and beside a `README.md` the Hub's
+    `.eval_results/` file. The caller checks that every metric is finite. Returns the card's path; raises
+    `UsageError` when the card cannot be read or its folder does not exist."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    from .results import check_finite, markdown_table
-
-    check_finite(report)
     path = card_file(card_path)
     if not path.parent.is_dir():
-        raise EvaluationError(f"cannot write a model card into {path.parent}: not a folder.")
+        raise UsageError(f"cannot write a model card into {path.parent}: not a folder.")
     if path.exists():
         card = load_card(path)
     else:
@@ -425,12 +489,11 @@ def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, mo
     card.data.eval_results = kept + new
     if not card.data.model_name:
         card.data.model_name = model_name or path.parent.resolve().name
-    table = markdown_table([report], names=[card.data.model_name])
     note = (
         f"Measured with `aot eval lm` (window {report.settings.get('max_length')}, stride "
         f"{report.settings.get('stride')}); losses are mean token cross-entropy in nats.\n\n"
     )
-    card.text = _with_section(card.text, note + table)
+    card.text = _with_section(card.text, note + table(card.data.model_name))
     atomic_write_text(path, str(card))
     entries = eval_result_entries(report)
     if entries and path.name == "README.md":
@@ -438,37 +501,27 @@ def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, mo
     return path
 
 
-def eval_result_entries(report: EvaluationReport) -> list:
+def eval_result_entries(report) -> list:
     """The report's results on Hub datasets as `huggingface_hub.EvalResultEntry`s, the Hub's `.eval_results/`
     format (one value per entry: the metric is named in `notes`). Results on local files are left out, as the
     format names a Hub benchmark dataset."""
     from huggingface_hub import EvalResultEntry
 
-    from .tasks import TASKS
-
-    entries = []
-    for task_name, result in report.results.items():
-        source = result.get("source", {})
-        if task_name not in TASKS or source.get("type") != "hub":
-            continue
-        for key, metric_type, _ in _CARD_METRICS[TASKS[task_name].kind]:
-            if not _finite(result.get(key)):
-                continue
-            notes = f"{metric_type}; {SOURCE_NAME}, window {report.settings.get('max_length')}"
-            if source.get("name"):
-                notes += f", config {source['name']}"
-            if source.get("split"):
-                notes += f", split {source['split']}"
-            entries.append(
-                EvalResultEntry(
-                    dataset_id=source["path"],
-                    task_id=task_name,
-                    value=round(float(result[key]), 6),
-                    date=report.date or None,
-                    notes=notes,
-                )
-            )
-    return entries
+    window = f"{SOURCE_NAME}, window {report.settings.get('max_length')}"
+    return [
+        EvalResultEntry(
+            dataset_id=source["path"],
+            task_id=task_name,
+            value=value,
+            date=report.date or None,
+            notes=f"{metric_type}; {window}"
+            + "".join(
+                f", {what} {source[key]}" for what, key in (("config", "name"), ("split", "split")) if source.get(key)
+            ),
+        )
+        for task_name, source, metric_type, _, value in _suite_numbers(report)
+        if source.get("type") == "hub"
+    ]
 
 
 def eval_results_yaml(entries: list) -> str:
@@ -482,14 +535,18 @@ def eval_results_yaml(entries: list) -> str:
 __all__ = [
     "SECTION_END",
     "SECTION_START",
+    "SUITE",
+    "add_eval_results",
     "card_file",
     "card_for_folder",
-    "card_template_path",
+    "card_results",
+    "card_template",
     "eval_result_entries",
     "eval_results",
     "eval_results_yaml",
     "infer_task",
     "load_card",
+    "read_results_file",
     "render_model_card",
-    "update_model_card",
+    "training_results_json",
 ]

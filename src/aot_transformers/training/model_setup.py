@@ -1,0 +1,174 @@
+"""The model of a training run: its config (from a checkpoint, a config file or a preset, with `--config_overrides`),
+the pre-check of a checkpoint's weights before fine-tuning, and the attention backend used while training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._io import is_pickle_name, looks_like_path
+from ..configuration_aot import AoTConfig
+from .arguments import ModelArguments, TrainingSetupError
+
+
+def parse_overrides(text: str | None) -> dict[str, Any]:
+    """`"hidden_size=128,knn_k=0.5,attention_type=mhsa"` -> a dict with JSON-typed values (strings otherwise)."""
+    overrides: dict[str, Any] = {}
+    if not text:
+        return overrides
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise TrainingSetupError(
+                "entries must look like name=value", argument="--config_overrides", value=item.strip()
+            )
+        name, value = (part.strip() for part in item.split("=", 1))
+        try:
+            overrides[name] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[name] = {"None": None, "True": True, "False": False}.get(value, value)
+    return overrides
+
+
+def config_field_names() -> set[str]:
+    """The names `--config_overrides` accepts: every field of an `AoTConfig`."""
+    return set(AoTConfig().to_dict()) | {"attn_implementation"}
+
+
+def check_override_names(overrides: dict[str, Any]) -> None:
+    """Refuse a `--config_overrides` name that is no config field (it would be stored and silently ignored)."""
+    import difflib
+
+    known = config_field_names()
+    for name in overrides:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise TrainingSetupError(
+                "is not a config field"
+                + (f"; did you mean {close[0]!r}?" if close else " (`aot info` lists presets)"),
+                argument="--config_overrides",
+                value=name,
+            )
+
+
+def build_config(model_args: ModelArguments, default_preset: str, **fields: Any) -> AoTConfig:
+    """The config of the model to train: from a checkpoint (fine-tuning), a config file, or a preset, with
+    `--config_overrides` and then `fields` applied, checked with `AoTConfig.validate()`. Raises
+    `TrainingSetupError` for a bad choice."""
+    model_name_or_path, preset, config_file = model_args.model_name_or_path, model_args.preset, model_args.config_file
+    config_overrides = model_args.config_overrides
+    sources = [s for s in (model_name_or_path, config_file) if s] + ([preset] if preset else [])
+    if len(sources) > 1:
+        raise TrainingSetupError(
+            "Give at most one of --model_name_or_path, --config_file and --preset, got "
+            f"{', '.join(map(repr, sources))}."
+        )
+    overrides = {**parse_overrides(config_overrides), **{k: v for k, v in fields.items() if v is not None}}
+    check_override_names(parse_overrides(config_overrides))
+    try:
+        if model_name_or_path:
+            if looks_like_path(model_name_or_path) and not Path(model_name_or_path).exists():
+                raise TrainingSetupError("no such folder", argument="--model_name_or_path", value=model_name_or_path)
+            config = AoTConfig.from_pretrained(model_name_or_path)
+            if config.model_type != "aot":
+                raise TrainingSetupError(f"{model_name_or_path} is a {config.model_type!r} model, not an AoT model.")
+            for name, value in overrides.items():
+                setattr(config, name, value)
+            config.validate()
+            return config
+        if config_file:
+            path = Path(config_file)
+            if not path.is_file():
+                raise TrainingSetupError("no such file", argument="--config_file", value=config_file)
+            config_dict = json.loads(path.read_text())
+            config_dict.pop("model_type", None)
+            return AoTConfig(**{**config_dict, **overrides})
+        return AoTConfig.from_preset(preset or default_preset, **overrides)
+    except TrainingSetupError:
+        raise
+    except (ValueError, TypeError) as error:
+        raise TrainingSetupError(str(error)) from error
+    except OSError as error:
+        raise TrainingSetupError(f"Could not load the model config from {model_name_or_path!r}: {error}") from error
+
+
+def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixes: tuple[str, ...] = ()) -> None:
+    """Before fine-tuning from a local `folder`: its weights must be safetensors (never pickle), readable, and of the
+    shapes `config` gives `model_cls` (a truncated file or a wrong-shape tensor is named in one line, exit code 2,
+    not a traceback from deep inside loading). A Hub id is left to `from_pretrained`."""
+    if not folder or not Path(folder).is_dir():
+        return
+    from safetensors import safe_open
+
+    root = Path(folder)
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in root.iterdir() if is_pickle_name(p.name))
+        found = (
+            f"only pickle weights ({', '.join(pickles)}), which can run code when loaded" if pickles else "no weights"
+        )
+        raise TrainingSetupError(
+            f"holds {found}; fine-tune from a folder with model.safetensors",
+            argument="--model_name_or_path",
+            value=folder,
+        )
+    with torch.device("meta"):
+        state = model_cls(config).state_dict(keep_vars=True)
+    expected = {name: tuple(t.shape) for name, t in state.items()}
+    aliases: dict[int, list[str]] = {}  # tied tensors (saved under one of their names)
+    for name, tensor in state.items():
+        aliases.setdefault(id(tensor), []).append(name)
+    present: set[str] = set()
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as weights:
+                shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+        except Exception as error:  # noqa: BLE001 - SafetensorError and OSError: both mean an unreadable file
+            raise TrainingSetupError(
+                f"{file} cannot be read ({error}); it may be truncated: save or download it again",
+                argument="--model_name_or_path",
+                value=folder,
+            ) from None
+        present.update(shapes)
+        for name, shape in shapes.items():
+            if name in expected and expected[name] != shape and not name.startswith(skip_prefixes):
+                raise TrainingSetupError(
+                    f"{file.name}: {name} has shape {list(shape)} but its config.json gives {list(expected[name])}",
+                    argument="--model_name_or_path",
+                    value=folder,
+                )
+    missing = sorted(
+        names[0]
+        for names in aliases.values()
+        if not present.intersection(names) and not all(name.startswith(skip_prefixes) for name in names)
+    )
+    if missing:  # from_pretrained would initialise them at random with only a load report
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise TrainingSetupError(
+            f"its weights lack {shown}, which would be initialised at random; save the complete model again",
+            argument="--model_name_or_path",
+            value=folder,
+        )
+
+
+def use_training_attention(model, training_args) -> None:
+    """Train MSSA models on CPU with the `"shared_projection"` backend: with query = key = value its backward folds
+    into fewer matmuls (`aot_transformers.shared_projection`; `python -m benchmarks.bench_attention`). It falls
+    back to SDPA wherever it does not apply, and the exported folder loads with the default backend (`"sdpa"`)."""
+    config = model.config
+    on_cpu = training_args.use_cpu or not torch.cuda.is_available()
+    if on_cpu and config.attention_type == "mssa" and config.knn_k is None and config._attn_implementation == "sdpa":
+        model.set_attn_implementation("shared_projection")
+
+
+__all__ = [
+    "build_config",
+    "check_checkpoint_weights",
+    "config_field_names",
+    "parse_overrides",
+    "use_training_attention",
+]

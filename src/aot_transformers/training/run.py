@@ -1,0 +1,197 @@
+"""The skeleton of a training run, shared by `aot train lm` (`lm.py`) and `aot train image` (`image.py`), which add
+only their own data and model preparation between its steps:
+
+    run = TrainingRun.begin(task, metric, model_args, data_args, training_args, publish_args, callbacks, lora, optim)
+    config = run.build_config(ModelClass, DEFAULT_PRESET)  # the config, the checkpoint's weights, LoRA's targets
+    run.start(config, data_fingerprint, **settings)       # output folder, lock, resume, seed: nothing read before
+    ...                                                   # the task's data, tokenizer or image processor
+    model = run.load_model(ModelClass, config)            # weights, training attention, LoRA adapters
+    run.make_trainer(TrainerClass, model, train, validation, processor, ...)
+    run_training(run)                                     # train, evaluate, write (and push) the final folder
+
+Every input is checked before the first training step; the output folder's lock is held until the run ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import run_command
+from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
+from .distributed import enable_fsdp_on_cpu
+from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
+from .lora import LoraArguments
+from .model_setup import build_config, check_checkpoint_weights, use_training_attention
+from .optim import OptimizerArguments, optimizer_cls_and_kwargs
+from .run_state import run_identity, run_state_callbacks, start_run, train_unless_finished
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingRun:
+    """One run, filled in step by step (see the module docstring); `run_training(run)` trains it."""
+
+    task: str  # the pipeline task: "text-generation" or "image-classification"
+    metric: str  # the evaluation metric the model card reports: `eval_<metric>`, `test_<metric>`
+    model_args: ModelArguments
+    data_args: Any
+    training_args: Any
+    publish_args: PublishArguments
+    hub: HubPlan
+    callbacks: list = field(default_factory=list)
+    lora: LoraArguments | None = None
+    optimizer: tuple[type, dict] | None = None  # `Trainer(optimizer_cls_and_kwargs=...)`
+    identity: dict[str, Any] | None = None  # what the run's checkpoints are made from (`run_state.run_identity`)
+    lock: Any = None  # the output folder's lock, held until the run ends
+    resume: str | None = None  # the checkpoint training resumes from
+    trainer: Any = None
+    processor: Any = None  # the tokenizer or image processor saved with the model
+    source: Any = None  # the task's loaded data (`TextSource`, `ImageSource`): its name and Hub ids go in the card
+    test: Callable[[], Any] | None = None  # the prepared test split, evaluated after training
+    summary: dict[str, Any] = field(default_factory=dict)  # the task's lines of the card's training summary
+    extra_metrics: dict[str, Any] = field(default_factory=dict)  # added to the metrics after evaluation
+
+    @classmethod
+    def begin(
+        cls,
+        task: str,
+        metric: str,
+        model_args: ModelArguments,
+        data_args,
+        training_args,
+        publish_args: PublishArguments | None = None,
+        callbacks: list | None = None,
+        lora: LoraArguments | None = None,
+        optim: OptimizerArguments | None = None,
+    ) -> TrainingRun:
+        """The checks every run makes first (LoRA, optimizer, Hub options); nothing is read or written yet."""
+        publish_args = publish_args or PublishArguments()
+        if lora is not None:
+            lora.check()
+            lora = lora if lora.enabled else None
+        optimizer = optimizer_cls_and_kwargs(optim, training_args)
+        if lora is not None and training_args.fsdp:
+            raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
+        hub = take_over_hub_options(training_args, publish_args)
+        run = cls(task, metric, model_args, data_args, training_args, publish_args, hub, list(callbacks or []))
+        run.lora, run.optimizer = lora, optimizer
+        return run
+
+    def build_config(self, model_cls, default_preset: str, skip_prefixes: tuple[str, ...] = (), **fields: Any):
+        """The model's config (`model_setup.build_config`), checked against the checkpoint's weights (tensors under
+        `skip_prefixes` may differ) and LoRA's target modules, before any data is read."""
+        config = build_config(self.model_args, default_preset, **fields)
+        check_checkpoint_weights(self.model_args.model_name_or_path, model_cls, config, skip_prefixes)
+        if self.lora is not None:
+            import torch
+
+            from .lora import check_lora_targets
+
+            with torch.device("meta"):
+                check_lora_targets(model_cls(config), self.lora)
+            self.lora.check_base(self.model_args.model_name_or_path)
+        return config
+
+    def start(self, config, data: list[str], **settings: Any) -> None:
+        """Record what the run is made from (`config`, the `data` fingerprint, the task's `settings`), check and
+        lock the output folder, find the checkpoint to resume from (`run_state.start_run`), and seed."""
+        from transformers import set_seed
+
+        self.identity = run_identity(
+            self.training_args,
+            config,
+            data,
+            **settings,
+            base_model=self.model_args.model_name_or_path,
+            lora=self.lora.lora_r if self.lora is not None else None,
+        )
+        self.lock, self.resume = start_run(self.training_args, self.publish_args, self.identity)
+        set_seed(self.training_args.seed)
+
+    def load_model(self, model_cls, config, note: str = "", **from_pretrained: Any):
+        """The checkpoint's model (fine-tuning) or a new one, with the training attention backend and, with LoRA,
+        its adapters."""
+        name = self.model_args.model_name_or_path
+        model = model_cls.from_pretrained(name, config=config, **from_pretrained) if name else model_cls(config)
+        if self.task == "text-generation":
+            model.config.use_cache = False  # no cache while training; generation turns it back on
+        use_training_attention(model, self.training_args)
+        if self.lora is not None:
+            from .lora import apply_lora
+
+            model = apply_lora(model, self.lora, self.task)
+        logger.info("Model: %s parameters%s", f"{sum(p.numel() for p in model.parameters()):,}", note)
+        return model
+
+    def make_trainer(self, trainer_cls, model, train, validation, processor, **kwargs: Any):
+        """The run's `Trainer` (a subclass of `run_state.RecordRunTrainerMixin`): no evaluation without validation
+        data, the run-state callbacks and the Hub checkpoint push (`finish.hub_checkpoint_callback`)."""
+        if validation is None and self.training_args.eval_strategy != "no":
+            self.training_args.eval_strategy = "no"
+        hub_callback = hub_checkpoint_callback(self.hub)
+        self.processor = processor
+        self.trainer = trainer_cls(
+            model=model,
+            args=self.training_args,
+            train_dataset=train,
+            eval_dataset=validation,
+            processing_class=processor,
+            optimizer_cls_and_kwargs=self.optimizer,
+            callbacks=[*self.callbacks, *run_state_callbacks(), *([hub_callback] if hub_callback else [])],
+            **kwargs,
+        )
+        self.trainer.run_record = self.identity
+        enable_fsdp_on_cpu(self.trainer)
+        return self.trainer
+
+
+def run_training(run: TrainingRun) -> dict[str, Any]:
+    """Train, evaluate (validation, and the test split when there is one), write the final hub-ready folder and
+    push it if asked. Returns the metrics. The output folder's lock is released at the end, whatever happens."""
+    try:
+        trainer = run.trainer
+        metrics = train_unless_finished(trainer, run.resume)
+        results, name = [], run.source.name
+        evaluations = [("validation", "eval", None)] if trainer.eval_dataset is not None else []
+        evaluations += [("test", "test", run.test)] if run.test is not None else []
+        for split, prefix, prepare in evaluations:
+            metrics.update(trainer.evaluate(prepare() if prepare else None, metric_key_prefix=prefix))
+            value = metrics[f"{prefix}_{run.metric}"]
+            results.append(
+                {"metric": run.metric, "value": value, "split": split, "dataset": name, "dataset_type": name}
+            )
+        metrics.update(run.extra_metrics)
+        if run.task == "text-generation":
+            trainer.accelerator.unwrap_model(trainer.model).config.use_cache = True
+        return finish_run(run, metrics, results, training_summary(run.training_args, trainer, run.summary))
+    finally:
+        if run.lock is not None:
+            run.lock.release()
+
+
+def dataset_length(dataset) -> int | None:
+    """The number of examples, or None for a stream."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def run_main(prepare: Callable[..., TrainingRun], argument_classes: tuple[type, ...], argv, prog: str) -> int:
+    """A command-line entry point: parse `(*argument_classes, TrainingArguments)` (model, data, publish, LoRA and
+    optimizer arguments), prepare and train, under the error contract of `aot_transformers.errors` (bad input: one
+    line, exit 2; a failed run: one line, exit 1)."""
+
+    def job() -> int:
+        model_args, data_args, publish_args, lora, optim, training_args = parse_dataclasses(argument_classes, argv)
+        run_training(prepare(model_args, data_args, training_args, publish_args, lora=lora, optim=optim))
+        return 0
+
+    return run_command(job, prog=prog)
+
+
+__all__ = ["TrainingRun", "dataset_length", "run_main", "run_training"]
