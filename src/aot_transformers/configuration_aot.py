@@ -1,16 +1,9 @@
-"""Configuration of attention-only transformers (AoT).
-
-One config serves the causal language model (`AoTForCausalLM`) and the image classifier
-(`AoTForImageClassification`). Every field is checked when the config is built: a wrong value raises
-`ValueError` (or `TypeError` for a value of the wrong kind) naming the field, the value and what is allowed.
-
-This file is part of the remote-code unit copied into every saved model folder: it imports only
-`transformers` and the standard library.
-"""
+"""Configuration of attention-only transformers (AoT), the causal LM and the image classifier alike. Every field is
+checked when the config is built: a wrong value raises `ValueError` (`TypeError` for a value of the wrong kind)
+naming the field, the value and what is allowed. Part of the remote-code unit: imports only transformers."""
 
 from __future__ import annotations
 
-import math
 from numbers import Integral, Real
 from typing import Any
 
@@ -28,63 +21,40 @@ if not Version("5.5") <= Version(transformers.__version__) < Version("6"):
         f"installed: pip install 'transformers{REQUIRED_TRANSFORMERS}'"
     )
 
-ATTENTION_TYPES = ("mssa", "mhsa")
+# What each field allows, checked in this order: ints >= 1, choices, numbers in an interval, True or False.
 INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")
-BOOL_FIELDS = (
-    "normalize_query",
-    "tie_output_projection",
-    "layer_norm",
-    "attention_bias",
-    "tie_word_embeddings",
-    "use_cache",
-)
+INT_FIELDS += ("knn_chunk_size", "image_size", "patch_size", "num_channels")
+CHOICES = {"attention_type": ("mssa", "mhsa"), "mlp_layers": ("none", "first_half", "all"), "pooling": ("cls", "mean")}
+INTERVALS = {"step_size": "(0.0, inf)", "mlp_ratio": "(0.0, inf)", "attention_dropout": "[0.0, 1.0)"}
+INTERVALS |= {"hidden_dropout": "[0.0, 1.0)", "layer_norm_eps": "(0.0, inf)", "initializer_range": "[0.0, inf)"}
+BOOL_FIELDS = ("normalize_query", "tie_output_projection", "layer_norm", "attention_bias", "tie_word_embeddings")
+BOOL_FIELDS += ("use_cache",)
 # Model classes built on the vision backbone; a checkpoint of one also names the backbone (see `to_dict`).
 VISION_ARCHITECTURES = ("AoTVisionModel", "AoTForImageClassification")
-MLP_LAYERS = ("none", "first_half", "all")
-POOLING_TYPES = ("cls", "mean")
 # Attention backends whose kernels return the attention maps (`output_attentions=True`).
 ATTENTION_MAP_BACKENDS = ("eager", "knn")
 
 
-def _check_int(name: str, value: Any, minimum: int = 1) -> int:
-    """`value` as a Python int (numpy integers included), or a clear error."""
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"`{name}` must be an int >= {minimum}, got {value!r} ({type(value).__name__}).")
-    if value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value}.")
-    return int(value)
-
-
-def _check_real(name: str, value: Any, low: float, high: float, low_open: bool, high_open: bool) -> float:
-    """`value` as a Python float (numpy floats, `Fraction`s and ints included), or a clear error."""
-    allowed = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"`{name}` must be a number in {allowed}, got {value!r} ({type(value).__name__}).")
-    value = float(value)
-    too_low = value <= low if low_open else value < low
-    too_high = value >= high if high_open else value > high
-    if math.isnan(value) or too_low or too_high:
-        raise ValueError(f"`{name}` must be a number in {allowed}, got {value}.")
+def _check_number(name: str, value: Any, allowed: str = "[1, inf)") -> int | float:
+    """`value` as a Python int (`allowed` "[m, inf)") or float (any other interval, e.g. "(0.0, 1.0]"), numpy
+    scalars and Fractions included, or a clear error."""
+    integer = "." not in allowed
+    low, high = (float(bound) for bound in allowed[1:-1].split(", "))
+    text = f"an int >= {int(low)}" if integer else f"a number in {allowed}"
+    if isinstance(value, bool) or not isinstance(value, Integral if integer else Real):
+        raise TypeError(f"`{name}` must be {text}, got {value!r} ({type(value).__name__}).")
+    value = int(value) if integer else float(value)
+    above = low < value if allowed[0] == "(" else low <= value  # NaN is neither above nor below
+    below = value < high if allowed[-1] == ")" else value <= high
+    if not (above and below):
+        raise ValueError(f"`{name}` must be {text}, got {value}.")
     return value
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}.")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
 
 
 class AoTConfig(PretrainedConfig):
     r"""Configuration of an attention-only transformer: each layer is `x + step_size * attention(LayerNorm(x))` (plus
     an MLP block in the ablations), with multi-head subspace self-attention (MSSA: one projection per head is query,
-    key and value) or standard multi-head self-attention (MHSA). The common fields keep transformers' names
-    (`vocab_size`, `hidden_size`, `num_hidden_layers`, `num_attention_heads`, `max_position_embeddings`,
-    `hidden_act`, `attention_bias`, `attention_dropout`, `layer_norm_eps`, `initializer_range`, `image_size`,
-    `patch_size`, `num_channels`, `tie_word_embeddings`, `use_cache`).
+    key and value) or standard multi-head self-attention (MHSA). The other fields keep transformers' names and meaning.
 
     Args:
         attention_type: `"mssa"` (shared query = key = value projection and an output projection, 2·d² weights per
@@ -115,117 +85,76 @@ class AoTConfig(PretrainedConfig):
     }
     keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the cache field before and after transformers 5.24
 
-    def __init__(
-        self,
-        vocab_size: int = 50257,
-        hidden_size: int = 768,
-        num_hidden_layers: int = 12,
-        num_attention_heads: int = 12,
-        max_position_embeddings: int = 1024,
-        attention_type: str = "mssa",
-        knn_k: int | float | None = None,
-        knn_chunk_size: int = 256,
-        normalize_query: bool = False,
-        tie_output_projection: bool = False,
-        step_size: float = 1.0,
-        layer_norm: bool = True,
-        mlp_layers: str = "none",
-        mlp_ratio: float = 4.0,
-        hidden_act: str = "gelu_new",
-        attention_bias: bool = False,
-        attention_dropout: float = 0.0,
-        hidden_dropout: float = 0.0,
-        layer_norm_eps: float = 1e-5,
-        initializer_range: float = 0.02,
-        image_size: int = 224,
-        patch_size: int = 16,
-        num_channels: int = 3,
-        pooling: str = "cls",
-        tie_word_embeddings: bool = True,
-        use_cache: bool = True,
-        bos_token_id: int | None = None,
-        eos_token_id: int | None = None,
-        pad_token_id: int | None = None,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.max_position_embeddings = max_position_embeddings
-        self.attention_type = attention_type
-        self.knn_k = knn_k
-        self.knn_chunk_size = knn_chunk_size
-        self.normalize_query = normalize_query
-        self.tie_output_projection = tie_output_projection
-        self.step_size = step_size
-        self.layer_norm = layer_norm
-        self.mlp_layers = mlp_layers
-        self.mlp_ratio = mlp_ratio
-        self.hidden_act = hidden_act
-        self.attention_bias = attention_bias
-        self.attention_dropout = attention_dropout
-        self.hidden_dropout = hidden_dropout
-        self.layer_norm_eps = layer_norm_eps
-        self.initializer_range = initializer_range
-        self.image_size = image_size
-        self.patch_size = patch_size
-        self.num_channels = num_channels
-        self.pooling = pooling
-        self.tie_word_embeddings = tie_word_embeddings
-        self.use_cache = use_cache
-        self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
-        self.pad_token_id = pad_token_id
-        self._check_aot_fields()  # before transformers' own checks, which read `head_dim`
-        super().__init__(**kwargs)
+    # The fields, as transformers' own configs declare them (keyword arguments, checked in `__post_init__`).
+    vocab_size: int = 50257
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    max_position_embeddings: int = 1024
+    attention_type: str = "mssa"
+    knn_k: int | float | None = None
+    knn_chunk_size: int = 256
+    normalize_query: bool = False
+    tie_output_projection: bool = False
+    step_size: float = 1.0
+    layer_norm: bool = True
+    mlp_layers: str = "none"
+    mlp_ratio: float = 4.0
+    hidden_act: str = "gelu_new"
+    attention_bias: bool = False
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    image_size: int = 224
+    patch_size: int = 16
+    num_channels: int = 3
+    pooling: str = "cls"
+    tie_word_embeddings: bool = True
+    use_cache: bool = True
+    bos_token_id: int | list[int] | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.validate()
 
     def validate(self) -> None:
         """Check every field; raise `ValueError` (or `TypeError`) naming the field, the value and what is allowed.
-
-        Runs when the config is built, when a model is built from it and when it is saved, so a field changed after
-        construction (`config.knn_k = 0`) is caught before it reaches a kernel. transformers' own checks of the
-        common fields run after the AoT ones (they read `head_dim`, which needs valid sizes).
-        """
+        Runs when the config is built, when a model is built from it and when it is saved (a field changed after
+        construction, `config.knn_k = 0`, never reaches a kernel); transformers' own checks follow the AoT ones."""
         self._check_aot_fields()
         if self.num_labels < 1:  # a head with no outputs
             raise ValueError(f"`num_labels` must be an int >= 1, got {self.num_labels}.")
-        if self.output_attentions and self._attn_implementation == "knn":
-            # transformers' `validate_output_attentions` accepts only "eager"; the "knn" kernel returns the maps too.
+        maps = self._output_attentions
+        if maps and self._attn_implementation == "knn":  # transformers accepts only "eager"; "knn" returns maps too
             self._output_attentions = False
-            try:
-                super().validate()
-            finally:
-                self._output_attentions = True
-        else:
+        try:
             super().validate()
+        finally:
+            self._output_attentions = maps
 
     def _check_aot_fields(self) -> None:
         # Numbers are stored as Python ints and floats (numpy scalars and Fractions would not serialise).
-        for name in (*INT_FIELDS, "knn_chunk_size", "image_size", "patch_size", "num_channels"):
-            setattr(self, name, _check_int(name, getattr(self, name)))
+        for name in INT_FIELDS:
+            setattr(self, name, _check_number(name, getattr(self, name)))
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
                 f"({self.num_attention_heads}); allowed head counts are the divisors of {self.hidden_size}."
             )
-        _check_choice("attention_type", self.attention_type, ATTENTION_TYPES)
-        _check_choice("mlp_layers", self.mlp_layers, MLP_LAYERS)
-        _check_choice("pooling", self.pooling, POOLING_TYPES)
-        if self.hidden_act not in ACT2FN:
-            raise ValueError(f"`hidden_act` must be one of {sorted(ACT2FN)}, got {self.hidden_act!r}.")
-        if isinstance(self.knn_k, Integral) and not isinstance(self.knn_k, bool):
-            self.knn_k = _check_int("knn_k", self.knn_k)
-        elif self.knn_k is not None:  # a fraction of the visible keys (a bool or a string fails as "a number")
-            self.knn_k = _check_real("knn_k", self.knn_k, 0.0, 1.0, low_open=True, high_open=False)
-        self.step_size = _check_real("step_size", self.step_size, 0.0, math.inf, low_open=True, high_open=True)
-        self.mlp_ratio = _check_real("mlp_ratio", self.mlp_ratio, 0.0, math.inf, low_open=True, high_open=True)
-        for name in ("attention_dropout", "hidden_dropout"):
-            setattr(self, name, _check_real(name, getattr(self, name), 0.0, 1.0, low_open=False, high_open=True))
-        self.layer_norm_eps = _check_real("layer_norm_eps", self.layer_norm_eps, 0.0, math.inf, True, True)
-        self.initializer_range = _check_real("initializer_range", self.initializer_range, 0.0, math.inf, False, True)
+        for name, choices in (*CHOICES.items(), ("hidden_act", sorted(ACT2FN))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"`{name}` must be one of {list(choices)}, got {getattr(self, name)!r}.")
+        if self.knn_k is not None:  # keys kept per query, or a fraction of the visible keys
+            integer = isinstance(self.knn_k, Integral) and not isinstance(self.knn_k, bool)
+            self.knn_k = _check_number("knn_k", self.knn_k, "[1, inf)" if integer else "(0.0, 1.0]")
+        for name, allowed in INTERVALS.items():
+            setattr(self, name, _check_number(name, getattr(self, name), allowed))
         for name in BOOL_FIELDS:
-            _check_bool(name, getattr(self, name))
+            if not isinstance(value := getattr(self, name), bool):
+                raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
         if self.tie_output_projection and self.attention_type != "mssa":
             raise ValueError(
                 "`tie_output_projection=True` ties the output projection to MSSA's subspace projection; it needs "
@@ -237,12 +166,11 @@ class AoTConfig(PretrainedConfig):
             )
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             value = getattr(self, name)
-            if value is None:
-                continue
-            values = [_check_int(name, v, minimum=0) for v in (value if isinstance(value, list) else [value])]
-            setattr(self, name, values if isinstance(value, list) else values[0])
-            if max(values, default=0) >= self.vocab_size:
-                raise ValueError(f"`{name}` ({value}) must be < `vocab_size` ({self.vocab_size}).")
+            if value is not None:
+                values = [_check_number(name, v, "[0, inf)") for v in (value if isinstance(value, list) else [value])]
+                setattr(self, name, values if isinstance(value, list) else values[0])
+                if max(values, default=0) >= self.vocab_size:
+                    raise ValueError(f"`{name}` ({value}) must be < `vocab_size` ({self.vocab_size}).")
         if self.mlp_layers != "none" and self.intermediate_size < 1:
             raise ValueError(
                 f"`mlp_ratio` ({self.mlp_ratio}) gives MLP blocks of width {self.intermediate_size}; it must give at "
@@ -268,13 +196,14 @@ class AoTConfig(PretrainedConfig):
 
     @output_attentions.setter
     def output_attentions(self, value: bool) -> None:
+        maps_backend = "knn" if getattr(self, "knn_k", None) is not None else "eager"
         if value and self._attn_implementation is None:
-            self._attn_implementation = "knn" if getattr(self, "knn_k", None) is not None else "eager"
+            self._attn_implementation = maps_backend
         if value and self._attn_implementation not in ATTENTION_MAP_BACKENDS:
             raise ValueError(
                 f"`output_attentions=True` needs an attention backend that returns attention maps "
                 f"({', '.join(ATTENTION_MAP_BACKENDS)}), but the config uses {self._attn_implementation!r}; set "
-                f"`attn_implementation='{'knn' if getattr(self, 'knn_k', None) is not None else 'eager'}'`."
+                f"`attn_implementation='{maps_backend}'`."
             )
         self._output_attentions = value
 
@@ -309,18 +238,13 @@ class AoTConfig(PretrainedConfig):
 
     def layer_has_mlp(self, layer_idx: int) -> bool:
         """Whether layer `layer_idx` carries an MLP block (`mlp_layers` ablations)."""
-        if self.mlp_layers == "all":
-            return True
-        if self.mlp_layers == "first_half":
-            return layer_idx < self.num_hidden_layers // 2
-        return False
+        first_half = self.mlp_layers == "first_half" and layer_idx < self.num_hidden_layers // 2
+        return self.mlp_layers == "all" or first_half
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AoTConfig:
-        """Build the config of a named preset (see `aot_transformers.list_presets()`), with fields overridden.
-
-        Needs the `aot-transformers` package (the preset table is not part of the remote-code files).
-        """
+        """Build the config of a named preset (see `aot_transformers.list_presets()`), with fields overridden; needs
+        the `aot-transformers` package (the preset table is not part of the remote-code files)."""
         try:
             from aot_transformers.presets import preset_kwargs
         except ImportError as error:  # pragma: no cover - only in a bare remote-code environment

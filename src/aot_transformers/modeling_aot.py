@@ -1,14 +1,12 @@
 """Attention-only transformers (AoT): a GPT-2-style causal LM and a ViT/CRATE-style image classifier.
 
-Every layer is `x + η · attention(LayerNorm(x))` with no MLP (Wang et al., "Attention-Only Transformers via
-Unrolled Subspace Denoising", ICML 2025, https://arxiv.org/abs/2506.03790). The attention is MSSA (one projection
-per head serves as query, key and value) or MHSA; k-NN attention is the `knn_k` flag of the config. MLP blocks
-appear only in the "hybrid" and "full" ablations (`mlp_layers`).
+Every layer is `x + η · attention(LayerNorm(x))` with no MLP (Wang et al., "Attention-Only Transformers via Unrolled
+Subspace Denoising", ICML 2025, https://arxiv.org/abs/2506.03790), the attention MSSA (one projection per head is
+query, key and value) or MHSA; k-NN attention is the config's `knn_k`, MLP blocks only the ablations' (`mlp_layers`).
+Part of the remote-code unit: imports only torch, transformers and its two sibling files.
 
-This file is part of the remote-code unit: it imports only torch, transformers and its two sibling files.
-
-Shape legend: B batch, T tokens (Tq queries, Tk keys), d hidden size, H heads, D head width (d = H·D),
-C channels, P patch side, N patches, L labels, V vocabulary.
+Shapes: B batch, T tokens, d hidden size, H heads, D head width (d = H·D), C channels, P patch side, N patches,
+L labels, V vocabulary.
 """
 
 from __future__ import annotations
@@ -46,29 +44,25 @@ from transformers.utils import can_return_tuple
 from .attention_aot import ATTENTION_FUNCTIONS, eager_attention_forward
 from .configuration_aot import REQUIRED_TRANSFORMERS, AoTConfig
 
-# What `auto_map` in a saved config.json points each Auto class to, by the kind of checkpoint: a folder maps only
-# the classes its weights can build, and `AutoModel` to its own backbone.
-TEXT_AUTO_MAP = {
-    "AutoConfig": "configuration_aot.AoTConfig",
-    "AutoModel": "modeling_aot.AoTModel",
-    "AutoModelForCausalLM": "modeling_aot.AoTForCausalLM",
-    "AutoModelForSequenceClassification": "modeling_aot.AoTForSequenceClassification",
-    "AutoModelForTokenClassification": "modeling_aot.AoTForTokenClassification",
-}
-VISION_AUTO_MAP = {
-    "AutoConfig": "configuration_aot.AoTConfig",
-    "AutoModel": "modeling_aot.AoTVisionModel",
-    "AutoModelForImageClassification": "modeling_aot.AoTForImageClassification",
-}
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # as verify.PICKLE_SUFFIXES, any case
+
+def _auto_map(backbone: str, *heads: str) -> dict[str, str]:
+    # What `auto_map` in a saved config.json points each Auto class to: `AutoModel` to the folder's own backbone, and
+    # only the heads its weights can build.
+    classes = {"AutoModel": backbone} | {f"AutoModel{head[3:]}": head for head in heads}
+    return {"AutoConfig": "configuration_aot.AoTConfig"} | {k: f"modeling_aot.{v}" for k, v in classes.items()}
+
+
+TEXT_AUTO_MAP = _auto_map("AoTModel", "AoTForCausalLM", "AoTForSequenceClassification", "AoTForTokenClassification")
+VISION_AUTO_MAP = _auto_map("AoTVisionModel", "AoTForImageClassification")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # weights that may hold a pickle, in any case
 CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
 KNN_BACKENDS = ("knn",)  # the backends that honour `knn_k`; with `knn_k` set, no other is accepted
 
-# transformers-version shims, all in one place. The supported range, transformers>=5.5,<6, spans 5.24, which renamed
-# the cache argument and output field from `past_key_values` to `cache` (the old name still works there, with a
-# deprecation warning) and moved the write of continuous batching's paged cache from the attention function (which
-# found the cache in its kwargs) into the attention layer (`cache.update(..., kwargs=kwargs)`, as Llama does). The
-# models accept both names and speak to transformers, and fill their outputs, in the installed version's.
+# transformers-version shims, all in one place. transformers 5.24 (inside the supported >=5.5,<6) renamed the cache
+# argument and output field `past_key_values` to `cache` (the old name still works, with a deprecation warning) and
+# moved the write of continuous batching's paged cache from the attention function (which found the cache in its
+# kwargs) into the attention layer (`cache.update(..., kwargs=kwargs)`, as Llama). The models accept both names and
+# speak the installed version's.
 CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 _MASK_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 _LAYER_UPDATES_PAGED_CACHE = CACHE_FIELD == "cache"
@@ -85,29 +79,10 @@ def _one_cache(cache: Cache | None, past_key_values: Cache | None) -> Cache | No
     return past_key_values
 
 
-def code_file_hashes(folder: Path) -> dict[str, str]:
+def code_file_hashes(folder: Path) -> dict[str, str | None]:
     """SHA-256 of each remote-code file in `folder` (missing files map to None)."""
-    hashes = {}
-    for name in CODE_FILES:
-        path = Path(folder) / name
-        hashes[name] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-    return hashes
-
-
-def _check_code_files(config: AoTConfig, source: str) -> None:
-    """When running as remote code, refuse code files that differ from those the model was saved with."""
-    recorded = getattr(config, "code_sha256", None)
-    if not recorded or not __name__.startswith("transformers_modules"):
-        return  # the installed package's own code is running, or the folder predates the hashes
-    if not isinstance(recorded, dict):
-        raise ValueError(f"`code_sha256` in the config.json of {source} must map each code file to its SHA-256.")
-    actual = code_file_hashes(Path(__file__).parent)
-    edited = sorted(name for name in CODE_FILES if recorded.get(name) != actual[name])
-    if edited:
-        raise ValueError(
-            f"The code files {edited} of {source} differ from those recorded in its config.json (`code_sha256`): "
-            "they were edited after saving. Run `aot verify` on the folder, or save the model again."
-        )
+    paths = {name: Path(folder) / name for name in CODE_FILES}
+    return {name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for name, p in paths.items()}
 
 
 def _check_values(condition: torch.Tensor, message: str) -> None:
@@ -119,10 +94,8 @@ def _check_values(condition: torch.Tensor, message: str) -> None:
 
 def _check_labels(labels: torch.Tensor, num_classes: int, field: str) -> None:
     if not torch.is_floating_point(labels):
-        _check_values(
-            (labels == -100) | ((labels >= 0) & (labels < num_classes)),
-            f"`labels` must lie in [0, {num_classes - 1}] ({field}={num_classes}) or be -100 (ignored).",
-        )
+        message = f"`labels` must lie in [0, {num_classes - 1}] ({field}={num_classes}) or be -100 (ignored)."
+        _check_values((labels == -100) | ((labels >= 0) & (labels < num_classes)), message)
 
 
 def _transposed(linear: nn.Module, outputs: torch.Tensor) -> torch.Tensor:
@@ -158,38 +131,26 @@ class AoTMLP(nn.Module):
 
 
 class AoTAttention(nn.Module):
-    """Multi-head subspace self-attention (MSSA) or standard multi-head self-attention (MHSA).
-
-    MSSA projects the tokens once per head, `u = x U_k`, and uses `u` as query, key and value; its KV cache
-    therefore holds one tensor per layer, half of MHSA's at equal width.
-    """
+    """Multi-head subspace self-attention (MSSA) or standard multi-head self-attention (MHSA). MSSA projects the
+    tokens once per head, `u = x U_k`, as query, key and value: its KV cache holds one tensor, half of MHSA's."""
 
     def __init__(self, config: AoTConfig, layer_idx: int, is_causal: bool):
         super().__init__()
-        self.config = config
-        self.layer_idx = layer_idx
-        self.is_causal = is_causal
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.head_dim
-        hidden, bias = config.hidden_size, config.attention_bias
+        self.config, self.layer_idx, self.is_causal = config, layer_idx, is_causal
+        self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
+        linear = lambda: nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
         if config.attention_type == "mssa":
-            self.subspace_proj = nn.Linear(hidden, hidden, bias=bias)  # U = [U_1 … U_H], query = key = value
+            self.subspace_proj = linear()  # U = [U_1 … U_H], query = key = value
         else:
-            self.q_proj = nn.Linear(hidden, hidden, bias=bias)
-            self.k_proj = nn.Linear(hidden, hidden, bias=bias)
-            self.v_proj = nn.Linear(hidden, hidden, bias=bias)
+            self.q_proj, self.k_proj, self.v_proj = linear(), linear(), linear()
         # The white-box MSSA of the AoT paper, Eq. (4), has no output projection of its own: W^O = [U_1 … U_K]
         # (Sec. 2.2, below Eq. (5)), the transpose of the subspace projection's weight.
-        self.o_proj = None if config.tie_output_projection else nn.Linear(hidden, hidden, bias=bias)
+        self.o_proj = None if config.tie_output_projection else linear()
         # With unit queries the key norm sets the temperature, so the 1/sqrt(D) factor is dropped.
         self.scaling = 1.0 if config.normalize_query else self.head_dim**-0.5
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         heads = lambda projection: projection(hidden_states).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
         mssa = self.config.attention_type == "mssa"
@@ -201,10 +162,9 @@ class AoTAttention(nn.Module):
             # MSSA stores its key = value tensor once (the value slot holds an empty (B, H, T, 0) view), except in the
             # paged cache of continuous batching, whose kernels read both. From 5.24 every cache takes the kwargs.
             once = mssa and not isinstance(past_key_values, PagedAttentionCache)
+            stored = value[..., :0] if once else value
             update_kwargs = {"kwargs": kwargs} if _LAYER_UPDATES_PAGED_CACHE else {}
-            key, value = past_key_values.update(
-                key, value[..., :0] if once else value, self.layer_idx, **update_kwargs
-            )
+            key, value = past_key_values.update(key, stored, self.layer_idx, **update_kwargs)
             value = key if once else value
         if self.config.normalize_query:
             query = F.normalize(query, dim=-1)
@@ -213,15 +173,9 @@ class AoTAttention(nn.Module):
         attention_interface = ATTENTION_FUNCTIONS.get(implementation) or ALL_ATTENTION_FUNCTIONS.get_interface(
             implementation, eager_attention_forward
         )
+        dropout = self.config.attention_dropout if self.training else 0.0
         attn_output, attn_weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.config.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
         )
         attn_output = attn_output.flatten(-2).contiguous()  # (B, T, d)
         if self.o_proj is None:  # Σ_k U_k (head k's output): W^O = [U_1 … U_K], the transpose of the projection
@@ -235,26 +189,19 @@ class AoTLayer(GradientCheckpointingLayer):
     def __init__(self, config: AoTConfig, layer_idx: int, is_causal: bool):
         super().__init__()
         self.step_size = config.step_size
-        norm = (lambda: nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)) if config.layer_norm else None
-        self.attention_norm = norm() if norm else nn.Identity()
+        width, eps, layer_norm = config.hidden_size, config.layer_norm_eps, config.layer_norm
+        norm = lambda: nn.LayerNorm(width, eps=eps) if layer_norm else nn.Identity()
+        self.attention_norm = norm()
         self.attention = AoTAttention(config, layer_idx, is_causal)
         self.dropout = nn.Dropout(config.hidden_dropout)
-        if config.layer_has_mlp(layer_idx):
-            self.mlp_norm = norm() if norm else nn.Identity()
-            self.mlp = AoTMLP(config)
-        else:
-            self.mlp_norm = self.mlp = None
+        has_mlp = config.layer_has_mlp(layer_idx)
+        self.mlp_norm, self.mlp = (norm(), AoTMLP(config)) if has_mlp else (None, None)
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attn_output, attn_weights = self.attention(
-            self.attention_norm(hidden_states), attention_mask, past_key_values, **kwargs
-        )
+        normed = self.attention_norm(hidden_states)
+        attn_output, attn_weights = self.attention(normed, attention_mask, past_key_values, **kwargs)
         hidden_states = torch.add(hidden_states, self.dropout(attn_output), alpha=self.step_size)
         if self.mlp is not None:
             hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
@@ -297,9 +244,8 @@ class AoTVisionEmbeddings(nn.Module):
         patch_positions = self.position_embeddings[:, 1:]  # (1, N, d)
         side = int(math.isqrt(patch_positions.shape[1]))
         grid = patch_positions.reshape(1, side, side, -1).permute(0, 3, 1, 2)  # (1, d, n, n)
-        grid = F.interpolate(
-            grid, size=(height // self.patch_size, width // self.patch_size), mode="bicubic", align_corners=False
-        )
+        size = (height // self.patch_size, width // self.patch_size)
+        grid = F.interpolate(grid, size=size, mode="bicubic", align_corners=False)
         patch_positions = grid.permute(0, 2, 3, 1).flatten(1, 2)  # (1, N', d)
         return torch.cat([self.position_embeddings[:, :1], patch_positions], dim=1)
 
@@ -322,10 +268,7 @@ class AoTPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["AoTLayer"]
     _skip_keys_device_placement = ["cache", "past_key_values"]
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _supports_flex_attn = True
-    _supports_attention_backend = True
+    _supports_sdpa = _supports_flash_attn = _supports_flex_attn = _supports_attention_backend = True
     _can_compile_fullgraph = True
     _is_vision = False  # which `auto_map` a saved folder gets (`TEXT_AUTO_MAP` or `VISION_AUTO_MAP`)
 
@@ -353,22 +296,6 @@ class AoTPreTrainedModel(PreTrainedModel):
             )
         return requested
 
-    def _run_layers(self, hidden_states, output_attentions, output_hidden_states, **kwargs):
-        """The residual stream through `self.layers`, with every layer's output and attention maps when asked."""
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = (
-            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        )
-        all_hidden_states = [hidden_states] if output_hidden_states else None
-        all_attentions = [] if output_attentions else None
-        for layer in self.layers:
-            hidden_states, attn_weights = layer(hidden_states, output_attentions=output_attentions, **kwargs)
-            if output_hidden_states:
-                all_hidden_states.append(hidden_states)
-            if output_attentions:
-                all_attentions.append(attn_weights)
-        return hidden_states, all_hidden_states, all_attentions and tuple(all_attentions)
-
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs) -> str:
         attn_implementation = self._knn_guard(attn_implementation)
         if attn_implementation in KNN_BACKENDS:
@@ -382,6 +309,20 @@ class AoTPreTrainedModel(PreTrainedModel):
         if requested_attention in ATTENTION_FUNCTIONS:
             return requested_attention
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
+
+    def _run_layers(self, hidden_states, output_attentions=None, output_hidden_states=None, **kwargs):
+        """The residual stream through `self.layers`, with every layer's output and attention maps when asked (the
+        config's `output_attentions` and `output_hidden_states` by default)."""
+        attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        all_hidden_states, all_attentions = [hidden_states] if hidden else None, [] if attentions else None
+        for layer in self.layers:
+            hidden_states, attn_weights = layer(hidden_states, output_attentions=attentions, **kwargs)
+            if hidden:
+                all_hidden_states.append(hidden_states)
+            if attentions:
+                all_attentions.append(attn_weights)
+        return hidden_states, all_hidden_states, all_attentions and tuple(all_attentions)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save weights (safetensors only), config and the three code files, with the `auto_map` of the checkpoint's
@@ -404,13 +345,13 @@ class AoTPreTrainedModel(PreTrainedModel):
                 raise ValueError("`use_safetensors=False` loads pickle weights; pass `allow_pickle=True` to allow it.")
             kwargs["use_safetensors"] = True
             folder = Path(source) / kwargs.get("subfolder", "")
-            if folder.is_dir() and not any(folder.glob("*.safetensors")):
-                pickles = sorted(p.name for p in folder.iterdir() if p.name.lower().endswith(PICKLE_SUFFIXES))
-                if pickles:
-                    raise ValueError(
-                        f"{folder} holds weights only as pickle ({', '.join(pickles)}), which can run arbitrary code "
-                        "when loaded. Pass `allow_pickle=True` if you trust the files, or convert them to safetensors."
-                    )
+            names = sorted(path.name for path in folder.iterdir()) if folder.is_dir() else []
+            pickles = [name for name in names if name.lower().endswith(PICKLE_SUFFIXES)]
+            if pickles and not any(name.endswith(".safetensors") for name in names):
+                raise ValueError(
+                    f"{folder} holds weights only as pickle ({', '.join(pickles)}), which can run arbitrary code "
+                    "when loaded. Pass `allow_pickle=True` if you trust the files, or convert them to safetensors."
+                )
         try:
             loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         except Exception as error:
@@ -420,9 +361,21 @@ class AoTPreTrainedModel(PreTrainedModel):
                     "them again."
                 ) from error
             raise
-        model = loaded[0] if isinstance(loaded, tuple) else loaded  # `output_loading_info=True` adds a report
-        _check_code_files(model.config, source)
-        return loaded
+        # Running as remote code (not the installed package), refuse code files that differ from those saved.
+        recorded = getattr((loaded[0] if isinstance(loaded, tuple) else loaded).config, "code_sha256", None)
+        if recorded and __name__.startswith("transformers_modules"):  # older folders carry no hashes
+            if not isinstance(recorded, dict):
+                raise ValueError(
+                    f"`code_sha256` in the config.json of {source} must map each code file to its SHA-256."
+                )
+            actual = code_file_hashes(Path(__file__).parent)
+            if edited := sorted(name for name in CODE_FILES if recorded.get(name) != actual[name]):
+                raise ValueError(
+                    f"The code files {edited} of {source} differ from those recorded in its config.json "
+                    "(`code_sha256`): they were edited after saving. Run `aot verify` on the folder, or save the "
+                    "model again."
+                )
+        return loaded  # `output_loading_info=True` adds a report: (model, info)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -430,11 +383,10 @@ class AoTPreTrainedModel(PreTrainedModel):
         output projections scaled by 1/sqrt(number of residual branches); loaded weights are left untouched."""
         super()._init_weights(module)
         std = self.config.initializer_range
-        if isinstance(module, (AoTAttention, AoTMLP)):
-            projection = module.o_proj if isinstance(module, AoTAttention) else module.fc_out
-            if projection is not None:  # a tied MSSA output is the subspace projection itself
-                branches = sum(1 + self.config.layer_has_mlp(i) for i in range(self.config.num_hidden_layers))
-                init.normal_(projection.weight, mean=0.0, std=std / math.sqrt(branches))
+        projection = getattr(module, "o_proj" if isinstance(module, AoTAttention) else "fc_out", None)
+        if isinstance(module, (AoTAttention, AoTMLP)) and projection is not None:  # a tied MSSA output has none
+            branches = sum(1 + self.config.layer_has_mlp(i) for i in range(self.config.num_hidden_layers))
+            init.normal_(projection.weight, mean=0.0, std=std / math.sqrt(branches))
         elif isinstance(module, AoTVisionEmbeddings):
             init.trunc_normal_(module.cls_token, mean=0.0, std=std)
             init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
@@ -448,18 +400,10 @@ class AoTModel(AoTPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.dropout = nn.Dropout(config.hidden_dropout)
-        self.layers = nn.ModuleList(
-            [AoTLayer(config, layer_idx, is_causal=True) for layer_idx in range(config.num_hidden_layers)]
-        )
+        self.layers = nn.ModuleList([AoTLayer(config, i, is_causal=True) for i in range(config.num_hidden_layers)])
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embed_tokens = value
 
     def _check_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, past_length) -> None:
         """Shapes raise a ValueError here; values are checked without waiting for the device (`_check_values`)."""
@@ -479,22 +423,23 @@ class AoTModel(AoTPreTrainedModel):
         else:
             _check_values(torch.isfinite(inputs_embeds), "`inputs_embeds` must be finite (no NaN or inf).")
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        total = past_length + length
         if torch.compiler.is_compiling():
             return
         if batch == 0 or length == 0:  # transformers' attention kernels cannot reshape an empty batch
             raise ValueError(
                 f"The input must hold at least one sequence of at least one token, got {batch} x {length}."
             )
-        if position_ids is None and past_length + length > limit:
+        if position_ids is None and total > limit:
             raise ValueError(
-                f"Sequence length {past_length + length} (cached {past_length} + new {length}) exceeds "
-                f"`max_position_embeddings` ({limit}); truncate the input or use a model with more positions."
+                f"Sequence length {total} (cached {past_length} + new {length}) exceeds `max_position_embeddings` "
+                f"({limit}); truncate the input or use a model with more positions."
             )
         if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
-            if tuple(attention_mask.shape) != (batch, past_length + length):
+            if tuple(attention_mask.shape) != (batch, total):
                 raise ValueError(
-                    f"A 2-D `attention_mask` must have shape (batch, cached + new tokens) = ({batch}, "
-                    f"{past_length + length}), got {tuple(attention_mask.shape)}."
+                    f"A 2-D `attention_mask` must have shape (batch, cached + new tokens) = ({batch}, {total}), got "
+                    f"{tuple(attention_mask.shape)}."
                 )
             message = "A 2-D `attention_mask` holds 1 for real tokens and 0 for padding, and no other values."
             _check_values((attention_mask == 0) | (attention_mask == 1), message)
@@ -524,21 +469,15 @@ class AoTModel(AoTPreTrainedModel):
         tokens) or a prepared 4-D mask used as given; `position_ids` default to counting from each sequence's first
         real token (left padding), and positions that restart at 0 inside a row mark packed sequences; the cache
         (dynamic, static, offloaded or paged) comes as `cache` or, before transformers 5.24, `past_key_values`."""
-        if use_cache is None:
-            # A cache only serves decoding; building one in training would copy every layer's keys for nothing.
-            use_cache = self.config.use_cache and not self.training
-        if self.gradient_checkpointing and self.training:
-            use_cache = False
-        cache = _one_cache(cache, past_key_values)
+        # A cache only serves decoding; building one in training would copy every layer's keys for nothing.
+        use_cache = self.config.use_cache and not self.training if use_cache is None else use_cache
+        use_cache = use_cache and not (self.gradient_checkpointing and self.training)
+        cache, past_length = _one_cache(cache, past_key_values), 0
         if isinstance(cache, PagedAttentionCache):  # continuous batching: positions and lengths come in kwargs
             if not _LAYER_UPDATES_PAGED_CACHE:
                 kwargs["cache"], cache = cache, None  # before 5.24 the attention function writes it
-            past_length = 0
         else:
-            if use_cache and cache is None:
-                cache = DynamicCache(config=self.config)
-            if not use_cache:
-                cache = None
+            cache = (cache if cache is not None else DynamicCache(config=self.config)) if use_cache else None
             past_length = cache.get_seq_length() if cache is not None else 0
         self._check_inputs(input_ids, inputs_embeds, attention_mask, position_ids, past_length)
 
@@ -547,41 +486,25 @@ class AoTModel(AoTPreTrainedModel):
         # Packed sequences are signalled by the caller's positions (restarting at 0 inside a row); positions made
         # here never are, and withholding them keeps the plain causal mask skippable under torch.compile too.
         given_position_ids = position_ids
-        if position_ids is None:
-            if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
-                # Count positions from each sequence's first real token, so left padding does not shift them.
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -inputs_embeds.shape[1] :]
-            else:
-                position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
-                position_ids = position_ids.unsqueeze(0)  # (1, T)
-        hidden_states = self.dropout(inputs_embeds + self.embed_positions(position_ids))
+        if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
+            # Count positions from each sequence's first real token, so left padding does not shift them.
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -inputs_embeds.shape[1] :]
+        elif position_ids is None:
+            position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
+        hidden_states = self.dropout(inputs_embeds + self.embed_positions(position_ids))  # positions (B or 1, T)
 
-        mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            position_ids=given_position_ids,
-            **{_MASK_CACHE_ARGUMENT: cache},
-        )
+        mask_kwargs = {_MASK_CACHE_ARGUMENT: cache, "position_ids": given_position_ids}
+        mask = create_causal_mask(self.config, inputs_embeds, attention_mask, **mask_kwargs)
         # `past_key_values` is the layers' own name for the cache, apart from the `cache` kwarg of backends.
+        flags = (output_attentions, output_hidden_states)
         hidden_states, all_hidden_states, all_attentions = self._run_layers(
-            hidden_states,
-            output_attentions,
-            output_hidden_states,
-            attention_mask=mask,
-            past_key_values=cache,
-            **kwargs,
+            hidden_states, *flags, attention_mask=mask, past_key_values=cache, **kwargs
         )
         hidden_states = self.norm(hidden_states)
         if all_hidden_states is not None:  # as in GPT-2, the last entry is the normalised output
             all_hidden_states = (*all_hidden_states[:-1], hidden_states)
-
-        return BaseModelOutputWithPast(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-            **{CACHE_FIELD: cache},
-        )
+        outputs = {"hidden_states": all_hidden_states, "attentions": all_attentions, CACHE_FIELD: cache}
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, **outputs)
 
 
 class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
@@ -596,12 +519,6 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         self.model = AoTModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
 
     @can_return_tuple
     def forward(
@@ -626,21 +543,13 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         gradient accumulation averages over the tokens of the whole accumulated batch.
         """
         outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=_one_cache(cache, past_key_values),
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
+            input_ids, attention_mask, position_ids, inputs_embeds=inputs_embeds, use_cache=use_cache,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            cache=_one_cache(cache, past_key_values), return_dict=True, **kwargs
+        )  # fmt: skip
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(hidden_states[:, keep, :])  # (B, T', V)
-
         loss = None
         if labels is not None:
             if labels.shape != hidden_states.shape[:2]:
@@ -654,14 +563,10 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
                 raise TypeError(f"`labels` must be token ids (an integer tensor), got dtype {labels.dtype}.")
             _check_labels(labels, self.config.vocab_size, "vocab_size")
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-
         return CausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
-        )
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)}
+        )  # fmt: skip
 
 
 class AoTForSequenceClassification(GenericForSequenceClassification, AoTPreTrainedModel):
@@ -694,19 +599,15 @@ class AoTVisionModel(AoTPreTrainedModel):
     """The bidirectional vision backbone; `pooler_output` is the CLS token or the mean patch token."""
 
     main_input_name = "pixel_values"
+    _input_embed_layer = "patch_embeddings"  # transformers' `get_input_embeddings` finds `embeddings.patch_embeddings`
     _is_vision = True
 
     def __init__(self, config: AoTConfig):
         super().__init__(config)
         self.embeddings = AoTVisionEmbeddings(config)
-        self.layers = nn.ModuleList(
-            [AoTLayer(config, layer_idx, is_causal=False) for layer_idx in range(config.num_hidden_layers)]
-        )
+        self.layers = nn.ModuleList([AoTLayer(config, i, is_causal=False) for i in range(config.num_hidden_layers)])
         self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self) -> AoTPatchEmbeddings:
-        return self.embeddings.patch_embeddings
 
     def _check_pixels(self, pixel_values: torch.Tensor | None, interpolate_pos_encoding: bool) -> None:
         channels, side, patch = self.config.num_channels, self.config.image_size, self.config.patch_size
@@ -747,16 +648,15 @@ class AoTVisionModel(AoTPreTrainedModel):
             self._check_pixels(pixel_values, interpolate_pos_encoding)
         pixel_values = pixel_values.to(self.embeddings.cls_token.dtype)
         hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
-        hidden_states, all_hidden_states, all_attentions = self._run_layers(  # every token sees every token
+        # Every token sees every token.
+        hidden_states, all_hidden_states, all_attentions = self._run_layers(
             hidden_states, output_attentions, output_hidden_states, **kwargs
         )
         pooled = hidden_states[:, 0] if self.config.pooling == "cls" else hidden_states[:, 1:].mean(dim=1)  # (B, d)
         return BaseModelOutputWithPooling(
-            last_hidden_state=hidden_states,
-            pooler_output=pooled,
-            hidden_states=all_hidden_states and tuple(all_hidden_states),
-            attentions=all_attentions,
-        )
+            last_hidden_state=hidden_states, pooler_output=pooled, attentions=all_attentions,
+            hidden_states=all_hidden_states and tuple(all_hidden_states)
+        )  # fmt: skip
 
 
 class AoTForImageClassification(AoTPreTrainedModel):
@@ -775,9 +675,8 @@ class AoTForImageClassification(AoTPreTrainedModel):
 
     def forward_features(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
         """The pooled representation (B, d) that the head classifies."""
-        return self.model(
-            pixel_values, interpolate_pos_encoding=interpolate_pos_encoding, return_dict=True
-        ).pooler_output
+        outputs = self.model(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding, return_dict=True)
+        return outputs.pooler_output
 
     def forward_head(self, pooled: torch.Tensor) -> torch.Tensor:
         """Logits (B, L) from the pooled representation."""
@@ -796,10 +695,10 @@ class AoTForImageClassification(AoTPreTrainedModel):
         """Class logits (B, L), and the loss when `labels` (B,) are given."""
         outputs = self.model(
             pixel_values,
+            interpolate_pos_encoding=interpolate_pos_encoding,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            interpolate_pos_encoding=interpolate_pos_encoding,
         )
         logits = self.forward_head(outputs.pooler_output)
         loss = None
