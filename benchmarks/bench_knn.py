@@ -1,25 +1,42 @@
 """k-NN attention: time and peak memory of the chunked kernel vs dense SDPA and the KVT reference recipe.
 
-    python -m benchmarks.bench_knn               # everything below (about 15 minutes on 2 shared cores)
-    python -m benchmarks.bench_knn --skip-memory # timing only (keeps the memory section of the results file)
+    python -m benchmarks.bench_knn               # everything below (about 30 minutes on 2 shared cores)
+    python -m benchmarks.bench_knn --skip-memory # timing only (keeps the memory sections of the results file)
+    python -m benchmarks.bench_knn --skip-timing # memory only (keeps the timing sections)
 
 Shapes: 4 heads x 64, bidirectional (no mask), fp32, forward + backward, k = 32 and k = n/2 (`knn_k=0.5`).
-Time: batch 4 at n = 1024, best of interleaved rounds, at 2 threads and at 1 (a chunked kernel of many small
-operations loses more than one fused SDPA call when the 2 cores are oversubscribed; 1 thread is the steadier
-ratio). Memory: peak bytes of live CPU tensors during one forward + backward (`peak_tensor_mb`: the profiler's
-allocation events, see benchmarks/README.md), batch 4 at n = 1k..8k, and the KVT recipe at n = 4096, batch 1
-and 4. The KVT recipe is the reference implementation's: full scores,
-`topk` indices, scatter into a zero mask, `torch.where` to -inf, softmax, matmul (https://github.com/damo-cv/KVT).
-`--previous REV` also times the kernel of git revision REV (default: the one before the recomputing backward),
-which saved n x k indices and probabilities for its backward: the cost of recomputation.
+
+Time (`timing_threads2`, `timing_threads1`): batch 4 at n = 1024, best of interleaved rounds, at 2 threads and at 1,
+as ratios to dense SDPA (`torch.nn.functional.scaled_dot_product_attention`) measured in the same rounds; the median
+of `--timing-runs` runs (the thread counts alternate), with each run's numbers and the range kept. Rows:
+this kernel, its forward alone, the KVT recipe, and the kernel of git revision `--previous` (default: the landed one
+before the memory-budget chunks and saved kept keys) loaded from git, so that before and after come from one run.
+Also the minor page faults of one step (fresh pages the allocator had to map: a sign of buffers too large for its
+caches).
+
+Memory, two measures:
+- `memory_rss`: the resident memory ADDED by one forward + backward at n = 4096, batch 1 and 4, for this kernel, the
+  previous one, the KVT recipe and SDPA, each in a FRESH process (`--memory-one`): it imports torch, runs a small
+  warm-up step of the same kind (n = 512, batch 1: code pages, thread pools and allocator arenas are process costs,
+  not the step's), builds the inputs, resets the peak (`echo 5 > /proc/self/clear_refs` resets VmHWM), reads the
+  current RSS, runs one step and reports VmHWM minus that RSS. Each row is the largest of `--rss-repeats` processes;
+  `--cold-rss` repeats it without the warm-up. It counts what the process really holds: the allocator's cached pages
+  and the math libraries' buffers too.
+- `memory_tensors`: peak bytes of live CPU tensors during one step (`peak_tensor_mb`: the profiler's allocation
+  events), deterministic: k-NN at n = 1k..8k (batch 4, growth per doubling), KVT at n = 4096.
+
+The KVT recipe is the reference implementation's: full scores, `topk` indices, scatter into a zero mask, `torch.where`
+to -inf, softmax, matmul (https://github.com/damo-cv/KVT).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -31,12 +48,23 @@ from torch._C._profiler import _EventType
 
 from aot_transformers.attention_aot import knn_attention_forward
 
-from ._common import RESULTS_DIR, interleaved_best_times, setup, write_results
+from ._common import (
+    RESULTS_DIR,
+    current_rss_mb,
+    interleaved_best_times,
+    peak_rss_mb,
+    reset_peak_rss,
+    run_isolated,
+    setup,
+    write_results,
+)
 
 HEADS, HEAD_DIM = 4, 64
 SCALING = HEAD_DIM**-0.5
-# The last commit whose k-NN backward saved the kept indices and probabilities (before issue 15).
-PREVIOUS_KERNEL_REV = "84be8f7"
+# The kernel before the memory-budget chunks and saved kept keys: chunks of 256 queries, scores recomputed by the
+# backward for every k.
+PREVIOUS_KERNEL_REV = "0a0a1ff"
+KS = (("k32", 32), ("k_half", 0.5))
 
 
 def kvt_recipe(query, key, value, k):
@@ -96,6 +124,14 @@ def peak_tensor_mb(fn: Callable[[], None]) -> float:
     return peak / 2**20
 
 
+def minor_faults(fn: Callable[[], None]) -> int:
+    """Minor page faults of one call of `fn` (after a warm-up call): fresh pages mapped for it."""
+    fn()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fn()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
 def previous_kernel(rev: str) -> Callable | None:
     """`knn_attention_forward` as of git revision `rev`, or None where git or the revision is unavailable."""
     root = Path(__file__).resolve().parents[1]
@@ -122,38 +158,98 @@ def timing(rounds: int, previous_rev: str | None) -> dict:
     """Forward + backward times at n = 1024, batch 4, interleaved, with ratios to dense SDPA."""
     n, batch = 1024, 4
     fns = {"dense_sdpa": step("dense_sdpa", batch, n, 0)}
-    for name, knn_k in (("k32", 32), ("k_half", 0.5)):
+    for name, knn_k in KS:
         fns[f"knn_{name}"] = step("knn", batch, n, knn_k)
         fns[f"knn_{name}_forward_only"] = step("knn_forward", batch, n, knn_k)
         fns[f"kvt_{name}"] = step("kvt", batch, n, knn_k)
     previous = previous_kernel(previous_rev) if previous_rev else None
     if previous is not None:
-        for name, knn_k in (("k32", 32), ("k_half", 0.5)):
+        for name, knn_k in KS:
             fns[f"previous_knn_{name}"] = step("knn", batch, n, knn_k, kernel=previous)
+    load_before = os.getloadavg()
     times = interleaved_best_times(fns, rounds=rounds)
     dense = times["dense_sdpa"]
     results = {
         "shapes": f"batch {batch}, {HEADS} heads x {HEAD_DIM}, n {n}, bidirectional, fp32, forward + backward",
+        "load_average_before_and_after": [load_before, os.getloadavg()],
         "time_ms": {name: t * 1e3 for name, t in times.items()},
         "time_ratio_vs_dense_sdpa": {name: t / dense for name, t in times.items() if name != "dense_sdpa"},
     }
-    for name in ("k32", "k_half"):
-        # The backward (with its recomputation of scores and kept sets) vs the forward it repeats.
+    for name, _ in KS:
+        # The backward (with its scatter of the saved keys or its recomputation) vs the forward it follows.
         backward = times[f"knn_{name}"] - times[f"knn_{name}_forward_only"]
         results.setdefault("backward_ms", {})[name] = backward * 1e3
         if previous is not None:
             results.setdefault("time_ratio_vs_previous_kernel", {})[name] = (
                 times[f"knn_{name}"] / times[f"previous_knn_{name}"]
             )
+    results["minor_page_faults_per_step"] = {
+        name: minor_faults(fn) for name, fn in fns.items() if not name.endswith("forward_only")
+    }
     if previous is not None:
-        results["previous_kernel"] = f"git {previous_rev}: backward from saved n x k indices and probabilities"
+        results["previous_kernel"] = f"git {previous_rev}: chunks of 256 queries, scores recomputed for every k"
     return results
 
 
-def memory() -> dict:
+def memory_one(kind: str, batch: int, n: int, knn_k: int | float, previous_rev: str | None, warm: bool) -> dict:
+    """Resident memory added by one forward + backward of `kind`, in this (fresh) process (module docstring)."""
+    setup()
+    kernel = previous_kernel(previous_rev) if previous_rev else knn_attention_forward
+    if warm:
+        step(kind, 1, 512, knn_k, kernel)()
+    run = step(kind, batch, n, knn_k, kernel)
+    gc.collect()
+    reset_peak_rss()
+    before = current_rss_mb()
+    run()
+    return {"peak_rss_added_mb": peak_rss_mb() - before, "rss_before_mb": before}
+
+
+def _rss_row(kind: str, batch: int, knn_k: int | float, previous_rev: str | None, warm: bool, repeats: int) -> dict:
+    args = ["--memory-one", kind, str(batch), "4096", str(knn_k), "--previous", previous_rev or ""]
+    runs = [run_isolated("bench_knn", *args, *([] if warm else ["--cold"])) for _ in range(repeats)]
+    added = [r["peak_rss_added_mb"] for r in runs]
+    return {"peak_rss_added_mb": max(added), "runs_mb": added, "rss_before_mb": runs[0]["rss_before_mb"]}
+
+
+def memory_rss(previous_rev: str | None, repeats: int, cold: bool) -> dict:
+    """Peak resident memory added by one step at n = 4096, each row in fresh processes, and the ratios to KVT."""
+    rows: dict[str, dict] = {}
+    for warm in (True, False) if cold else (True,):
+        section = "warm" if warm else "cold"
+        for batch in (1, 4):
+            for name, knn_k in KS:
+                rows[f"{section}/knn_{name}/batch{batch}"] = _rss_row("knn", batch, knn_k, None, warm, repeats)
+                if previous_rev:
+                    rows[f"{section}/previous_knn_{name}/batch{batch}"] = _rss_row(
+                        "knn", batch, knn_k, previous_rev, warm, repeats
+                    )
+                rows[f"{section}/kvt_{name}/batch{batch}"] = _rss_row("kvt", batch, knn_k, None, warm, repeats)
+            rows[f"{section}/dense_sdpa/batch{batch}"] = _rss_row("dense_sdpa", batch, 0, None, warm, repeats)
+            print({key: row["peak_rss_added_mb"] for key, row in rows.items()}, flush=True)
+    ratios = {}
+    for section in ("warm", "cold") if cold else ("warm",):
+        for who in ("knn", "previous_knn") if previous_rev else ("knn",):
+            for batch in (1, 4):
+                for name, _ in KS:
+                    mine = rows[f"{section}/{who}_{name}/batch{batch}"]["peak_rss_added_mb"]
+                    kvt = rows[f"{section}/kvt_{name}/batch{batch}"]["peak_rss_added_mb"]
+                    ratios[f"{section}/{who}_vs_kvt/{name}/batch{batch}"] = mine / kvt
+    return {
+        "method": (
+            "fresh process per row; warm: a small step of the same kind first; VmHWM reset (clear_refs 5) after "
+            "building the inputs; peak RSS minus the RSS before the step; max over the repeats; n = 4096, 2 threads"
+        ),
+        "previous_kernel": f"git {previous_rev}" if previous_rev else None,
+        "peak_rss_added_mb": rows,
+        "ratio_vs_kvt": ratios,
+    }
+
+
+def memory_tensors() -> dict:
     """Peak tensor memory of forward + backward: k-NN at n = 1k..8k (batch 4), the KVT recipe at n = 4096."""
     peaks: dict[str, float] = {}
-    for name, knn_k in (("k32", 32), ("k_half", 0.5)):
+    for name, knn_k in KS:
         for n in (1024, 2048, 4096, 8192):
             peaks[f"knn_{name}@{n}/batch4"] = peak_tensor_mb(step("knn", 4, n, knn_k))
         peaks[f"knn_{name}@4096/batch1"] = peak_tensor_mb(step("knn", 1, 4096, knn_k))
@@ -167,19 +263,23 @@ def memory() -> dict:
             f"{n}->{2 * n}": peaks[f"knn_{name}@{2 * n}/batch4"] / peaks[f"knn_{name}@{n}/batch4"]
             for n in (1024, 2048, 4096)
         }
-        for name in ("k32", "k_half")
+        for name, _ in KS
     }
     vs_kvt = {
         f"{name}/batch{batch}": peaks[f"knn_{name}@4096/batch{batch}"] / peaks[f"kvt_{name}@4096/batch{batch}"]
-        for name in ("k32", "k_half")
+        for name, _ in KS
         for batch in (1, 4)
     }
     return {
-        "memory_method": "peak bytes of live CPU tensors during one forward + backward (profiler allocation events)",
+        "method": "peak bytes of live CPU tensors during one forward + backward (profiler allocation events)",
         "peak_tensor_mb": peaks,
         "knn_memory_growth_per_doubling": growth,
         "memory_ratio_knn_vs_kvt_n4096": vs_kvt,
     }
+
+
+def _number(text: str) -> int | float:
+    return float(text) if "." in text else int(text)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -187,23 +287,81 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1])
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--rss-repeats", type=int, default=2)
+    parser.add_argument("--cold-rss", action="store_true", help="also measure RSS without the warm-up step")
+    parser.add_argument("--timing-runs", type=int, default=3, help="timing runs per thread count (median reported)")
     parser.add_argument("--previous", default=PREVIOUS_KERNEL_REV, help="git revision of the kernel to compare")
+    parser.add_argument("--memory-one", nargs=4, metavar=("KIND", "BATCH", "N", "K"), help=argparse.SUPPRESS)
+    parser.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    results = {"load_average_at_start": os.getloadavg()}  # other jobs on this 2-core machine slow the timings
-    for threads in args.threads:
-        setup(threads=threads)
-        results[f"timing_threads{threads}"] = timing(args.rounds, args.previous)
-        print(results, flush=True)
-    setup()
+    if args.memory_one:  # one row of `memory_rss`, in its own process
+        kind, batch, n, knn_k = args.memory_one
+        row = memory_one(kind, int(batch), int(n), _number(knn_k), args.previous or None, warm=not args.cold)
+        print(json.dumps(row), flush=True)
+        return row
     previous_file = RESULTS_DIR / "knn.json"
-    if not args.skip_memory:
-        results["memory"] = memory()
-    elif previous_file.exists() and "memory" in json.loads(previous_file.read_text()):
-        results["memory"] = json.loads(previous_file.read_text())["memory"]  # deterministic: kept from the last run
-    results["note"] = "2 CPU cores; times are best-of-rounds ratios in one run; see load_average_at_start"
-    print(results, flush=True)
+    previous_results = json.loads(previous_file.read_text()) if previous_file.exists() else {}
+    results = {"load_average_at_start": os.getloadavg()}  # other jobs on this 2-core machine slow the timings
+    runs: dict[str, list[dict]] = {f"timing_threads{threads}": [] for threads in args.threads}
+    for _ in range(0 if args.skip_timing else args.timing_runs):  # the thread counts alternate between runs
+        for threads in args.threads:
+            setup(threads=threads)
+            runs[f"timing_threads{threads}"].append(timing(args.rounds, args.previous))
+            print(runs, flush=True)
+    for key, measured in runs.items():
+        if measured:
+            results[key] = median_run(measured)
+        elif key in previous_results:
+            results[key] = previous_results[key]
+    setup()
+    for key, measure in (
+        ("memory_rss", lambda: memory_rss(args.previous, args.rss_repeats, args.cold_rss)),
+        ("memory", memory_tensors),
+    ):
+        if not args.skip_memory:
+            results[key] = measure()
+        elif key in previous_results:
+            results[key] = previous_results[key]  # kept from the last run
+        print(results.get(key), flush=True)
+    results["note"] = "2 CPU cores; times are best-of-rounds ratios in one run; see the load averages recorded"
     write_results("knn", results)
+    print(json.dumps(summary(results), indent=2), flush=True)
     return results
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Several timing runs as one: each ratio and time the median over the runs, with every run kept."""
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    out = {key: value for key, value in runs[0].items() if not isinstance(value, dict)}
+    sections = ("time_ms", "time_ratio_vs_dense_sdpa", "backward_ms", "time_ratio_vs_previous_kernel")
+    for section in (*sections, "minor_page_faults_per_step"):
+        if section in runs[0]:
+            out[section] = {name: median([run[section][name] for run in runs]) for name in runs[0][section]}
+    out["ratio_range_over_runs"] = {
+        name: [
+            min(run["time_ratio_vs_dense_sdpa"][name] for run in runs),
+            max(run["time_ratio_vs_dense_sdpa"][name] for run in runs),
+        ]
+        for name in runs[0]["time_ratio_vs_dense_sdpa"]
+    }
+    out["runs"] = runs
+    return out
+
+
+def summary(results: dict) -> dict:
+    """The targets' numbers: RSS ratios to KVT (n = 4096) and time ratios to SDPA (n = 1024, batch 4)."""
+    out = {}
+    if "memory_rss" in results:
+        out["rss_ratio_vs_kvt"] = results["memory_rss"]["ratio_vs_kvt"]
+    for key in ("timing_threads2", "timing_threads1"):
+        if key in results:
+            ratios = results[key]["time_ratio_vs_dense_sdpa"]
+            out[key] = {name: ratios[name] for name in ratios if not name.endswith("forward_only")}
+    return out
 
 
 if __name__ == "__main__":

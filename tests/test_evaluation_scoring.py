@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -32,8 +33,9 @@ def chain(text: str, start: int | None = None) -> dict[int, int]:
 
 @pytest.mark.parametrize("length", [0, 1, 5, 16, 17, 40, 63])
 @pytest.mark.parametrize("max_length,stride", [(16, 16), (16, 5), (16, 1), (7, 3)])
-def test_rolling_windows_match_lm_eval(length, max_length, stride):
-    """Our windows are lm-evaluation-harness's rolling windows with context_len = max_length − stride + 1."""
+def test_rolling_windows_are_the_inputs_lm_eval_feeds_its_model(length, max_length, stride):
+    """Our windows are lm-evaluation-harness's rolling windows with context_len = max_length − stride + 1, laid out
+    as its `_loglikelihood_tokens` feeds them to the model (the last max_length + 1 tokens of context + target)."""
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
     tokens = list(range(100, 100 + length))
@@ -64,6 +66,17 @@ def test_rolling_windows_without_prefix_skip_the_first_token():
     windows = rolling_windows([5, 6, 7], prefix_token_id=None, max_length=8, stride=8)
     assert [(w.tokens, w.num_scored) for w in windows] == [((5, 6, 7), 2)]
     assert rolling_windows([5], prefix_token_id=None, max_length=8, stride=8) == []
+    assert rolling_windows([], prefix_token_id=None, max_length=8, stride=8) == []
+    # a long text: the first token plays the part of the prefix token
+    long = rolling_windows(list(range(20)), prefix_token_id=None, max_length=8, stride=3)
+    assert [t for w in long for t in w.tokens[-w.num_scored :]] == list(range(1, 20))
+    assert long == rolling_windows(list(range(1, 20)), prefix_token_id=0, max_length=8, stride=3)
+
+
+def test_rolling_windows_without_lm_eval_say_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "lm_eval.utils", None)  # as if lm-evaluation-harness were not installed
+    with pytest.raises(EvaluationError, match=r"aot-transformers\[eval\]"):
+        rolling_windows([5, 6, 7], prefix_token_id=0, max_length=8, stride=8)
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -1,15 +1,17 @@
 """The k-NN attention kernel: exact values and gradients against the reference (integer and fractional k, masks, a
-missing mask read as SDPA reads it, chunk edges, ties, dropout, additive biases, soft-capping, sinks), k >= n equals
-dense attention, memory saved for the backward linear in the length, differentiable attention weights, and
-`torch.export` with dynamic batch and sequence."""
+missing mask read as SDPA reads it, chunk edges, ties, dropout, additive biases, soft-capping, sinks; both backward
+modes, saved kept keys and recomputation; float32 and float64 scores), k >= n equals dense attention, memory saved
+for the backward linear in the length, chunk temporaries within the memory budget, differentiable attention weights,
+and `torch.export` with dynamic batch and sequence."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch._C._profiler import _EventType
 from torch.export import Dim
 
-from aot_transformers import AoTForCausalLM
+from aot_transformers import AoTForCausalLM, attention_aot
 from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward, resolve_knn_k
 from conftest import tiny_config
 from knn_reference import knn_attention_reference
@@ -58,7 +60,7 @@ def test_chunked_knn_equals_reference_values_and_gradients(knn_k, length, maskin
 @pytest.mark.parametrize("masking", ["none", "causal", "padding", "cache", "static"])
 @pytest.mark.parametrize("ties", [False, True])
 def test_small_k_two_stage_selection_equals_reference(knn_k, masking, ties):
-    # n >= 16 (k + 1) and a multiple of 4: the kernel selects through group maxima (`_topk_values`).
+    # n >= 16 k and a multiple of 4: the kernel selects through group maxima (`_top_width`).
     q, k, v = _qkv(q_len=5 if masking in ("cache", "static") else 64, k_len=64)
     if ties:  # scores from a few integer values (and a power-of-two scaling, so exact): many keys tie
         q, k = (torch.randint(-1, 2, t.shape).double().requires_grad_() for t in (q, k))
@@ -265,7 +267,7 @@ def _saved_bytes_beyond_inputs(length: int, knn_k) -> int:
     return sum(saved.values())
 
 
-@pytest.mark.parametrize("knn_k", [32, 0.5])
+@pytest.mark.parametrize("knn_k", [4, 32, 0.5])  # 4 <= the head width 8: the kept keys are saved
 def test_backward_saves_memory_linear_in_the_length(knn_k):
     small, large = _saved_bytes_beyond_inputs(256, knn_k), _saved_bytes_beyond_inputs(1024, knn_k)
     # The output (T x D) and a few numbers per query; n x k indices (the previous kernel) would grow 16x here.
@@ -311,3 +313,120 @@ def test_knn_model_exports_with_dynamic_batch_and_sequence(attention_type, knn_k
         with torch.no_grad():
             expected = model(input_ids=input_ids, use_cache=False).logits
         torch.testing.assert_close(exported(input_ids=input_ids, use_cache=False).logits, expected)
+
+
+@pytest.fixture(params=["saved", "recomputed"])
+def backward_mode(request, monkeypatch):
+    """Run the kernel with its backward from saved kept keys (where allowed: no soft-capping, no dropout) or from
+    recomputed scores, whatever `_saves_kept_keys` would choose."""
+    saved = request.param == "saved"
+    monkeypatch.setattr(
+        attention_aot,
+        "_saves_kept_keys",
+        lambda knn_k, max_k, head_dim, softcap, dropout: saved and softcap is None and dropout == 0.0,
+    )
+    return request.param
+
+
+@pytest.mark.parametrize("knn_k", [1, 3, 0.5, 0.9, 100])
+@pytest.mark.parametrize("masking", ["none", "causal", "padding", "cache", "static"])
+@pytest.mark.parametrize("length", [CHUNK + 1, 64])  # 64: small k selects through group maxima
+@pytest.mark.parametrize("ties", [False, True])
+def test_both_backward_modes_equal_reference(backward_mode, knn_k, masking, length, ties):
+    q_len = 5 if masking in ("cache", "static") else length
+    q, k, v = _qkv(q_len=q_len, k_len=length)
+    if ties:  # scores from a few integer values (and a power-of-two scaling, so exact): many keys tie
+        q, k = (torch.randint(-1, 2, t.shape).double().requires_grad_() for t in (q, k))
+    mask, is_causal = _mask(masking, 2, q_len, length)
+    kwargs = dict(is_causal=is_causal, knn_k=knn_k)
+    out, _ = knn_attention_forward(None, q, k, v, mask, 0.5, knn_chunk_size=CHUNK, **kwargs)
+    ref, _ = knn_attention_reference(None, q, k, v, mask, 0.5, **kwargs)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    upstream = torch.randn_like(out)
+    for got, want in zip(_grads(out, (q, k, v), upstream), _grads(ref, (q, k, v), upstream), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("knn_k", [2, 0.5])
+@pytest.mark.parametrize("argument", ["bias", "sinks", "both"])
+def test_both_backward_modes_apply_biases_and_sinks(backward_mode, knn_k, argument):
+    q, k, v = _qkv(q_len=11, k_len=11)
+    bias = sinks = None
+    if argument in ("bias", "both"):
+        bias = torch.randn(1, 2, 11, 11, dtype=torch.float64)
+        bias = bias.masked_fill(~_mask("padding", 2, 11, 11)[0][:1], torch.finfo(torch.float64).min)
+        bias.requires_grad_()
+    if argument in ("sinks", "both"):
+        sinks = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    out, _ = knn_attention_forward(None, q, k, v, bias, 0.7, knn_k=knn_k, s_aux=sinks, knn_chunk_size=4)
+    ref, _ = knn_attention_reference(None, q, k, v, bias, 0.7, knn_k=knn_k, s_aux=sinks)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    inputs = [t for t in (q, k, v, bias, sinks) if t is not None]
+    upstream = torch.randn_like(out)
+    for got, want in zip(_grads(out, inputs, upstream), _grads(ref, inputs, upstream), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("knn_k", [1, 3, 0.5])
+@pytest.mark.parametrize("masking", ["none", "causal", "padding"])
+def test_float32_scores_select_exactly_as_the_reference(backward_mode, knn_k, masking):
+    """float32 selects on int32 images of the scores (float64 on int64): integer inputs give exact, often tied
+    scores, so the kept sets must be the reference's and the results equal to float32 rounding."""
+    make = lambda n: torch.randint(-2, 3, (2, 2, n, 6)).float().requires_grad_()
+    q, k, v = make(64), make(64), torch.randn(2, 2, 64, 6, requires_grad=True)
+    mask, is_causal = _mask(masking, 2, 64, 64)
+    kwargs = dict(is_causal=is_causal, knn_k=knn_k)
+    out, _ = knn_attention_forward(None, q, k, v, mask, 0.5, knn_chunk_size=16, **kwargs)
+    ref, _ = knn_attention_reference(None, q, k, v, mask, 0.5, **kwargs)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
+    upstream = torch.randn_like(out)
+    for got, want in zip(_grads(out, (q, k, v), upstream), _grads(ref, (q, k, v), upstream), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_negative_and_positive_zero_scores_tie(backward_mode, dtype):
+    """-0.0 and +0.0 are equal scores: the lowest key indices among them are kept, whatever their signs."""
+    key = torch.tensor([0.0, -0.0, 1.0, -0.0, 0.0, -0.0, 0.0, -0.0], dtype=dtype).reshape(1, 1, 8, 1)
+    query = torch.ones(1, 1, 3, 1, dtype=dtype, requires_grad=True)
+    key.requires_grad_()
+    value = torch.randn(1, 1, 8, 4, dtype=dtype, requires_grad=True)
+    for knn_k in (2, 3, 0.5):
+        out, _ = knn_attention_forward(None, query, key, value, None, 1.0, is_causal=False, knn_k=knn_k)
+        ref, _ = knn_attention_reference(None, query, key, value, None, 1.0, is_causal=False, knn_k=knn_k)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
+        inputs, upstream = (query, key, value), torch.randn_like(out)
+        for got, want in zip(_grads(out, inputs, upstream), _grads(ref, inputs, upstream), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def _peak_tensor_bytes(fn) -> int:
+    """Peak bytes of CPU tensors allocated by `fn` and alive at once (the profiler's allocation events)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    peak, stack = 0, list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            peak = max(peak, node.extra_fields.total_allocated)
+        stack.extend(node.children)
+    return peak
+
+
+@pytest.mark.parametrize("knn_k", [4, 0.5, 100])  # saved kept keys; recomputation (fractional, and k > head width)
+def test_chunk_temporaries_stay_within_the_memory_budget_and_knn_chunk_size_caps_them(monkeypatch, knn_k):
+    q, k, v = _qkv(batch=2, heads=2, q_len=256, k_len=256, dim=16, dtype=torch.float32)
+    upstream = torch.randn(2, 256, 2, 16)
+
+    def step(chunk_size=None):
+        out, _ = knn_attention_forward(None, q, k, v, None, 0.25, knn_k=knn_k, knn_chunk_size=chunk_size)
+        torch.autograd.grad(out, (q, k, v), upstream)
+
+    peaks = {}
+    for budget in (0, 2**16, 2**18):  # one query per chunk; 4 and 16 queries
+        monkeypatch.setattr(attention_aot, "_KNN_CHUNK_BUDGET", budget)
+        peaks[budget] = _peak_tensor_bytes(step)
+    assert peaks[2**16] - peaks[0] <= 2**16
+    assert peaks[2**18] - peaks[0] <= 2**18
+    assert peaks[2**18] > peaks[2**16] > peaks[0]  # the budget is what bounds them
+    assert _peak_tensor_bytes(lambda: step(chunk_size=1)) == peaks[0]  # knn_chunk_size=1 caps at one query

@@ -1,27 +1,22 @@
 """Attention kernels of AoT models: dense eager attention and exact k-NN attention.
 
-Both have transformers' kernel signature (`ALL_ATTENTION_FUNCTIONS`):
-
-    kernel(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs) -> (output, weights)
-
-with `query` (B, H, Tq, D), `key`/`value` (B, Hkv, Tk, D), `attention_mask` broadcastable to (B, H, Tq, Tk) — boolean
-(True where a query may attend) or additive float (a bias: T5's position bias, eager masks) — or None, which means
-what it means to SDPA: `is_causal` aligned top-left (query i sees keys 0..i; transformers passes None for a
-static-cache prefill, whose later slots are empty) when the module is causal and Tq > 1, else every key. `output` is
-(B, Tq, H, D), `weights` (B, H, Tq, Tk) or None. The models look their kernel up in `ATTENTION_FUNCTIONS` below
-first, so a model always runs its own file's kernels, and in transformers' `ALL_ATTENTION_FUNCTIONS` otherwise.
+Both have transformers' kernel signature (`ALL_ATTENTION_FUNCTIONS`), `kernel(module, query, key, value,
+attention_mask, scaling, dropout=0.0, **kwargs) -> (output, weights)`, with `query` (B, H, Tq, D), `key`/`value` (B,
+Hkv, Tk, D), `attention_mask` broadcastable to (B, H, Tq, Tk) — boolean (True where a query may attend) or additive
+float (a bias: T5's position bias, eager masks) — or None, which means what it means to SDPA: `is_causal` aligned
+top-left (query i sees keys 0..i; transformers passes None for a static-cache prefill, whose later slots are empty)
+when the module is causal and Tq > 1, else every key. `output` is (B, Tq, H, D), `weights` (B, H, Tq, Tk) or None.
+The models look their kernel up in `ATTENTION_FUNCTIONS` below first, so a model always runs its own file's kernels,
+and in transformers' `ALL_ATTENTION_FUNCTIONS` otherwise.
 
 k-NN attention (KVT, Wang et al., https://arxiv.org/abs/2106.00515) keeps, for each query, the k keys with the highest
 scores among the keys it may see, masks the others and takes the softmax. A query keeps exactly min(k, visible) keys
 — with a fractional k, min(ceil(k · visible), visible) and at least 1 — and where keys tie at the k-th largest score,
-the ones with the lowest key index are kept. The kernel runs in chunks of `knn_chunk_size` queries; its backward
-recomputes each chunk's scores from two numbers saved per query (the k-th score and a tie cutoff), so forward and
-backward hold O(knn_chunk_size · Tk + T · D) per head for every k. No step reads a tensor value into Python: nothing
-waits for an accelerator.
-
-This file is part of the remote-code unit: it imports only torch and transformers.
-
-Shape legend: B batch, H heads, Tq/Tk query/key length, D head width, C query-chunk length.
+the ones with the lowest key index are kept. The kernel runs in chunks of queries sized by a byte budget; its backward
+reads the kept keys saved per query (a small integer k) or recomputes each chunk's scores from two numbers saved per
+query, so it holds O(chunk · Tk + T · (D + k)) per head. No step reads a tensor value into Python. This file is part
+of the remote-code unit: it imports only torch and transformers. Shapes: B batch, H heads, Tq/Tk query/key length,
+D head width, C query-chunk length.
 """
 
 from __future__ import annotations
@@ -37,6 +32,9 @@ from transformers.modeling_utils import AttentionInterface
 
 # Below this many candidate keys per kept key, the two-stage top-k does not pay (benchmarks/README.md, k-NN kernel).
 _TWO_STAGE_GROUP = 4
+# Bytes of (B, H, C, Tk) temporaries a chunk of C queries may hold, as `_KNN_CHUNK_BUFFERS` score-sized buffers: this
+# sets C on every device (`knn_chunk_size` caps it; benchmarks/README.md, k-NN kernel).
+_KNN_CHUNK_BUDGET, _KNN_CHUNK_BUFFERS = 32 * 2**20, 4
 _KNN_K_ALLOWED = "an int >= 1 (keys kept per query) or a float in (0, 1] (the fraction of the keys a query may see)"
 
 
@@ -49,13 +47,10 @@ def check_knn_k(knn_k) -> int | float:
         )
     if isinstance(knn_k, bool) or not isinstance(knn_k, Real):
         raise TypeError(f"`knn_k` must be {_KNN_K_ALLOWED}, got {knn_k!r} ({type(knn_k).__name__}).")
-    if isinstance(knn_k, Integral):
-        if not 1 <= knn_k < 2**62:
-            raise ValueError(f"`knn_k` must be {_KNN_K_ALLOWED} (below 2**62), got {knn_k}.")
-        return int(knn_k)
-    if not 0.0 < float(knn_k) <= 1.0:
-        raise ValueError(f"`knn_k` must be {_KNN_K_ALLOWED}, got {knn_k}.")
-    return float(knn_k)
+    integral = isinstance(knn_k, Integral)
+    if not (1 <= knn_k < 2**62 if integral else 0.0 < float(knn_k) <= 1.0):
+        raise ValueError(f"`knn_k` must be {_KNN_K_ALLOWED} (an int below 2**62), got {knn_k}.")
+    return int(knn_k) if integral else float(knn_k)
 
 
 def check_knn_chunk_size(chunk_size) -> int:
@@ -67,15 +62,11 @@ def check_knn_chunk_size(chunk_size) -> int:
     return int(chunk_size)
 
 
-def _fraction(knn_k: float) -> Fraction:
-    # k · n rounded up in integers, so that every device (MPS has no float64) counts the same keys; 0.1 · 10 is 1.
-    return Fraction(knn_k).limit_denominator(1 << 20)
-
-
 def resolve_knn_k(knn_k: int | float, num_visible: torch.Tensor) -> torch.Tensor:
     """Keys kept by each query, min(k, n) and at least 1, for integer `num_visible` (n) of any shape."""
     if isinstance(knn_k, float):
-        ratio = _fraction(knn_k)
+        # k · n rounded up in integers, so that every device (MPS has no float64) counts the same keys; 0.1 · 10 is 1.
+        ratio = Fraction(knn_k).limit_denominator(1 << 20)
         k = (num_visible * ratio.numerator + ratio.denominator - 1) // ratio.denominator
     else:
         k = num_visible.clamp(max=knn_k)
@@ -84,94 +75,107 @@ def resolve_knn_k(knn_k: int | float, num_visible: torch.Tensor) -> torch.Tensor
 
 def _max_knn_k(knn_k: int | float, num_keys: int) -> int:
     """`resolve_knn_k` for a query that sees all `num_keys` keys, as a Python int (a shape, not data)."""
-    if isinstance(knn_k, float):
-        ratio = _fraction(knn_k)
-        return min(num_keys, max(1, -(-num_keys * ratio.numerator // ratio.denominator)))
-    return max(1, min(num_keys, knn_k))
+    ratio = Fraction(knn_k).limit_denominator(1 << 20) if isinstance(knn_k, float) else None
+    return max(1, min(num_keys, knn_k if ratio is None else -(-num_keys * ratio.numerator // ratio.denominator)))
 
 
-def _topk_values(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Unsorted top-k values along the last dim; on CPU faster than one `torch.topk` for small k.
-
-    The top-k elements of a row all lie in the k groups (of `_TWO_STAGE_GROUP` neighbours) with the largest maxima: an
-    element outside them is beaten by k group maxima. A top-k over the group maxima, a gather of those groups and a
-    top-k over the k · group candidates give the exact result while reading the row once.
-    """
-    n = scores.shape[-1]
-    if n % _TWO_STAGE_GROUP != 0 or n < 4 * _TWO_STAGE_GROUP * k:
-        return torch.topk(scores, k, dim=-1, sorted=False)[0]
-    grouped = scores.unflatten(-1, (n // _TWO_STAGE_GROUP, _TWO_STAGE_GROUP))  # (..., G, S)
-    top_groups = torch.topk(grouped.amax(dim=-1), k, dim=-1, sorted=False)[1]  # (..., k)
-    offsets = torch.arange(_TWO_STAGE_GROUP, device=scores.device)
-    candidates = (top_groups.unsqueeze(-1) * _TWO_STAGE_GROUP + offsets).flatten(-2)  # (..., k·S)
-    return torch.topk(scores.gather(-1, candidates), k, dim=-1, sorted=False)[0]
+def _ordered(scores: torch.Tensor) -> torch.Tensor:
+    """float32/64 `scores` as same-width integers in the same order (-0.0 and +0.0 both 0): CPU `topk` compares
+    integers faster than floats."""
+    bits = scores.view(torch.int32 if scores.element_size() == 4 else torch.int64)
+    sign = bits >> (8 * bits.element_size() - 1)  # -1 for negative floats, else 0
+    return (bits & torch.iinfo(bits.dtype).max).bitwise_xor_(sign).sub_(sign)
 
 
-def _knn_keep(
-    scores: torch.Tensor, visible: torch.Tensor | None, knn_k: int | float, max_k: int | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The keys each query keeps, by the module docstring's rule, and two numbers per query that rebuild them.
-
-    Args:
-        scores: (B, H, C, Tk) scores of a chunk of queries, keys it may not see at -inf.
-        visible: Boolean mask broadcastable to `scores`, True where a query may attend, or None (every key).
-        knn_k: As in `resolve_knn_k`.
-        max_k: `_max_knn_k(knn_k, Tk)`, or None to select with a full sort (for `torch.export`, where Tk is symbolic).
-
-    Returns:
-        `rejected` (B, H, C, Tk), True for the keys not kept; `threshold` (B, H, C, 1), the k-th largest visible
-        score; `cutoff` (B, H, C, 1), the index of the last key kept among those tied at the threshold (None when
-        every visible key is kept). `_rejected_by_threshold` rebuilds `rejected` from the last two.
-    """
-    num_keys = scores.shape[-1]
-    if max_k is not None and max_k >= num_keys:  # every visible key is kept
-        threshold = scores.masked_fill(scores == -math.inf, math.inf).amin(dim=-1, keepdim=True)
-        return scores < threshold, threshold, None
-    if visible is None:
-        keep = resolve_knn_k(knn_k, torch.full((1,) * scores.dim(), num_keys, device=scores.device))
+def _top_width(scores, visible, keep, width) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of the `width` (< Tk) largest of a chunk's (B, H, C, Tk) scores, and each query's `keep`-th largest
+    visible score (B, H, C, 1). A query that keeps fewer than `width` keys gets `width - keep` of its hidden keys
+    promoted to +inf, so that the width-th largest is its keep-th largest visible score; that many hidden keys exist
+    (min and ceil are 1-Lipschitz). For a small width, the top entries of a row all lie in the `width` groups (of
+    `_TWO_STAGE_GROUP` neighbours) with the largest maxima: a top-k of the maxima, then of their entries."""
+    num_keys, promoted, candidates = scores.shape[-1], None, None
+    if visible is not None:
+        hidden = ~visible
+        promoted = hidden & (hidden.cumsum(dim=-1, dtype=torch.int32) <= width - keep)
+    if num_keys % _TWO_STAGE_GROUP != 0 or num_keys < 4 * _TWO_STAGE_GROUP * width:
+        order = _ordered(scores)
     else:
-        keep = resolve_knn_k(knn_k, visible.sum(dim=-1, keepdim=True))  # (B|1, H|1, C, 1)
+        maxima = scores.unflatten(-1, (-1, _TWO_STAGE_GROUP)).amax(dim=-1)  # (B, H, C, Tk / group)
+        if promoted is not None:
+            maxima = maxima.masked_fill(promoted.unflatten(-1, (-1, _TWO_STAGE_GROUP)).any(dim=-1), math.inf)
+        groups = torch.topk(maxima, width, dim=-1, sorted=False)[1].unsqueeze(-1) * _TWO_STAGE_GROUP
+        candidates = (groups + torch.arange(_TWO_STAGE_GROUP, device=scores.device)).flatten(-2)
+        order = _ordered(scores.gather(-1, candidates))  # (B, H, C, width · group)
+        if promoted is not None:
+            promoted = promoted.expand(*scores.shape[:-1], num_keys).gather(-1, candidates)
+    if promoted is not None:
+        order.masked_fill_(promoted, torch.iinfo(order.dtype).max)
+    values, indices = torch.topk(order, width, dim=-1, sorted=False)
+    indices = indices if candidates is None else candidates.gather(-1, indices)
+    return indices, scores.gather(-1, indices.gather(-1, values.argmin(dim=-1, keepdim=True)))
+
+
+def _keep(knn_k, scores, visible) -> torch.Tensor:
+    """Keys kept by each query of `scores` (B, H, C, Tk), (B|1, H|1, C|1, 1)."""
+    every = torch.full((1,) * scores.dim(), scores.shape[-1], device=scores.device)
+    return resolve_knn_k(knn_k, every if visible is None else visible.sum(dim=-1, keepdim=True))
+
+
+def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Two numbers per query of a chunk's (B, H, C, Tk) `scores` (hidden keys at -inf; `visible` a boolean mask or
+    None) that give the keys it keeps by the module docstring's rule: `threshold`, the k-th largest visible score, and
+    `cutoff`, the index of the last key kept among those tied at it (None: every visible key is kept), (B, H, C, 1)
+    each, and their `_kept_mask`. `max_k`: `_max_knn_k(knn_k, Tk)`, or None to sort (`torch.export`: Tk symbolic)."""
+    if max_k is not None and max_k >= scores.shape[-1]:  # every visible key is kept
+        threshold = scores.masked_fill(scores == -math.inf, math.inf).amin(dim=-1, keepdim=True)
+        return threshold, None, _kept_mask(scores, threshold, None)
+    keep = _keep(knn_k, scores, visible)
     if max_k is None:
         threshold = torch.sort(scores, dim=-1, descending=True)[0].gather(-1, (keep - 1).expand(*scores.shape[:-1], 1))
     else:
-        # A query that keeps fewer than max_k keys gets `max_k - keep` of its hidden keys promoted to +inf, so that
-        # the max_k-th largest is its keep-th largest visible score; that many hidden keys exist (min and ceil are
-        # 1-Lipschitz). Computed on the mask's own shape, without reading a value.
-        order = scores
-        if visible is not None:
-            hidden = ~visible
-            order = scores.masked_fill(hidden & (hidden.cumsum(dim=-1) <= max_k - keep), math.inf)
-        threshold = _topk_values(order, max_k).amin(dim=-1, keepdim=True)  # (B, H, C, 1)
-        del order
-    cutoff = _tie_cutoff(scores, threshold, keep)
-    return _rejected_by_threshold(scores, threshold, cutoff), threshold, cutoff
+        threshold = _top_width(scores, visible, keep, max_k)[1]
+    above = torch.gt(scores, threshold, out=torch.empty_like(scores))
+    tied = torch.eq(scores, threshold, out=torch.empty_like(scores))
+    # The kept tied keys are the first `keep - above` of them by key index (float counts: exact below 2**24 keys).
+    cutoff = (tied.cumsum(dim=-1) < keep - above.sum(dim=-1, keepdim=True)).sum(dim=-1, keepdim=True)
+    return threshold, cutoff, _kept_mask(scores, threshold, cutoff, above, tied)
 
 
-def _tie_cutoff(scores: torch.Tensor, threshold: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Index of the last key kept among those tied at `threshold`, for rows of `scores` (..., Tk) keeping `keep`."""
-    tied = scores == threshold
-    # The kept tied keys are the first `keep - above` of them by key index: the cutoff is the number of positions
-    # whose running count of tied keys is still below that.
-    wanted = keep - (scores > threshold).sum(dim=-1, keepdim=True, dtype=torch.int32)
-    return (tied.cumsum(dim=-1, dtype=torch.int32) < wanted).sum(dim=-1, keepdim=True)
-
-
-def _rejected_by_threshold(scores: torch.Tensor, threshold: torch.Tensor, cutoff: torch.Tensor | None) -> torch.Tensor:
-    """The keys `_knn_keep` did not keep, rebuilt from its statistics."""
+def _kept_mask(scores, threshold, cutoff, above=None, tied=None) -> torch.Tensor:
+    """The keys kept by `_knn_threshold`'s statistics as floats, 1 kept and 0 not (`above`, `tied`: `scores >
+    threshold`, `== threshold` as floats, if at hand). On CPU a float comparison writes floats as fast as bools, and
+    a product with a float mask is cheaper than a masked fill."""
     if cutoff is None:
-        return scores < threshold
-    positions = torch.arange(scores.shape[-1], device=scores.device)
-    return (scores < threshold) | ((scores == threshold) & (positions > cutoff))
+        return torch.ge(scores, threshold, out=torch.empty_like(scores))
+    # Positions as floats are exact below 2**24 keys.
+    dtype = scores.dtype if scores.shape[-1] <= 2**24 else torch.float64
+    positions = torch.arange(scores.shape[-1], device=scores.device, dtype=dtype)
+    above = torch.gt(scores, threshold, out=torch.empty_like(scores)) if above is None else above
+    tied = torch.eq(scores, threshold, out=torch.empty_like(scores)) if tied is None else tied
+    return above.addcmul_(tied, torch.le(positions, cutoff.to(dtype), out=torch.empty_like(scores)))
 
 
-def _scores(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    visible: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    scaling: float,
-    softcap: float | None,
-) -> torch.Tensor:
+def _knn_keep(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The keys not kept (True), and `_knn_threshold`'s statistics; arguments as there."""
+    threshold, cutoff, kept = _knn_threshold(scores, visible, knn_k, max_k)
+    return kept == 0, threshold, cutoff
+
+
+def _knn_kept_keys(scores, visible, knn_k, width) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys each query keeps as indices, and their scores, (B, H, C, width) each; a query that keeps fewer fills
+    the other slots with hidden keys (at -inf). `topk` returns some of the keys tied at the k-th score: their slots
+    get the lowest-index tied keys instead (the rule), by a binary search in the running count of the tied keys."""
+    if width >= scores.shape[-1]:
+        return torch.arange(scores.shape[-1], device=scores.device).expand(scores.shape), scores
+    indices, threshold = _top_width(scores, visible, _keep(knn_k, scores, visible), width)
+    kept_scores = scores.gather(-1, indices)
+    tied = kept_scores == threshold  # as many slots as kept tied keys
+    running = torch.eq(scores, threshold, out=torch.empty_like(scores)).cumsum(dim=-1)  # exact below 2**24 keys
+    lowest = torch.searchsorted(running, tied.cumsum(dim=-1, dtype=running.dtype))
+    return torch.where(tied, lowest, indices), kept_scores
+
+
+def _scores(query, key, visible, bias, scaling, softcap) -> torch.Tensor:
     """Attention scores in at least float32, as eager attention forms them: scaled products, soft-capping
     (`softcap · tanh(s / softcap)`, Gemma 2), an additive bias, and -inf where a query may not attend. The chunked
     backward recomputes them with this same function, so they match the forward's bit for bit."""
@@ -181,167 +185,171 @@ def _scores(
         scores = torch.tanh(scores / softcap) * softcap
     if bias is not None:
         scores = (
-            scores.add_(bias) if scores.shape == torch.broadcast_shapes(scores.shape, bias.shape) else scores + bias
+            scores.add_(bias) if torch.broadcast_shapes(scores.shape, bias.shape) == scores.shape else scores + bias
         )
     if visible is not None:
         scores = scores.masked_fill_(~visible, -math.inf)
     return scores
 
 
-def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value."""
+def _softmax(scores, sinks, kept=None):
+    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value. With a
+    float mask `kept`, the softmax over the keys where it is 1 as `(weights, total)`, weights / total (the forward
+    divides its (C, D) output, not the (C, Tk) weights): a softmax of every key times the mask, with no masked fill."""
     if sinks is None:
-        return torch.softmax(scores, dim=-1)
-    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        weights, sink = torch.softmax(scores, dim=-1), 0.0
+    else:
+        sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)
+        weights, sink = weights[..., :-1], weights[..., -1:]
+    if kept is None:
+        return weights
+    weights = weights.mul_(kept)
+    return weights, weights.sum(dim=-1, keepdim=True) + sink
 
 
-def _chunk_mask(
-    mask: torch.Tensor | None, causal: bool, start: int, stop: int, num_keys: int, device: torch.device
-) -> tuple[int, torch.Tensor | None]:
-    """The number of leading keys that queries start:stop may see, and their mask (None: all of them).
+def _chunks(visible, bias, causal, query, key, chunk_size):
+    """Per chunk of queries start:stop: (start, stop, end, visible, bias), the number `end` of leading keys they may
+    see, their mask (None: all of them) and bias. With the implied causal mask (query i sees keys 0..i) a chunk scores
+    only the keys up to its last query, about half the work, and builds its (C, Tk') mask."""
+    for start in range(0, query.shape[2], chunk_size):
+        stop = min(start + chunk_size, query.shape[2])
+        end = min(key.shape[2], stop) if causal else key.shape[2]
+        chunk_visible = None if visible is None else visible[:, :, start:stop]
+        if causal:
+            rows = torch.arange(start, stop, device=query.device)[:, None]
+            chunk_visible = (torch.arange(end, device=query.device) <= rows)[None, None]  # (1, 1, C, Tk')
+        yield start, stop, end, chunk_visible, None if bias is None else bias[:, :, start:stop, :end]
 
-    With the implied causal mask (query i sees keys 0..i) a chunk scores only the keys up to its last query, about half
-    the work, and builds its (C, Tk') mask instead of reading a (Tq, Tk) one.
-    """
-    if not causal:
-        return num_keys, None if mask is None else mask[:, :, start:stop]
-    end = min(num_keys, stop)
-    rows = torch.arange(start, stop, device=device)[:, None]
-    return end, (torch.arange(end, device=device) <= rows)[None, None]  # (1, 1, C, Tk')
 
-
-def _reduce_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """Sum `grad` over the dims that `shape` broadcasts (size 1)."""
-    dims = [i for i, size in enumerate(shape) if size == 1 and grad.shape[i] != 1]
-    return grad.sum(dim=dims, keepdim=True) if dims else grad
+def _saves_kept_keys(knn_k, max_k, head_dim, softcap, dropout) -> bool:
+    """Whether the backward reads each query's kept keys (int32 indices and probabilities, saved by the forward)
+    instead of recomputing the scores: for an integer k of at most the head width (then at most twice the query's
+    bytes: linear in the length), without soft-capping or dropout (whose backward needs more)."""
+    return isinstance(knn_k, int) and max_k <= head_dim and softcap is None and dropout == 0.0
 
 
 class _KnnAttentionFunction(torch.autograd.Function):
-    """Chunked exact k-NN attention whose backward recomputes each chunk's scores (as flash attention does).
-
-    The forward keeps, per query, the k-th largest visible score and a tie cutoff; the backward recomputes the chunk's
-    scores with the same function, rebuilds the kept set from them (no top-k) and the probabilities with the same
-    softmax. Dropout masks are drawn again from the generator state the forward started from.
+    """Chunked exact k-NN attention whose backward holds no (Tq, Tk) tensor (as flash attention). For a small integer
+    k (`_saves_kept_keys`) the forward saves each query's kept keys and probabilities, (B, H, Tq, k); otherwise the
+    k-th largest visible score and a tie cutoff, from which the backward recomputes the chunk's scores, kept set (no
+    top-k) and probabilities with the same functions. Dropout masks are drawn again from the forward's generator state.
     """
 
     @staticmethod
     def forward(
         ctx, query, key, value, visible, bias, sinks, causal, scaling, softcap, knn_k, chunk_size, dropout, rng
     ):
-        batch, heads, q_len, _ = query.shape
+        (batch, heads, q_len, _), num_keys = query.shape, key.shape[-2]
         stat_dtype = torch.promote_types(query.dtype, torch.float32)
+        max_k = _max_knn_k(knn_k, num_keys)
+        save_kept = _saves_kept_keys(knn_k, max_k, query.shape[-1], softcap, dropout)
+        per_query = batch * heads * num_keys * stat_dtype.itemsize * _KNN_CHUNK_BUFFERS  # `chunk_size` caps the chunks
+        chunk_size = max(1, min(chunk_size, _KNN_CHUNK_BUDGET // max(1, per_query)))
         output = query.new_empty(batch, heads, q_len, value.shape[-1])
-        thresholds = torch.empty(batch, heads, q_len, 1, dtype=stat_dtype, device=query.device)
-        cutoffs = torch.full_like(thresholds, key.shape[-2], dtype=torch.long)  # no ties: every tied key is kept
+        width = max_k if save_kept else 1  # kept indices and probabilities, or thresholds and tie cutoffs
+        stats = [query.new_empty(batch, heads, q_len, width, dtype=dtype) for dtype in (torch.int32, stat_dtype)]
+        stats = stats if save_kept else stats[::-1]
         generator = None
-        if dropout > 0.0:  # drawn from a copy of `rng`, whose state the backward replays
-            rng = rng or _default_generator(query.device)
-            generator = torch.Generator(device=query.device)
-            generator.set_state(rng.get_state())
+        if dropout > 0.0:  # the backward replays the masks from the generator's state at the start
+            generator = rng or torch.default_generator
+            if rng is None and query.device.type != "cpu":  # the device's global generator
+                generator = torch.get_device_module(query.device.type).default_generators[query.device.index or 0]
             ctx.rng_state = generator.get_state()
-        for start in range(0, q_len, chunk_size):
-            stop = min(start + chunk_size, q_len)
-            end, chunk_visible = _chunk_mask(visible, causal, start, stop, key.shape[-2], query.device)
-            chunk_bias = None if bias is None else bias[:, :, start:stop, :end]
+        for start, stop, end, chunk_visible, chunk_bias in _chunks(visible, bias, causal, query, key, chunk_size):
             scores = _scores(query[:, :, start:stop], key[:, :, :end], chunk_visible, chunk_bias, scaling, softcap)
-            rejected, thresholds[:, :, start:stop], cutoff = _knn_keep(
-                scores, chunk_visible, knn_k, _max_knn_k(knn_k, end)
-            )
-            if cutoff is not None:
-                cutoffs[:, :, start:stop] = cutoff
-            probs = _softmax(scores.masked_fill_(rejected, -math.inf), sinks)  # (B, H, C, Tk')
-            del rejected, scores
+            width, total = _max_knn_k(knn_k, end), None
+            if save_kept:
+                indices, kept_scores = _knn_kept_keys(scores, chunk_visible, knn_k, width)
+                probs = _softmax(kept_scores, sinks)  # (B, H, C, width)
+                stats[0][:, :, start:stop, :width], stats[1][:, :, start:stop, :width] = indices, probs
+                probs = scores.zero_().scatter_(-1, indices, probs)  # (B, H, C, Tk')
+            else:
+                threshold, cutoff, kept = _knn_threshold(scores, chunk_visible, knn_k, width)
+                stats[0][:, :, start:stop], stats[1][:, :, start:stop] = threshold, end if cutoff is None else cutoff
+                probs, total = _softmax(scores, sinks, kept)  # P = probs / total
+            del scores
             if generator is not None:
                 probs = probs * (torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout)
                 probs = probs / (1.0 - dropout)
-            output[:, :, start:stop] = torch.matmul(probs.to(value.dtype), value[:, :, :end])
+            chunk_output = torch.matmul(probs.to(value.dtype), value[:, :, :end])
+            output[:, :, start:stop] = chunk_output if total is None else chunk_output / total
             del probs
-        if generator is not None:  # `rng` moves on as if the masks had been drawn from it
-            rng.set_state(generator.get_state())
-        ctx.save_for_backward(query, key, value, visible, bias, sinks, thresholds, cutoffs)
-        ctx.options = causal, scaling, softcap, chunk_size, dropout
+        ctx.save_for_backward(query, key, value, visible, bias, sinks, *stats)
+        ctx.options = causal, scaling, softcap, knn_k, chunk_size, dropout, save_kept
         return output
 
     @staticmethod
     def backward(ctx, grad_output):
-        query, key, value, visible, bias, sinks, thresholds, cutoffs = ctx.saved_tensors
-        causal, scaling, softcap, chunk_size, dropout = ctx.options
-        generator = None
-        if dropout > 0.0:
-            generator = torch.Generator(device=query.device)
-            generator.set_state(ctx.rng_state)
+        query, key, value, visible, bias, sinks, *stats = ctx.saved_tensors
+        causal, scaling, softcap, knn_k, chunk_size, dropout, save_kept = ctx.options
+        generator = torch.Generator(device=query.device).set_state(ctx.rng_state) if dropout > 0.0 else None
         grad_query, grad_key, grad_value = torch.empty_like(query), torch.zeros_like(key), torch.zeros_like(value)
         grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[4] else None
-        grad_sinks = torch.zeros_like(sinks, dtype=thresholds.dtype) if ctx.needs_input_grad[5] else None
-        for start in range(0, query.shape[2], chunk_size):
-            stop = min(start + chunk_size, query.shape[2])
-            end, chunk_visible = _chunk_mask(visible, causal, start, stop, key.shape[-2], query.device)
+        stat_dtype = torch.promote_types(query.dtype, torch.float32)
+        grad_sinks = torch.zeros_like(sinks, dtype=stat_dtype) if ctx.needs_input_grad[5] else None
+        for start, stop, end, chunk_visible, chunk_bias in _chunks(visible, bias, causal, query, key, chunk_size):
             chunk_query, chunk_key, chunk_value = query[:, :, start:stop], key[:, :, :end], value[:, :, :end]
-            chunk_bias = None if bias is None else bias[:, :, start:stop, :end]
-            raw = None if softcap is None else torch.matmul(chunk_query * scaling, chunk_key.transpose(-1, -2))
-            scores = _scores(chunk_query, chunk_key, chunk_visible, chunk_bias, scaling, softcap)
-            rejected = _rejected_by_threshold(scores, thresholds[:, :, start:stop], cutoffs[:, :, start:stop])
-            probs = _softmax(scores.masked_fill_(rejected, -math.inf), sinks)  # the forward's P
-            del rejected, scores
             grad_out = grad_output[:, :, start:stop]  # (B, H, C, D)
-            grad_probs = torch.matmul(grad_out, chunk_value.transpose(-1, -2)).to(probs.dtype)  # (B, H, C, Tk')
-            used = probs
-            if generator is not None:  # the output used P ∘ M / (1 - p)
-                kept = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
-                used = probs * kept / (1.0 - dropout)
-                grad_probs = grad_probs * kept / (1.0 - dropout)
-            grad_value[:, :, :end] += torch.matmul(used.to(value.dtype).transpose(-1, -2), grad_out)
-            # Softmax backward dS = P ∘ (dP - rowsum(P ∘ dP)); a sink has no value, so its dP is 0.
-            grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (B, H, C, Tk')
+            grad_probs = torch.matmul(grad_out, chunk_value.transpose(-1, -2)).to(stat_dtype)  # (B, H, C, Tk')
+            if save_kept:  # the softmax backward on the kept keys only (the others have P = dS = 0)
+                width = _max_knn_k(knn_k, end)
+                indices = stats[0][:, :, start:stop, :width].long()
+                probs = stats[1][:, :, start:stop, :width]  # (B, H, C, width)
+                dense = probs.new_zeros(*indices.shape[:-1], end).scatter_(-1, indices, probs)  # P
+                grad_value[:, :, :end] += torch.matmul(dense.to(value.dtype).transpose(-1, -2), grad_out)
+                grad_probs = grad_probs.gather(-1, indices)
+                grad_kept = torch._softmax_backward_data(grad_probs, probs, -1, stat_dtype)
+                grad_scores = dense.scatter_(-1, indices, grad_kept)  # the same slots
+            else:
+                scores = _scores(chunk_query, chunk_key, chunk_visible, chunk_bias, scaling, softcap)
+                kept = _kept_mask(scores, stats[0][:, :, start:stop], stats[1][:, :, start:stop])
+                probs, total = _softmax(scores, sinks, kept)
+                probs = probs.div_(total)  # the forward's P
+                del scores, kept
+                used = probs
+                if generator is not None:  # the output used P ∘ M / (1 - p)
+                    kept = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
+                    used = probs * kept / (1.0 - dropout)
+                    grad_probs = grad_probs * kept / (1.0 - dropout)
+                grad_value[:, :, :end] += torch.matmul(used.to(value.dtype).transpose(-1, -2), grad_out)
+                del used
+                # Softmax backward dS = P ∘ (dP - rowsum(P ∘ dP)); a sink has no value, so its dP is 0.
+                grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, stat_dtype)  # (B, H, C, Tk')
             if grad_sinks is not None:
                 row = (probs * grad_probs).sum(dim=-1, keepdim=True)
                 grad_sinks -= ((1.0 - probs.sum(dim=-1, keepdim=True)) * row).sum(dim=(0, 2, 3))
-            del probs, grad_probs, used
+            del probs, grad_probs
             if grad_bias is not None:
-                grad_bias[:, :, start:stop, :end] += _reduce_to(grad_scores, chunk_bias.shape).to(bias.dtype)
-            if softcap is not None:
-                grad_scores = grad_scores * (1 - torch.tanh(raw.to(grad_scores.dtype) / softcap) ** 2)
+                grad_bias[:, :, start:stop, :end] += grad_scores.sum_to_size(chunk_bias.shape).to(bias.dtype)
+            if softcap is not None:  # through softcap · tanh(raw / softcap), `_scores` before the bias
+                raw = torch.matmul(chunk_query * scaling, chunk_key.transpose(-1, -2)).to(grad_scores.dtype)
+                grad_scores = grad_scores * (1 - torch.tanh(raw / softcap) ** 2)
             grad_scores = grad_scores.to(query.dtype)
             grad_query[:, :, start:stop] = torch.matmul(grad_scores, chunk_key).mul_(scaling)
             grad_key[:, :, :end] += torch.matmul(grad_scores.transpose(-1, -2), chunk_query * scaling)
-            del grad_scores, raw
+            del grad_scores
         grad_sinks = None if grad_sinks is None else grad_sinks.to(sinks.dtype)
         return grad_query, grad_key, grad_value, None, grad_bias, grad_sinks, *([None] * 7)
-
-
-def _default_generator(device: torch.device) -> torch.Generator:
-    if device.type == "cpu":
-        return torch.default_generator
-    return torch.get_device_module(device.type).default_generators[device.index or 0]
 
 
 def _knn_attention_dense(
     query, key, value, visible, bias, sinks, causal, scaling, softcap, knn_k, dropout, rng, max_k
 ):
-    """k-NN attention in one piece through autograd: (B, H, Tq, D) output and (B, H, Tq, Tk) weights.
-
-    Used when the weights are requested (they then carry gradients, as dense attention's do), under `torch.compile`
-    and under `torch.export` (`max_k=None`: a sort instead of a top-k of symbolic size). Same kept set as the chunks.
-    """
-    if causal:
-        visible = _chunk_mask(None, True, 0, query.shape[2], key.shape[2], query.device)[1]
-        visible = F.pad(visible, (0, key.shape[2] - visible.shape[-1]))  # keys past the last query: never seen
+    """k-NN attention in one piece through autograd: (B, H, Tq, D) output and (B, H, Tq, Tk) weights. Used when the
+    weights are requested (they then carry gradients, as dense attention's do), under `torch.compile` and under
+    `torch.export` (`max_k=None`: a sort instead of a top-k of symbolic size). Same kept set as the chunks."""
+    if causal:  # keys past the last query: never seen
+        visible = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
     scores = _scores(query, key, visible, bias, scaling, softcap)
     with torch.no_grad():
         rejected = _knn_keep(scores.detach(), visible, knn_k, max_k)[0]
     weights = _softmax(scores.masked_fill(rejected, -math.inf), sinks).to(query.dtype)
-    dropped = weights
-    if dropout > 0.0:
-        dropped = (
-            weights * (torch.rand(weights.shape, device=weights.device, generator=rng) >= dropout) / (1 - dropout)
-        )
-    return torch.matmul(dropped, value), weights
+    kept = torch.rand(weights.shape, device=weights.device, generator=rng) >= dropout if dropout > 0.0 else None
+    return torch.matmul(weights if kept is None else weights * kept / (1 - dropout), value), weights
 
 
-def _masks(
-    attention_mask: torch.Tensor | None, position_bias: torch.Tensor | None
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _masks(attention_mask, position_bias) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """A mask as (visible, bias): a boolean mask says where a query may attend; an additive float mask adds its finite
     entries as a bias and hides the keys below half the dtype's lowest value; T5's `position_bias` adds to the bias.
     A query that may see no key (a padding row) sees every key, so that no row is all -inf; no real token reads it."""
@@ -355,7 +363,7 @@ def _masks(
     return None if visible is None else visible | ~visible.any(dim=-1, keepdim=True), bias
 
 
-def _is_causal(module: torch.nn.Module | None, is_causal: bool | None, q_len: int) -> bool:
+def _is_causal(module, is_causal, q_len) -> bool:
     """Causal as SDPA reads a missing mask: the argument, else the module's flag (causal when unsaid), and never for a
     single query (it sees every key) or a bare call with no module."""
     if is_causal is None:
@@ -382,17 +390,14 @@ def knn_attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The `"knn"` backend, for AoT and for any transformers model: exact k-NN attention (module docstring).
-
     `knn_k` and `knn_chunk_size` default to `module.config`'s; key/value heads are repeated for grouped-query heads;
-    soft-capping (`softcap`, Gemma 2), attention sinks (`s_aux`, GPT-OSS) and additive biases (`position_bias`, T5;
-    `attention_mask` as floats) are applied as eager attention applies them, before the top-k; a sliding window comes
-    in the mask. With `output_attentions`, under `torch.compile` and under `torch.export`, the kernel runs in one piece
-    and returns the (B, H, Tq, Tk) weights (before dropout). `generator` draws the dropout masks (default: the
-    device's global generator).
-    """
+    soft-capping (`softcap`, Gemma 2), sinks (`s_aux`, GPT-OSS) and additive biases (`position_bias`, T5; float
+    `attention_mask`) apply as in eager attention, before the top-k. With `output_attentions`, under `torch.compile`
+    and `torch.export`, the kernel runs in one piece and returns the (B, H, Tq, Tk) weights (before dropout).
+    `generator` draws the dropout masks (default: the device's global generator)."""
     config = getattr(module, "config", None)
     knn_k = check_knn_k(knn_k if knn_k is not None else getattr(config, "knn_k", None))
-    chunk_size = check_knn_chunk_size(knn_chunk_size or getattr(config, "knn_chunk_size", None))
+    max_chunk = check_knn_chunk_size(knn_chunk_size or getattr(config, "knn_chunk_size", None))
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if query.shape[1] != key.shape[1]:  # GQA: each key/value head serves H / Hkv query heads
         key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
@@ -406,7 +411,7 @@ def knn_attention_forward(
         output, weights = _knn_attention_dense(query, key, value, *args)
         return output.transpose(1, 2).contiguous(), weights if output_attentions else None
     output = _KnnAttentionFunction.apply(
-        query, key, value, visible, bias, s_aux, causal, scaling, softcap, knn_k, chunk_size, dropout, generator
+        query, key, value, visible, bias, s_aux, causal, scaling, softcap, knn_k, max_chunk, dropout, generator
     )
     return output.transpose(1, 2).contiguous(), None
 

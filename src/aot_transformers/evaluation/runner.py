@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,23 +16,13 @@ from typing import Any
 
 import torch
 
+from .._io import is_hub_id
 from .data import EvaluationError, EvaluationFailed
 from .scoring import LanguageModelScorer
 from .tasks import TASKS, TaskResult, load_source, parse_task_names, resolve_sources, run_task
 
 # Result fields that tables and cards read as numbers.
-_NUMERIC_FIELDS = (
-    "loss",
-    "perplexity",
-    "bits_per_byte",
-    "acc",
-    "acc_norm",
-    "last_word_perplexity",
-    "seconds",
-    "tokens",
-)
-# A Hub repository id: "name" or "owner/name" (anything else is a local path).
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_NUMERIC_FIELDS = "loss perplexity bits_per_byte acc acc_norm last_word_perplexity seconds tokens".split()
 
 
 @dataclass
@@ -166,7 +155,7 @@ def load_model_and_tokenizer(
 
     name = os.fspath(model)
     local = Path(name).expanduser()
-    if not local.exists() and not _HUB_ID.fullmatch(name):
+    if not local.exists() and not is_hub_id(name):
         raise EvaluationError(f"model folder not found: {local} (and it is not a Hub id like 'owner/name')")
     remote_code = remote_code_allowed(name, trust_remote_code)
     tokenizer_name = os.fspath(tokenizer) if tokenizer is not None else name
@@ -295,24 +284,20 @@ def evaluate_model(
     if limit is not None:
         datasets = {key: values[:limit] for key, values in datasets.items()}
 
+    tokenizer_given = tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike))
     if isinstance(model, torch.nn.Module):
-        if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
-            if tokenizer is None:
-                raise EvaluationError("a loaded model needs its tokenizer: pass `tokenizer`.")
+        if tokenizer is None:
+            raise EvaluationError("a loaded model needs its tokenizer: pass `tokenizer`.")
+        if not tokenizer_given:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=False)
-        lm, tok = model.eval(), tokenizer
+        lm, tok = (model.eval() if device is None else model.eval().to(device)), tokenizer
         name = model_name or getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
-        if device is not None:
-            lm = lm.to(device)
     else:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
-            lm, _ = load_model_and_tokenizer(model, None, device, trust_remote_code)
-            tok = tokenizer
-        else:
-            lm, tok = load_model_and_tokenizer(model, tokenizer, device, trust_remote_code)
+        lm, tok = load_model_and_tokenizer(model, None if tokenizer_given else tokenizer, device, trust_remote_code)
+        tok = tokenizer if tokenizer_given else tok
         name = model_name or os.fspath(model)
 
     scorer = LanguageModelScorer(

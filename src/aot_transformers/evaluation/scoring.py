@@ -1,14 +1,15 @@
-"""Log-likelihoods of texts under any causal language model: sliding windows, batching, greedy checks.
+"""Log-likelihoods of texts under any causal language model: lm-evaluation-harness's windows, batched.
 
 Two requests cover the suite:
 
-- `rolling_loglikelihoods(texts)`: the log-likelihood of every token of each text. The text is preceded by the
-  tokenizer's BOS token (or EOS when there is no BOS, as GPT-2 marks document boundaries) so its first token is
-  scored too; without either, the first token is context only. A text longer than the window is scored with a
-  sliding window: the first window scores its first `max_length` tokens, each later window ends `stride` tokens
-  further and scores only those new tokens, seeing the `max_length - stride` tokens before them as context (the
-  last window ends at the end of the text). Every token is scored exactly once; with `stride == max_length`
-  (the default) the windows are those of lm-evaluation-harness's `loglikelihood_rolling`.
+- `rolling_loglikelihoods(texts)`: the log-likelihood of every token of each text, in the windows of
+  lm-evaluation-harness's `loglikelihood_rolling`, made by its own `lm_eval.utils.get_rolling_token_windows` and
+  `make_disjoint_window` (so the two cannot drift). The text is preceded by the tokenizer's BOS token (or EOS when
+  there is no BOS, as GPT-2 marks document boundaries) so its first token is scored too; without either, the first
+  token is context only. The first window scores the first `max_length` tokens; each later window scores the next
+  `stride` tokens with the `max_length - stride` tokens before them as context (lm-eval's `context_len` is
+  `max_length - stride + 1`; the default `stride == max_length` gives lm-eval's disjoint windows). Every token is
+  scored exactly once.
 - `conditional_loglikelihoods(pairs)`: the log-likelihood of a continuation given a context, and whether greedy
   decoding from the context would produce exactly the continuation's tokens (each is the arg-max at its step —
   the same as running greedy generation for that many tokens). A context too long for the window is cut from
@@ -16,21 +17,23 @@ Two requests cover the suite:
 
 Tokenisation follows lm-evaluation-harness for causal models, so the numbers agree with it: no special tokens
 are added, and a (context, continuation) pair is encoded as a whole and split where the context's tokens end,
-with whitespace that ends the context moved to the continuation.
+with whitespace that ends the context moved to the continuation. What is faster than lm-eval: windows of similar
+length are batched, only the logits of scored positions are computed (`logits_to_keep`), and one fused
+cross-entropy scores a whole batch.
 
-Shape legend: B windows in a batch, T padded window length, K kept logit positions, V vocabulary, n scored tokens.
+Shape legend: B windows in a batch, T padded window length, K kept logit positions, V vocabulary.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from .data import EvaluationError
 
@@ -48,64 +51,52 @@ class Window:
 
 
 @dataclass(frozen=True)
-class WindowScore:
-    """Sum of the target log-probabilities of a window, and whether every target was the arg-max prediction
-    (False when the check was not asked for)."""
-
-    loglikelihood: float
-    is_greedy: bool
-
-
-@dataclass(frozen=True)
-class ContinuationScore:
-    """Score of one continuation.
+class Score:
+    """The score of a window, a text or a continuation.
 
     Attributes:
-        loglikelihood: Sum of the log-probabilities of the continuation's tokens given the context (nats).
-        is_greedy: Greedy decoding from the context produces exactly these tokens.
-        num_tokens: Number of continuation tokens.
+        loglikelihood: Sum of the log-probabilities of the scored tokens (nats).
+        num_tokens: Number of scored tokens.
+        is_greedy: Every scored token is the arg-max prediction (greedy decoding produces them); False when the
+            check was not asked for (rolling scores).
         truncated: The context was cut from the left to fit the window.
     """
 
     loglikelihood: float
-    is_greedy: bool
     num_tokens: int
-    truncated: bool
+    is_greedy: bool = False
+    truncated: bool = False
 
 
-@dataclass(frozen=True)
-class RollingScore:
-    """Log-likelihood of a whole text (nats) and the number of tokens it sums over."""
-
-    loglikelihood: float
-    num_tokens: int
+def _window(context: Sequence[int], continuation: Sequence[int], max_length: int) -> Window:
+    """The forward pass that scores `continuation` after `context`, as lm-eval's `_loglikelihood_tokens` builds it:
+    the last `max_length + 1` tokens of both."""
+    return Window(tuple((list(context) + list(continuation))[-(max_length + 1) :]), len(continuation))
 
 
 def rolling_windows(tokens: Sequence[int], prefix_token_id: int | None, max_length: int, stride: int) -> list[Window]:
-    """The sliding windows that score every token of `tokens` exactly once (see the module docstring).
+    """The windows that score every token of `tokens` exactly once: lm-evaluation-harness's rolling windows.
 
     Args:
         tokens: The token ids of one text.
         prefix_token_id: Token placed before the text so its first token is scored; `None` leaves the first
-            token unscored.
+            token unscored (it is the context of the second).
         max_length: Longest model input (the context window).
         stride: New tokens scored per window after the first, 1 <= stride <= max_length.
-
-    Returns:
-        The windows, in order.
     """
     if not 1 <= stride <= max_length:
         raise EvaluationError(f"`stride` must be in [1, max_length={max_length}], got {stride}.")
-    sequence = ([prefix_token_id] if prefix_token_id is not None else []) + list(tokens)
-    if len(sequence) < 2:
-        return []
-    end = min(max_length, len(sequence) - 1) + 1  # exclusive end of the scored positions of `sequence`
-    windows = [Window(tuple(sequence[:end]), end - 1)]
-    while end < len(sequence):
-        new_end = min(end + stride, len(sequence))
-        windows.append(Window(tuple(sequence[max(0, new_end - 1 - max_length) : new_end]), new_end - end))
-        end = new_end
-    return windows
+    try:
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    except ImportError:
+        raise EvaluationError(
+            "rolling log-likelihoods use lm-evaluation-harness's windows: pip install 'aot-transformers[eval]'."
+        ) from None
+    tokens = list(tokens)
+    if prefix_token_id is None:  # the first token only conditions the others
+        prefix_token_id, tokens = (tokens[0], tokens[1:]) if tokens else (None, [])
+    pairs = get_rolling_token_windows(tokens, prefix_token_id, max_length, max_length - stride + 1)
+    return [_window(context, continuation, max_length) for context, continuation in map(make_disjoint_window, pairs)]
 
 
 def model_context_window(model: torch.nn.Module, tokenizer=None) -> int | None:
@@ -116,15 +107,7 @@ def model_context_window(model: torch.nn.Module, tokenizer=None) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     length = getattr(tokenizer, "model_max_length", None)
-    if isinstance(length, int) and 0 < length < _UNSET_TOKENIZER_LENGTH:
-        return length
-    return None
-
-
-def _output_vocab_size(model: torch.nn.Module) -> int | None:
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    size = getattr(head, "out_features", None) or getattr(getattr(model, "config", None), "vocab_size", None)
-    return int(size) if size else None
+    return length if isinstance(length, int) and 0 < length < _UNSET_TOKENIZER_LENGTH else None
 
 
 class LanguageModelScorer:
@@ -172,19 +155,13 @@ class LanguageModelScorer:
             raise EvaluationError(f"`batch_size` must be a positive int, got {batch_size!r}.")
         if prefix_token_id == "auto":
             prefix_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-        self.model = model
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-        self.stride = stride
-        self.batch_size = batch_size
-        self.bf16 = bf16
-        self.prefix_token_id = prefix_token_id
-        self.progress = progress
-        self.vocab_size = _output_vocab_size(model)
+        self.model, self.tokenizer, self.max_length, self.stride = model, tokenizer, max_length, stride
+        self.batch_size, self.bf16, self.prefix_token_id, self.progress = batch_size, bf16, prefix_token_id, progress
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        size = getattr(head, "out_features", None) or getattr(getattr(model, "config", None), "vocab_size", None)
+        self.vocab_size = int(size) if size else None
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._device = next(model.parameters()).device
-
-    # -- tokenisation ---------------------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without special tokens; ids the model cannot embed raise `EvaluationError`."""
@@ -201,30 +178,21 @@ class LanguageModelScorer:
         spaces = len(context) - len(context.rstrip())
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
-        whole = self.encode(context + continuation)
-        context_ids = self.encode(context)
+        whole, context_ids = self.encode(context + continuation), self.encode(context)
         return whole[: len(context_ids)], whole[len(context_ids) :]
 
-    # -- requests -------------------------------------------------------------------------------------------------
-
-    def rolling_loglikelihoods(self, texts: Sequence[str], description: str = "rolling") -> list[RollingScore]:
-        """Log-likelihood of every token of each text (sliding windows; see the module docstring)."""
-        windows, owners = [], []
-        for index, text in enumerate(texts):
-            for window in rolling_windows(self.encode(text), self.prefix_token_id, self.max_length, self.stride):
-                windows.append(window)
-                owners.append(index)
-        totals = [0.0] * len(texts)
-        counts = [0] * len(texts)
-        scores = self.score_windows(windows, description, greedy=False)
-        for owner, window, score in zip(owners, windows, scores, strict=True):
-            totals[owner] += score.loglikelihood
-            counts[owner] += window.num_scored
-        return [RollingScore(total, count) for total, count in zip(totals, counts, strict=True)]
+    def rolling_loglikelihoods(self, texts: Sequence[str], description: str = "rolling") -> list[Score]:
+        """Log-likelihood of every token of each text (lm-eval's rolling windows; see the module docstring)."""
+        per_text = [rolling_windows(self.encode(t), self.prefix_token_id, self.max_length, self.stride) for t in texts]
+        scores = iter(self.score_windows([w for windows in per_text for w in windows], description, greedy=False))
+        totals = [[next(scores) for _ in windows] for windows in per_text]
+        return [
+            Score(sum((s.loglikelihood for s in parts), 0.0), sum(s.num_tokens for s in parts)) for parts in totals
+        ]
 
     def conditional_loglikelihoods(
         self, pairs: Sequence[tuple[str, str]], description: str = "loglikelihood"
-    ) -> list[ContinuationScore]:
+    ) -> list[Score]:
         """Log-likelihood of each continuation given its context, and whether greedy decoding produces it."""
         windows, truncated = [], []
         for context, continuation in pairs:
@@ -240,21 +208,15 @@ class LanguageModelScorer:
                     f"a continuation of {len(continuation_ids)} tokens does not fit the {self.max_length}-token "
                     f"window: {continuation[:60]!r}"
                 )
-            tokens = (context_ids + continuation_ids)[-(self.max_length + 1) :]
             truncated.append(len(context_ids) + len(continuation_ids) > self.max_length + 1)
-            windows.append(Window(tuple(tokens), len(continuation_ids)))
+            windows.append(_window(context_ids, continuation_ids, self.max_length))
         scores = self.score_windows(windows, description)
-        return [
-            ContinuationScore(score.loglikelihood, score.is_greedy, window.num_scored, cut)
-            for score, window, cut in zip(scores, windows, truncated, strict=True)
-        ]
-
-    # -- the forward passes ---------------------------------------------------------------------------------------
+        return [replace(score, truncated=cut) for score, cut in zip(scores, truncated, strict=True)]
 
     @torch.no_grad()
     def score_windows(
         self, windows: Sequence[Window], description: str = "scoring", greedy: bool = True
-    ) -> list[WindowScore]:
+    ) -> list[Score]:
         """Score windows in batches of similar length (longest first, so a memory error shows at once).
 
         Args:
@@ -264,46 +226,37 @@ class LanguageModelScorer:
                 scores do not need it and report `is_greedy=False`).
         """
         order = sorted(range(len(windows)), key=lambda i: -len(windows[i].tokens))
-        results: list[WindowScore | None] = [None] * len(windows)
-        bar = _progress_bar(len(windows), description, self.progress)
-        for start in range(0, len(order), self.batch_size):
-            indices = order[start : start + self.batch_size]
-            for index, score in zip(indices, self._score_batch([windows[i] for i in indices], greedy), strict=True):
-                results[index] = score
-            bar(len(indices))
-        bar(0, close=True)
-        return results  # type: ignore[return-value]
+        results: list[Score] = [None] * len(windows)  # type: ignore[list-item]
+        disable = not self.progress or not windows
+        with tqdm(total=len(windows), desc=description, unit="window", leave=False, disable=disable) as bar:
+            for start in range(0, len(order), self.batch_size):
+                indices = order[start : start + self.batch_size]
+                for index, score in zip(
+                    indices, self._score_batch([windows[i] for i in indices], greedy), strict=True
+                ):
+                    results[index] = score
+                bar.update(len(indices))
+        return results
 
-    def _score_batch(self, batch: Sequence[Window], greedy: bool) -> list[WindowScore]:
-        lengths = [len(window.tokens) - 1 for window in batch]
-        padded = max(lengths)
+    def _score_batch(self, batch: Sequence[Window], greedy: bool) -> list[Score]:
+        padded = max(len(window.tokens) for window in batch) - 1
         # Right padding: a causal model never lets a real position see the padding after it.
-        inputs = torch.zeros(len(batch), padded, dtype=torch.long)
-        for row, window in enumerate(batch):
-            inputs[row, : lengths[row]] = torch.tensor(window.tokens[:-1])
+        tokens = torch.tensor([list(w.tokens) + [0] * (padded + 1 - len(w.tokens)) for w in batch])  # (B, T + 1)
+        ends = torch.tensor([len(w.tokens) - 1 for w in batch])[:, None]  # (B, 1) input lengths
+        starts = ends - torch.tensor([w.num_scored for w in batch])[:, None]  # (B, 1) first scored input position
+        positions = torch.arange(padded)
+        scored = (positions >= starts) & (positions < ends)  # (B, T): the positions that predict a target
         # Only the positions that predict a target need logits (a few per row for the last-word and cloze tasks).
-        keep = max(padded - length + window.num_scored for length, window in zip(lengths, batch, strict=True))
+        keep = int((padded - starts).max())
         kwargs = {"logits_to_keep": keep} if self._takes_logits_to_keep else {}
-        autocast = torch.autocast(self._device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
-        with autocast:
-            logits = self.model(input_ids=inputs.to(self._device), use_cache=False, **kwargs).logits
+        with torch.autocast(self._device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext():
+            logits = self.model(input_ids=tokens[:, :-1].to(self._device), use_cache=False, **kwargs).logits
         logits = logits[:, -keep:]  # (B, K, V)
-
-        # Targets laid out like the kept logits; positions that score nothing (context, padding) are masked out.
-        targets = torch.zeros(len(batch), keep, dtype=torch.long)
-        scored = torch.zeros(len(batch), keep, dtype=torch.bool)
-        for row, (length, window) in enumerate(zip(lengths, batch, strict=True)):
-            first = length - window.num_scored - (padded - keep)  # first scored position among the K kept
-            targets[row, first : first + window.num_scored] = torch.tensor(window.tokens[-window.num_scored :])
-            scored[row, first : first + window.num_scored] = True
-        targets, scored = targets.to(logits.device), scored.to(logits.device)
-        logprobs, is_greedy = _target_logprobs(logits, targets, greedy)  # (B, K), (B, K)
-        logprobs = logprobs.double().masked_fill(~scored, 0.0).sum(dim=1)  # (B,)
-        if greedy:
-            is_greedy = (is_greedy | ~scored).all(dim=1)  # (B,)
-        return [
-            WindowScore(float(logprobs[row]), bool(is_greedy[row]) if greedy else False) for row in range(len(batch))
-        ]
+        targets, scored = tokens[:, 1:][:, -keep:].to(logits.device), scored[:, -keep:].to(logits.device)
+        logprobs, hits = _target_logprobs(logits, targets, greedy)  # (B, K), (B, K) or None
+        totals = logprobs.double().masked_fill(~scored, 0.0).sum(dim=1)  # (B,)
+        greedy_rows = (hits | ~scored).all(dim=1).tolist() if greedy else [False] * len(batch)  # (B,)
+        return [Score(float(t), w.num_scored, bool(g)) for t, w, g in zip(totals, batch, greedy_rows, strict=True)]
 
 
 def _target_logprobs(logits: torch.Tensor, targets: torch.Tensor, greedy: bool, chunk: int = 4096):
@@ -312,48 +265,14 @@ def _target_logprobs(logits: torch.Tensor, targets: torch.Tensor, greedy: bool, 
     One fused cross-entropy over all kept positions is much faster than one call per row; it runs over chunks of
     positions so the temporary log-softmax stays O(chunk · V).
     """
-    batch, keep, vocab = logits.shape
-    flat, flat_targets = logits.reshape(batch * keep, vocab), targets.reshape(-1)  # (B·K, V), (B·K,)
+    flat, flat_targets = logits.flatten(0, 1), targets.flatten()  # (B·K, V), (B·K,)
     logprobs, hits = [], []
     for start in range(0, flat.shape[0], chunk):
-        part = flat[start : start + chunk].float()  # (n, V)
-        target = flat_targets[start : start + chunk]
+        part, target = flat[start : start + chunk].float(), flat_targets[start : start + chunk]  # (n, V), (n,)
         logprobs.append(-F.cross_entropy(part, target, reduction="none"))
         if greedy:
             hits.append(part.argmax(dim=-1) == target)
-    return torch.cat(logprobs).view(batch, keep), torch.cat(hits).view(batch, keep) if greedy else None
+    return torch.cat(logprobs).view_as(targets), torch.cat(hits).view_as(targets) if greedy else None
 
 
-def _progress_bar(total: int, description: str, enabled: bool) -> Callable[..., None]:
-    """A tqdm bar when enabled and installed; a no-op otherwise."""
-    if not enabled or total == 0:
-        return lambda n, close=False: None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is part of the `eval` extra; without it there is simply no bar
-        return lambda n, close=False: None
-    bar = tqdm(total=total, desc=description, unit="window", leave=False)
-
-    def update(n: int, close: bool = False) -> None:
-        bar.update(n)
-        if close:
-            bar.close()
-
-    return update
-
-
-def bits_per_byte(loglikelihood: float, num_bytes: int) -> float:
-    """Negative log-likelihood in bits per UTF-8 byte: compares models with different tokenizers."""
-    return -loglikelihood / (num_bytes * math.log(2)) if num_bytes else float("nan")
-
-
-__all__ = [
-    "ContinuationScore",
-    "LanguageModelScorer",
-    "RollingScore",
-    "Window",
-    "WindowScore",
-    "bits_per_byte",
-    "model_context_window",
-    "rolling_windows",
-]
+__all__ = ["LanguageModelScorer", "Score", "Window", "model_context_window", "rolling_windows"]

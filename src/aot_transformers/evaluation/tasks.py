@@ -36,7 +36,7 @@ from .data import (
     read_wikitext,
     wikitext_documents,
 )
-from .scoring import LanguageModelScorer, bits_per_byte
+from .scoring import LanguageModelScorer
 
 HUB_PREFIX = "hub:"
 
@@ -67,7 +67,6 @@ class Dataset:
     """One dataset of the suite and its two sources.
 
     Attributes:
-        key: Short name (`wikitext`, `ptb`, `lambada`, `cbt_cn`, `cbt_ne`).
         title: Human-readable name.
         read_file: Parser of the published local format.
         from_rows: Converts the Hub rows (a `datasets.Dataset`) into the same structure.
@@ -76,7 +75,6 @@ class Dataset:
         columns: Columns the Hub rows must have.
     """
 
-    key: str
     title: str
     read_file: Callable[[Path], list]
     from_rows: Callable[[Any, str], list]
@@ -85,71 +83,54 @@ class Dataset:
     columns: tuple[str, ...]
 
 
-def _wikitext_rows(rows, source: str) -> list[str]:
-    return wikitext_documents(rows["text"], source=source)
+def _text_dataset(title: str, read_file, parse_lines, hub: HubSource, file_names: tuple[str, ...], column: str):
+    """A dataset whose Hub rows hold its lines in one column (parsed as the local file's lines are)."""
+    return Dataset(
+        title, read_file, lambda rows, source: parse_lines(rows[column], source=source), hub, file_names, (column,)
+    )
 
 
-def _ptb_rows(rows, source: str) -> list[str]:
-    return ptb_documents(rows["sentence"], source=source)
+def _cbt_dataset(kind: str) -> Dataset:
+    def from_rows(rows, source: str) -> list[ClozeExample]:
+        return [
+            cloze_example(row["sentences"], row["question"], row["answer"], row["options"], source, number)
+            for number, row in enumerate(rows, start=1)
+        ]
 
-
-def _lambada_rows(rows, source: str) -> list[str]:
-    return lambada_passages(rows["text"], source=source)
-
-
-def _cbt_rows(rows, source: str) -> list[ClozeExample]:
-    return [
-        cloze_example(row["sentences"], row["question"], row["answer"], row["options"], source, number)
-        for number, row in enumerate(rows, start=1)
-    ]
+    names = (f"cbtest_{kind}_test_2500ex.txt", f"cbtest_{kind}_valid_2000ex.txt", f"cbtest_{kind}_*.txt")
+    columns = ("sentences", "question", "answer", "options")
+    return Dataset(
+        f"Children's Book Test ({kind})", read_cbt, from_rows, HubSource("cam-cst/cbt", kind, "test"), names, columns
+    )
 
 
 DATASETS: dict[str, Dataset] = {
-    "wikitext": Dataset(
-        "wikitext",
+    "wikitext": _text_dataset(
         "WikiText-2 (raw)",
         read_wikitext,
-        _wikitext_rows,
+        wikitext_documents,
         HubSource("Salesforce/wikitext", "wikitext-2-raw-v1", "test"),
         ("wiki.test.raw", "wiki.valid.raw"),
-        ("text",),
+        "text",
     ),
-    "ptb": Dataset(
-        "ptb",
+    "ptb": _text_dataset(
         "Penn Treebank",
         read_ptb,
-        _ptb_rows,
+        ptb_documents,
         HubSource("ptb-text-only/ptb_text_only", "penn_treebank", "test"),
         ("ptb.test.txt", "ptb.valid.txt"),
-        ("sentence",),
+        "sentence",
     ),
-    "lambada": Dataset(
-        "lambada",
+    "lambada": _text_dataset(
         "LAMBADA (OpenAI)",
         read_lambada,
-        _lambada_rows,
+        lambada_passages,
         HubSource("EleutherAI/lambada_openai", "default", "test"),
         ("lambada_test.jsonl", "lambada_openai.jsonl", "lambada_dev*.jsonl"),
-        ("text",),
+        "text",
     ),
-    "cbt_cn": Dataset(
-        "cbt_cn",
-        "Children's Book Test (CN)",
-        read_cbt,
-        _cbt_rows,
-        HubSource("cam-cst/cbt", "CN", "test"),
-        ("cbtest_CN_test_2500ex.txt", "cbtest_CN_valid_2000ex.txt", "cbtest_CN_*.txt"),
-        ("sentences", "question", "answer", "options"),
-    ),
-    "cbt_ne": Dataset(
-        "cbt_ne",
-        "Children's Book Test (NE)",
-        read_cbt,
-        _cbt_rows,
-        HubSource("cam-cst/cbt", "NE", "test"),
-        ("cbtest_NE_test_2500ex.txt", "cbtest_NE_valid_2000ex.txt", "cbtest_NE_*.txt"),
-        ("sentences", "question", "answer", "options"),
-    ),
+    "cbt_cn": _cbt_dataset("CN"),
+    "cbt_ne": _cbt_dataset("NE"),
 }
 
 
@@ -162,7 +143,6 @@ class Task:
         dataset: Key of its dataset in `DATASETS`.
         kind: `"perplexity"` (mean token loss over documents), `"last_word"` (LAMBADA accuracy) or `"cloze"` (CBT).
         description: One line for `aot eval tasks`.
-        primary_metric: The metric of the paper's table.
         lm_eval_task: The matching task of our lm-evaluation-harness folder.
     """
 
@@ -170,35 +150,19 @@ class Task:
     dataset: str
     kind: str
     description: str
-    primary_metric: str
     lm_eval_task: str
 
 
+_LOSS = "loss (mean token cross-entropy)"
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
-        Task(
-            "wikitext",
-            "wikitext",
-            "perplexity",
-            "WikiText validation loss (mean token cross-entropy)",
-            "loss",
-            "aot_wikitext",
-        ),
-        Task("ptb", "ptb", "perplexity", "PTB validation loss (mean token cross-entropy)", "loss", "aot_ptb"),
-        Task(
-            "lambada",
-            "lambada",
-            "perplexity",
-            "LAMBADA passages loss (mean token cross-entropy)",
-            "loss",
-            "aot_lambada_text",
-        ),
-        Task(
-            "lambada_acc", "lambada", "last_word", "LAMBADA last-word accuracy, greedy decoding", "acc", "aot_lambada"
-        ),
-        Task("cbt_cn", "cbt_cn", "cloze", "CBT common nouns, 10-way accuracy", "acc", "aot_cbt_cn"),
-        Task("cbt_ne", "cbt_ne", "cloze", "CBT named entities, 10-way accuracy", "acc", "aot_cbt_ne"),
+        Task("wikitext", "wikitext", "perplexity", f"WikiText validation {_LOSS}", "aot_wikitext"),
+        Task("ptb", "ptb", "perplexity", f"PTB validation {_LOSS}", "aot_ptb"),
+        Task("lambada", "lambada", "perplexity", f"LAMBADA passages {_LOSS}", "aot_lambada_text"),
+        Task("lambada_acc", "lambada", "last_word", "LAMBADA last-word accuracy, greedy decoding", "aot_lambada"),
+        Task("cbt_cn", "cbt_cn", "cloze", "CBT common nouns, 10-way accuracy", "aot_cbt_cn"),
+        Task("cbt_ne", "cbt_ne", "cloze", "CBT named entities, 10-way accuracy", "aot_cbt_ne"),
     )
 }
 
@@ -209,10 +173,7 @@ def parse_task_names(tasks: str | Sequence[str] | None) -> list[str]:
     Raises:
         EvaluationError: For an unknown name; the message lists the valid ones.
     """
-    if tasks is None:
-        return list(TASKS)
-    names = [name.strip() for name in (tasks.split(",") if isinstance(tasks, str) else tasks)]
-    names = [name for name in names if name]
+    names = [name.strip() for name in (tasks.split(",") if isinstance(tasks, str) else tasks or []) if name.strip()]
     if not names or names == ["all"]:
         return list(TASKS)
     unknown = [name for name in names if name not in TASKS]
@@ -232,9 +193,6 @@ class DataSource:
     dataset: str
     path: Path | None = None
     hub: HubSource | None = None
-
-    def describe(self) -> str:
-        return str(self.path) if self.path is not None else self.hub.describe()
 
     def to_dict(self) -> dict[str, Any]:
         if self.path is not None:
@@ -297,10 +255,7 @@ def resolve_sources(
             raise EvaluationError(f"two different sources for the {dataset} data: {overrides[dataset]} and {spec}.")
         overrides[dataset] = spec
     sources: dict[str, DataSource] = {}
-    for name in parse_task_names(list(tasks)):
-        key = TASKS[name].dataset
-        if key in sources:
-            continue
+    for key in dict.fromkeys(TASKS[name].dataset for name in parse_task_names(list(tasks))):
         if key in overrides:
             sources[key] = parse_source(key, overrides[key])
             continue
@@ -384,11 +339,10 @@ def _perplexity_metrics(scorer: LanguageModelScorer, documents: Sequence[str], n
     words = sum(count_words(doc) for doc in documents)
     if tokens == 0:
         raise EvaluationError(f"{name}: no token to score (empty documents?).")
-    loss = -loglikelihood / tokens
     metrics = {
-        "loss": loss,
-        "perplexity": math.exp(loss),
-        "bits_per_byte": bits_per_byte(loglikelihood, num_bytes),
+        "loss": -loglikelihood / tokens,
+        "perplexity": math.exp(-loglikelihood / tokens),
+        "bits_per_byte": -loglikelihood / (num_bytes * math.log(2)),  # compares models with different tokenizers
         "byte_perplexity": math.exp(-loglikelihood / num_bytes),
         "word_perplexity": math.exp(-loglikelihood / words),
     }
@@ -398,9 +352,10 @@ def _perplexity_metrics(scorer: LanguageModelScorer, documents: Sequence[str], n
 
 def _last_word_metrics(scorer: LanguageModelScorer, passages: Sequence[str], name: str):
     scores = scorer.conditional_loglikelihoods([lambada_split(p) for p in passages], description=name)
-    accuracy = sum(score.is_greedy for score in scores) / len(scores)
-    mean_loglikelihood = sum(score.loglikelihood for score in scores) / len(scores)
-    metrics = {"acc": accuracy, "last_word_perplexity": math.exp(-mean_loglikelihood)}
+    metrics = {
+        "acc": sum(score.is_greedy for score in scores) / len(scores),
+        "last_word_perplexity": math.exp(-sum(score.loglikelihood for score in scores) / len(scores)),
+    }
     counts = {
         "examples": len(scores),
         "tokens": sum(score.num_tokens for score in scores),
@@ -412,21 +367,17 @@ def _last_word_metrics(scorer: LanguageModelScorer, passages: Sequence[str], nam
 
 def _cloze_metrics(scorer: LanguageModelScorer, examples: Sequence[ClozeExample], name: str):
     pairs = [example.scoring_pair(candidate) for example in examples for candidate in example.candidates]
-    scores = iter(scorer.conditional_loglikelihoods(pairs, description=name))
-    pair_iter = iter(pairs)
-    correct = correct_norm = 0
-    truncated = 0
+    scores = scorer.conditional_loglikelihoods(pairs, description=name)
+    correct = correct_norm = start = 0
     for example in examples:
-        lls, lengths = [], []
-        for _ in example.candidates:
-            score, (_, continuation) = next(scores), next(pair_iter)
-            lls.append(score.loglikelihood)
-            lengths.append(len(continuation))
-            truncated += score.truncated
-        correct += max(range(len(lls)), key=lambda i: (lls[i], -i)) == example.label
-        normalised = [ll / length for ll, length in zip(lls, lengths, strict=True)]
+        stop = start + len(example.candidates)
+        lls = [score.loglikelihood for score in scores[start:stop]]
+        normalised = [ll / len(continuation) for ll, (_, continuation) in zip(lls, pairs[start:stop], strict=True)]
+        correct += max(range(len(lls)), key=lambda i: (lls[i], -i)) == example.label  # ties: the first candidate
         correct_norm += max(range(len(lls)), key=lambda i: (normalised[i], -i)) == example.label
+        start = stop
     metrics = {"acc": correct / len(examples), "acc_norm": correct_norm / len(examples)}
+    truncated = sum(score.truncated for score in scores)
     counts = {"examples": len(examples), "candidates": len(pairs), "truncated_contexts": truncated}
     return metrics, counts, {"rule": CBT_RULE}
 
