@@ -366,14 +366,13 @@ def push_to_hub(
     target = f"{repo_id} on {api.endpoint}"
     message = commit_message or f"Upload {folder.name} with aot-transformers"
     try:
-        repo_url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        if revision:
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
-        info = api.upload_folder(
-            repo_id=repo_id,
-            folder_path=folder,
+        repo_url, info = _upload_folder(
+            api,
+            repo_id,
+            private,
+            revision,
+            folder,
             commit_message=message,
-            revision=revision,
             create_pr=create_pr,
             ignore_patterns=ignore,
         )
@@ -392,6 +391,14 @@ def push_to_hub(
             "unchanged; fix the cause (token, network, repo id, card metadata) and run the push again."
         ) from error
     return PushResult(repo_url=str(repo_url), commit_url=info.commit_url, commit_oid=info.oid, files=names)
+
+
+def _upload_folder(api, repo_id: str, private: bool | None, revision: str | None, folder, **upload):
+    """Create the repo (and branch) if missing, then upload a folder; returns `(repo url, commit info)`."""
+    repo_url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    if revision:
+        api.create_branch(repo_id, branch=revision, exist_ok=True)
+    return repo_url, api.upload_folder(repo_id=repo_id, folder_path=folder, revision=revision, **upload)
 
 
 def upload_checkpoint(
@@ -413,18 +420,17 @@ def upload_checkpoint(
 
     api = HfApi(endpoint=endpoint, token=token)
     try:
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        if revision:
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
-        return api.upload_folder(
-            repo_id=repo_id,
-            folder_path=folder,
+        return _upload_folder(
+            api,
+            repo_id,
+            private,
+            revision,
+            folder,
             path_in_repo=path_in_repo,
             commit_message=commit_message,
-            revision=revision,
             ignore_patterns=ignore_patterns,
             delete_patterns=delete_patterns,
-        )
+        )[1]
     except Exception as error:
         raise HubPushError(
             f"Push of checkpoint {folder} to {repo_id} on {api.endpoint} failed: {type(error).__name__}: {error}. "

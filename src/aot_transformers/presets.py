@@ -25,61 +25,29 @@ _CAUSAL_MSSA = {**_LANGUAGE, "attention_type": "mssa", "normalize_query": True}
 _VISION = {"image_size": 224, "patch_size": 16, "num_channels": 3, "num_labels": 1000, "attention_type": "mssa"}
 _VISION_NO_NORM = {**_VISION, "layer_norm": False}  # earlier version, Sec. 4.2: "we do *not* even use LayerNorm"
 
+
+def _shape(base: dict[str, Any], layers: int, width: int, heads: int, **fields: Any) -> dict[str, Any]:
+    return {**base, **fields, "num_hidden_layers": layers, "hidden_size": width, "num_attention_heads": heads}
+
+
+_TINY_LM = {"vocab_size": 1024, "max_position_embeddings": 256, "bos_token_id": None, "eos_token_id": None}
+
 PRESETS: dict[str, dict[str, Any]] = {
-    "aot-mssa-l-base": {**_CAUSAL_MSSA, "num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16},
-    "aot-mssa-l-medium": {**_CAUSAL_MSSA, "num_hidden_layers": 36, "hidden_size": 1280, "num_attention_heads": 20},
-    "aot-mssa-l-large": {**_CAUSAL_MSSA, "num_hidden_layers": 48, "hidden_size": 1600, "num_attention_heads": 25},
-    "aot-mhsa-l-base": {
-        **_LANGUAGE,
-        "attention_type": "mhsa",
-        "num_hidden_layers": 24,
-        "hidden_size": 896,
-        "num_attention_heads": 14,
-    },
+    "aot-mssa-l-base": _shape(_CAUSAL_MSSA, 24, 1024, 16),
+    "aot-mssa-l-medium": _shape(_CAUSAL_MSSA, 36, 1280, 20),
+    "aot-mssa-l-large": _shape(_CAUSAL_MSSA, 48, 1600, 25),
+    "aot-mhsa-l-base": _shape(_LANGUAGE, 24, 896, 14, attention_type="mhsa"),
     # Earlier version, Table 2: the depths 12 / 24 / 32 are printed, the widths inferred.
-    "aot-v-base": {**_VISION_NO_NORM, "num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12},
-    "aot-v-large": {**_VISION_NO_NORM, "num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16},
-    "aot-v-huge": {**_VISION_NO_NORM, "num_hidden_layers": 32, "hidden_size": 1152, "num_attention_heads": 16},
+    "aot-v-base": _shape(_VISION_NO_NORM, 12, 768, 12),
+    "aot-v-large": _shape(_VISION_NO_NORM, 24, 1024, 16),
+    "aot-v-huge": _shape(_VISION_NO_NORM, 32, 1152, 16),
     # ICML 2025, Tables 1-2: only the parameter counts are printed; depth and width inferred (ViT-B / ViT-S widths).
-    "aot-mssa-v": {**_VISION, "num_hidden_layers": 17, "hidden_size": 768, "num_attention_heads": 12},
-    "aot-mhsa-v": {
-        **_VISION,
-        "attention_type": "mhsa",
-        "num_hidden_layers": 24,
-        "hidden_size": 384,
-        "num_attention_heads": 6,
-    },
-    # Tiny models for tests, demos and CPU experiments.
-    "aot-mssa-l-tiny": {
-        **_CAUSAL_MSSA,
-        "vocab_size": 1024,
-        "max_position_embeddings": 256,
-        "num_hidden_layers": 4,
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "bos_token_id": None,
-        "eos_token_id": None,
-    },
-    "aot-mhsa-l-tiny": {
-        **_LANGUAGE,
-        "attention_type": "mhsa",
-        "vocab_size": 1024,
-        "max_position_embeddings": 256,
-        "num_hidden_layers": 4,
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "bos_token_id": None,
-        "eos_token_id": None,
-    },
-    "aot-v-tiny": {
-        **_VISION,
-        "image_size": 32,
-        "patch_size": 4,
-        "num_labels": 10,
-        "num_hidden_layers": 4,
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-    },
+    "aot-mssa-v": _shape(_VISION, 17, 768, 12),
+    "aot-mhsa-v": _shape(_VISION, 24, 384, 6, attention_type="mhsa"),
+    # Tiny models for tests, demos and CPU experiments (layers, width, heads).
+    "aot-mssa-l-tiny": _shape(_CAUSAL_MSSA, 4, 64, 4, **_TINY_LM),
+    "aot-mhsa-l-tiny": _shape(_LANGUAGE, 4, 64, 4, attention_type="mhsa", **_TINY_LM),
+    "aot-v-tiny": _shape(_VISION, 4, 64, 4, image_size=32, patch_size=4, num_labels=10),
 }
 
 # What each preset reproduces: (paper parameter count, relative tolerance, where the paper prints it), for the tests

@@ -24,6 +24,19 @@ from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, new_f
 DATASETS = ("mnist", "cifar10")
 
 
+def layer_attentions(model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Every layer's attention weights (B, H, N, N) for `pixel_values` (or token ids), run on a backend that returns
+    them: `eager` unless it is `knn` already; the model's backend is restored afterwards."""
+    backend = model.config._attn_implementation
+    if backend not in ("eager", "knn"):  # the backends that return attention maps
+        model.set_attn_implementation("eager")
+    try:
+        return model.model(pixel_values, output_attentions=True, return_dict=True).attentions
+    finally:
+        if model.config._attn_implementation != backend:
+            model.set_attn_implementation(backend)
+
+
 @torch.no_grad()
 def cls_attention_maps(model: AoTForImageClassification, pixel_values: torch.Tensor, layer: int = -1) -> torch.Tensor:
     """[CLS]-to-patch attention of every head of `layer` (negative counts from the end).
@@ -38,14 +51,7 @@ def cls_attention_maps(model: AoTForImageClassification, pixel_values: torch.Ten
             f"`layer` must be in [{-num_layers}, {num_layers - 1}] for this {num_layers}-layer model, got {layer}."
         )
     model.eval()
-    backend = model.config._attn_implementation
-    if backend not in ("eager", "knn"):  # the backends that return attention maps
-        model.set_attn_implementation("eager")
-    try:
-        attentions = model.model(pixel_values, output_attentions=True, return_dict=True).attentions
-    finally:
-        if model.config._attn_implementation != backend:
-            model.set_attn_implementation(backend)
+    attentions = layer_attentions(model, pixel_values)
     grid = model.config.image_size // model.config.patch_size
     cls_to_patches = attentions[layer][:, :, 0, 1:]  # (B, H, N)
     return cls_to_patches.reshape(*cls_to_patches.shape[:2], grid, grid)

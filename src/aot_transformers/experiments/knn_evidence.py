@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
-from .attention_maps import cls_attention_maps
+from .attention_maps import cls_attention_maps, layer_attentions
 from .knn import vision_config
 from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, make_generator
 
@@ -317,16 +317,11 @@ def layer_diagnostics(model, pixel_values: torch.Tensor) -> dict[str, list[float
     streams: list[tuple[torch.Tensor, torch.Tensor]] = []
     hooks = [layer.register_forward_hook(lambda m, i, out: streams.append((i[0], out[0])))
              for layer in model.model.layers]  # fmt: skip
-    backend = model.config._attn_implementation
-    if backend not in ("eager", "knn"):  # the backends that return attention weights
-        model.set_attn_implementation("eager")
     try:
-        attentions = model.model(pixel_values, output_attentions=True, return_dict=True).attentions
+        attentions = layer_attentions(model, pixel_values)
     finally:
         for hook in hooks:
             hook.remove()
-        if model.config._attn_implementation != backend:
-            model.set_attn_implementation(backend)
     cosine, spread, ratio = [], [], []
     for (before, after), weights in zip(streams, attentions, strict=True):
         unit = F.normalize(after, dim=-1)

@@ -20,6 +20,28 @@ class TrainingSetupError(UsageError):
     """Bad input found while setting up a run, before any training step (exit code 2)."""
 
 
+def check_dataset_name(name: str | None, allowed: str) -> None:
+    """A `--dataset_name` given but blank is refused, naming what it may be (`allowed`)."""
+    if name is not None and not name.strip():
+        raise TrainingSetupError("is empty", argument="--dataset_name", value=name, allowed=allowed)
+
+
+def load_hub_dataset(name: str, args, local_hint: str, **options):
+    """Hub dataset `name` (config `args.dataset_config_name`), which must have the split `args.train_split`; a
+    `TrainingSetupError` when it cannot be loaded (offline, unknown id, gated), saying what to pass for local data."""
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(name, args.dataset_config_name, **options)
+    except Exception as error:  # say so before anything else happens
+        raise TrainingSetupError(
+            f"Could not load dataset {name!r} from the Hub: {type(error).__name__}: {error}. For local {local_hint}."
+        ) from error
+    if args.train_split not in loaded:
+        raise TrainingSetupError(f"Dataset {name!r} has no split {args.train_split!r} (splits: {list(loaded)}).")
+    return loaded
+
+
 @dataclass
 class ModelArguments:
     """Which model to train: a checkpoint to fine-tune, a preset, or a config file, with overrides. Shared by the

@@ -39,10 +39,11 @@ def idle_cores() -> int:
     return max(1, min(cores, int(cores - busy + 0.5)))
 
 
-def _training_arguments(output_dir: Path, **overrides):
+def _training_arguments(output_dir: Path, epochs: float, seed: int, batch: int, eval_batch: int, lr: float, log: int):
+    """The demo's CPU `TrainingArguments`: cosine schedule, 20 warm-up steps, evaluation each epoch, no checkpoints."""
     from transformers import TrainingArguments
 
-    fields = dict(
+    return TrainingArguments(
         output_dir=str(output_dir),
         save_strategy="no",
         eval_strategy="epoch",
@@ -52,11 +53,15 @@ def _training_arguments(output_dir: Path, **overrides):
         dataloader_num_workers=0,
         lr_scheduler_type="cosine",
         weight_decay=0.01,
-        seed=0,
+        num_train_epochs=epochs,
+        per_device_train_batch_size=batch,
+        per_device_eval_batch_size=eval_batch,
+        learning_rate=lr,
+        warmup_steps=20,
+        logging_steps=log,
+        seed=seed,
         disable_tqdm=False,
     )
-    fields.update(overrides)
-    return TrainingArguments(**fields)
 
 
 def train_demo_lm(output_dir: Path, epochs: float, seed: int = 0) -> dict[str, Any]:
@@ -68,16 +73,7 @@ def train_demo_lm(output_dir: Path, epochs: float, seed: int = 0) -> dict[str, A
     return train_lm(
         LMModelArguments(preset="aot-mssa-l-tiny", tokenizer_vocab_size=1024),
         TextDataArguments(dataset_name=EMBEDDED_CORPUS, block_size=128, validation_split_percentage=8),
-        _training_arguments(
-            output_dir / "runs" / "lm",
-            num_train_epochs=epochs,
-            per_device_train_batch_size=16,
-            per_device_eval_batch_size=32,
-            learning_rate=3e-3,
-            warmup_steps=20,
-            logging_steps=10,
-            seed=seed,
-        ),
+        _training_arguments(output_dir / "runs" / "lm", epochs, seed, batch=16, eval_batch=32, lr=3e-3, log=10),
         PublishArguments(final_model_dir=str(output_dir / LM_FOLDER), model_name=LM_FOLDER),
     )
 
@@ -91,16 +87,7 @@ def train_demo_image(output_dir: Path, epochs: float, seed: int = 0):
     run = prepare_image_training(
         ImageModelArguments(preset="aot-v-tiny", config_overrides="image_size=8,patch_size=2"),
         ImageDataArguments(dataset_name=SKLEARN_DIGITS, validation_split_percentage=10, test_split_percentage=20),
-        _training_arguments(
-            output_dir / "runs" / "image",
-            num_train_epochs=epochs,
-            per_device_train_batch_size=32,
-            per_device_eval_batch_size=128,
-            learning_rate=2e-3,
-            warmup_steps=20,
-            logging_steps=20,
-            seed=seed,
-        ),
+        _training_arguments(output_dir / "runs" / "image", epochs, seed, batch=32, eval_batch=128, lr=2e-3, log=20),
         PublishArguments(final_model_dir=str(output_dir / IMAGE_FOLDER), model_name=IMAGE_FOLDER),
     )
     return run_image_training(run), run.source.test

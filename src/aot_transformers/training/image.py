@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
+from .arguments import ModelArguments, PublishArguments, TrainingSetupError, check_dataset_name, parse_dataclasses
 from .lora import LoraArguments
 from .optim import OptimizerArguments
 from .run import TrainingRun, dataset_length, run_main, run_training
@@ -78,33 +78,23 @@ def accuracy_metrics():
 
 
 def prepare_image_training(
-    model_args: ImageModelArguments,
-    data_args: ImageDataArguments,
-    training_args,
-    publish_args: PublishArguments | None = None,
-    callbacks: list | None = None,
-    lora: LoraArguments | None = None,
-    optim: OptimizerArguments | None = None,
+    model_args: ImageModelArguments, data_args: ImageDataArguments, training_args, *more: Any, **options: Any
 ) -> TrainingRun:
-    """Check every input, load the images, build the model, processor and `Trainer`. Nothing is trained yet."""
+    """Check every input, load the images, build the model, processor and `Trainer`. Nothing is trained yet.
+    `publish_args`, `callbacks`, `lora` and `optim` follow, as in `TrainingRun.begin`."""
     from ..modeling_aot import AoTForImageClassification
 
-    run = TrainingRun.begin(
-        "image-classification", "accuracy", model_args, data_args, training_args, publish_args, callbacks, lora, optim
-    )
+    run = TrainingRun.begin("image-classification", "accuracy", model_args, data_args, training_args, *more, **options)
     if data_args.augment not in ("auto", "yes", "no"):
         raise TrainingSetupError(f"--augment must be 'auto', 'yes' or 'no', got {data_args.augment!r}.")
     if isinstance(data_args.crop_padding, bool) or data_args.crop_padding < 0:
         raise TrainingSetupError(
             "", argument="--crop_padding", value=data_args.crop_padding, allowed="an integer >= 0 (pixels)"
         )
-    if data_args.dataset_name is not None and not data_args.dataset_name.strip():
-        raise TrainingSetupError(
-            "is empty",
-            argument="--dataset_name",
-            value=data_args.dataset_name,
-            allowed="an image folder, archive folder, CSV or Hub dataset id; leave it out for scikit-learn's digits",
-        )
+    check_dataset_name(
+        data_args.dataset_name,
+        "an image folder, archive folder, CSV or Hub dataset id; leave it out for scikit-learn's digits",
+    )
     # The config first: a bad preset or override fails before any image is read. The classification head may be
     # re-initialised for new classes; every other tensor of a checkpoint must fit the config.
     config = run.build_config(

@@ -154,23 +154,16 @@ def unigram_perplexity(train_blocks, eval_blocks, vocab_size: int) -> float:
 
 
 def prepare_lm_training(
-    model_args: LMModelArguments,
-    data_args: TextDataArguments,
-    training_args,
-    publish_args: PublishArguments | None = None,
-    callbacks: list | None = None,
-    lora: LoraArguments | None = None,
-    optim: OptimizerArguments | None = None,
+    model_args: LMModelArguments, data_args: TextDataArguments, training_args, *more: Any, **options: Any
 ) -> TrainingRun:
-    """Check every input, load and pack the data, build the model and the `Trainer`. Nothing is trained yet."""
+    """Check every input, load and pack the data, build the model and the `Trainer`. Nothing is trained yet.
+    `publish_args`, `callbacks`, `lora` and `optim` follow, as in `TrainingRun.begin`."""
     import torch
     from transformers import default_data_collator
 
     from ..modeling_aot import AoTForCausalLM
 
-    run = TrainingRun.begin(
-        "text-generation", "perplexity", model_args, data_args, training_args, publish_args, callbacks, lora, optim
-    )
+    run = TrainingRun.begin("text-generation", "perplexity", model_args, data_args, training_args, *more, **options)
     config = run.build_config(AoTForCausalLM, DEFAULT_LM_PRESET)
     if data_args.streaming and training_args.max_steps <= 0:
         raise TrainingSetupError("--streaming has no length to plan epochs with: give --max_steps.")

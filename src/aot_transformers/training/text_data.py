@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import is_hub_id
-from .arguments import TrainingSetupError
+from .arguments import TrainingSetupError, check_dataset_name, load_hub_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -227,13 +227,9 @@ def load_text_source(args: TextDataArguments, seed: int = 42) -> TextSource:
 
     if args.dataset_name and args.train_file:
         raise TrainingSetupError("Give --dataset_name or --train_file, not both.")
-    if args.dataset_name is not None and not args.dataset_name.strip():
-        raise TrainingSetupError(
-            "is empty",
-            argument="--dataset_name",
-            value=args.dataset_name,
-            allowed="a text file or folder, or a Hub dataset id; leave it out for the embedded corpus",
-        )
+    check_dataset_name(
+        args.dataset_name, "a text file or folder, or a Hub dataset id; leave it out for the embedded corpus"
+    )
     if not 0 <= args.validation_split_percentage < 100:
         raise TrainingSetupError(
             f"--validation_split_percentage must be in [0, 100), got {args.validation_split_percentage}."
@@ -248,15 +244,9 @@ def load_text_source(args: TextDataArguments, seed: int = 42) -> TextSource:
         if args.streaming:
             train = train.to_iterable_dataset()
     elif name is not None and not _looks_local(name):
-        try:
-            loaded = datasets.load_dataset(name, args.dataset_config_name, streaming=args.streaming)
-        except Exception as error:  # offline, unknown id, gated, …: say so before anything else happens
-            raise TrainingSetupError(
-                f"Could not load dataset {name!r} from the Hub: {type(error).__name__}: {error}. For local data "
-                "pass a path (a file or folder that exists)."
-            ) from error
-        if args.train_split not in loaded:
-            raise TrainingSetupError(f"Dataset {name!r} has no split {args.train_split!r} (splits: {list(loaded)}).")
+        loaded = load_hub_dataset(
+            name, args, "data pass a path (a file or folder that exists)", streaming=args.streaming
+        )
         train = loaded[args.train_split]
         check_text_column(train, args.text_column, f"Dataset {name!r}")
         train = train.select_columns([args.text_column])

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import is_hub_id
-from .arguments import TrainingSetupError
+from .arguments import TrainingSetupError, load_hub_dataset
 
 SKLEARN_DIGITS = "sklearn-digits"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -274,7 +274,6 @@ def _check_train_labels(train, where: str):
 
 def load_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
     """Load the image splits described by `args`; every column and label problem raises `TrainingSetupError`."""
-    import datasets
 
     if args.streaming:
         return load_streamed_image_source(args, seed)
@@ -296,15 +295,7 @@ def load_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
     elif not is_hub_id(name) or path.suffix:
         raise TrainingSetupError(f"Image data: no such file or folder: {name}.")
     else:
-        try:
-            loaded = datasets.load_dataset(name, args.dataset_config_name)
-        except Exception as error:
-            raise TrainingSetupError(
-                f"Could not load dataset {name!r} from the Hub: {type(error).__name__}: {error}. For local images "
-                "pass a folder or file that exists."
-            ) from error
-        if args.train_split not in loaded:
-            raise TrainingSetupError(f"Dataset {name!r} has no split {args.train_split!r} (splits: {list(loaded)}).")
+        loaded = load_hub_dataset(name, args, "images pass a folder or file that exists")
         train = loaded[args.train_split]
         image_column = _find_image_column(train, args.image_column, f"Dataset {name!r}")
         train = _normalise_columns(train, image_column, args.label_column, f"Dataset {name!r}")
