@@ -211,7 +211,7 @@ def test_readme_lora_commands_run(tmp_path, monkeypatch):
     commands = readme_commands("Fine-tuning with LoRA")
     assert len(commands) == 3 and all("--lora_r" in c for c in commands[1:])
     local = ["../shared/data/text/tinyshakespeare/input.txt"] + ["../shared/data/text/janeausten/persuasion.txt"] * 2
-    for command, path in zip(commands, local):
+    for command, path in zip(commands, local, strict=True):
         steps = command.index("--max_steps")
         command[steps + 1] = "2"
         # The README names Hub datasets; this machine reads the same commands from local files.
