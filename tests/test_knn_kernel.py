@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._C._profiler import _EventType
 from torch.export import Dim
 
 from aot_transformers import AoTForCausalLM, attention_aot
@@ -400,17 +399,16 @@ def test_negative_and_positive_zero_scores_tie(backward_mode, dtype):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
-def _peak_tensor_bytes(fn) -> int:
-    """Peak bytes of CPU tensors allocated by `fn` and alive at once (the profiler's allocation events)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    peak, stack = 0, list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
-            peak = max(peak, node.extra_fields.total_allocated)
-        stack.extend(node.children)
-    return peak
+def _peak_tensor_bytes(fn) -> float:
+    """Peak bytes of CPU tensors allocated by `fn` and alive at once (the benchmark's profiler measurement)."""
+    import sys
+
+    from conftest import REPO_ROOT
+
+    sys.path.insert(0, str(REPO_ROOT))
+    from benchmarks.bench_knn import peak_tensor_mb
+
+    return peak_tensor_mb(fn) * 2**20
 
 
 @pytest.mark.parametrize("knn_k", [4, 0.5, 100])  # saved kept keys; recomputation (fractional, and k > head width)
