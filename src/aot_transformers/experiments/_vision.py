@@ -11,13 +11,14 @@ import gzip
 import io
 import os
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .study import Stopwatch, check_int, check_real, make_generator
+from .study import check_int, check_real, make_generator
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -34,15 +35,9 @@ def default_data_dir() -> Path:
 
 
 def load_cifar10(data_dir: str | Path | None = None, per_class: int = 500) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first `per_class` training images (in archive order) of every CIFAR-10 class.
-
-    Args:
-        data_dir: Folder holding `vision/cifar10/train_<class>.tar.gz` (default `default_data_dir()`), or the
-            `cifar10` folder itself.
-        per_class: Images per class (<= 5000).
-
-    Returns:
-        `images` uint8 (N, 3, 32, 32) and `labels` (N,), classes in `CIFAR10_CLASSES` order.
+    """The first `per_class` (<= 5000) training images, in archive order, of every CIFAR-10 class: `images` uint8
+    (N, 3, 32, 32) and `labels` (N,) in `CIFAR10_CLASSES` order, from `data_dir` (default `default_data_dir()`), the
+    folder holding `vision/cifar10/train_<class>.tar.gz` or the `cifar10` folder itself.
     """
     from PIL import Image
 
@@ -140,20 +135,12 @@ def train_classifier(
     seed: int = 0,
     time_limit: float | None = None,
 ) -> dict[str, Any]:
-    """Train with AdamW and cross-entropy; validation accuracy after every epoch.
+    """Train an image classifier (returning `.logits`) with AdamW and cross-entropy, `lr` decaying to 0 (cosine);
+    validation accuracy after every epoch.
 
-    Args:
-        model: An image classifier returning `.logits` (e.g. `AoTForImageClassification`).
-        data: `split(...)` output with images already normalised to float.
-        epochs: Passes over the training images.
-        batch_size: Images per step.
-        lr: Learning rate (cosine decay to 0 over the run).
-        weight_decay: AdamW weight decay.
-        seed: Seed of the batch order.
-        time_limit: Stop after the epoch during which this many seconds passed.
-
-    Returns:
-        `val_accuracy` and `train_loss` per epoch, `epoch_seconds` (cumulative), `seconds`.
+    `data` is `split(...)` output with the images already normalised to float; `seed` orders the batches;
+    `time_limit` stops after the epoch during which that many seconds passed. Returns `val_accuracy` and
+    `train_loss` per epoch, `epoch_seconds` (cumulative) and `seconds`.
     """
     check_int("epochs", epochs)
     check_int("batch_size", batch_size)
@@ -162,7 +149,7 @@ def train_classifier(
     steps_per_epoch = -(-len(data["train_labels"]) // batch_size)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * steps_per_epoch)
     history: dict[str, list[float]] = {"val_accuracy": [], "train_loss": [], "epoch_seconds": []}
-    clock = Stopwatch()
+    start = time.perf_counter()
     for _ in range(epochs):
         model.train()
         order = torch.randperm(len(data["train_labels"]), generator=generator)
@@ -177,7 +164,7 @@ def train_classifier(
             total, count = total + float(loss.detach()) * len(batch), count + len(batch)
         history["train_loss"].append(total / count)
         history["val_accuracy"].append(accuracy(model, data["val_images"], data["val_labels"]))
-        history["epoch_seconds"].append(clock.seconds())
-        if time_limit is not None and clock.seconds() > time_limit:
+        history["epoch_seconds"].append(time.perf_counter() - start)
+        if time_limit is not None and time.perf_counter() - start > time_limit:
             break
-    return {**history, "seconds": clock.seconds()}
+    return {**history, "seconds": time.perf_counter() - start}

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
 from .knn import vision_config
-from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, new_figure, save_figure
+from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, new_figure
 
 DATASETS = ("mnist", "cifar10")
 
@@ -96,7 +96,8 @@ def plot_attention_grid(images: torch.Tensor, maps: torch.Tensor, path: Path, ti
     for ax in axes.flat:
         ax.axis("off")
     fig.suptitle(title, fontsize=9)
-    return save_figure(fig, path)
+    fig.savefig(path, dpi=120)
+    return path.name
 
 
 def _dataset(name: str, data_dir: str | Path | None, per_class: int) -> tuple[torch.Tensor, torch.Tensor]:

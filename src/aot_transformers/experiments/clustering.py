@@ -24,6 +24,7 @@ The closed forms are in `clustering_theory`; the figures and claims of `aot expe
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch
 
 from . import clustering_theory as theory
 from .clustering_theory import VALUES, _check_mixture
-from .study import Stopwatch, check_choice, check_int, check_real, make_generator
+from .study import check_choice, check_int, check_real, make_generator
 from .subspace import subspace_attention
 
 INITS = ("manifold", "manifold_tilde", "sphere")
@@ -71,17 +72,10 @@ def orthonormal_centroids(
 def sample_gaussian_mixture(
     num_sequences: int, seq_len: int, centroids: torch.Tensor, sigma: float, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(P_σ): sequences of i.i.d. tokens X_ℓ = μ*_{Z_ℓ} + σξ_ℓ with Z_ℓ uniform over the K centroids.
+    """(P_σ): B sequences of L i.i.d. tokens X_ℓ = μ*_{Z_ℓ} + σξ_ℓ with Z_ℓ uniform over the K centroids.
 
-    Args:
-        num_sequences: B.
-        seq_len: L.
-        centroids: μ* as rows, (K, d), or (R, K, d) for R independent runs with their own centroids.
-        sigma: σ >= 0.
-        generator: Random generator.
-
-    Returns:
-        `tokens` (B, L, d) — or (R, B, L, d) — in the centroids' dtype, and `labels` (B, L) — or (R, B, L).
+    `centroids` are rows, (K, d), or (R, K, d) for R independent runs with their own centroids. Returns `tokens`
+    (B, L, d) — or (R, B, L, d) — in the centroids' dtype, and `labels` (B, L) — or (R, B, L).
     """
     check_int("num_sequences", num_sequences)
     check_int("seq_len", seq_len)
@@ -120,15 +114,9 @@ def linear_attention_predictor(
 ) -> torch.Tensor:
     """T_lin of Eqs. (3)–(4): Σ_k (2λ/L) Σ_m ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩ V_k(X_m), one head per row of `heads`.
 
-    Args:
-        tokens: X (B, L, d), or (R, B, L, d) with heads (R, K, d).
-        heads: μ (K, d) or (R, K, d).
-        lam: λ (a float, or a tensor broadcasting against (R, 1, 1, 1)).
-        values: `"identity"` (V = I, the paper's predictor) or `"projected"` (V_k = μ_k μ_kᵀ: MSSA with rank-1
-            subspaces and φ linear, through `subspace_attention`; heads (K, d) only).
-
-    Returns:
-        T_lin(X), the shape of `tokens`.
+    Tokens X (B, L, d) with heads μ (K, d), or (R, B, L, d) with (R, K, d); λ a float or a tensor broadcasting
+    against (R, 1, 1, 1). `values`: `"identity"` (V = I, the paper's predictor) or `"projected"` (V_k = μ_k μ_kᵀ:
+    MSSA with rank-1 subspaces and φ linear, through `subspace_attention`; heads (K, d) only).
     """
     check_choice("values", values, VALUES)
     scaling = 2 * lam / tokens.shape[-2]
@@ -149,15 +137,7 @@ def softmax_attention_predictor(
 
     Identity values, every token visible (itself included), the centering ψ/L Σ_m X_m of the "shaped attention" of
     Eq. (34): without it a misaligned head returns the sequence mean (Remark H.1). ψ = 2 debiases both heads.
-
-    Args:
-        tokens: X (B, L, d) or (R, B, L, d).
-        heads: μ (K, d) or (R, K, d).
-        lam: Inverse temperature λ (float or tensor broadcasting against (R, 1, 1, 1)).
-        psi: Centering ψ (same).
-
-    Returns:
-        The shape of `tokens`.
+    Shapes as `linear_attention_predictor`; λ (inverse temperature) and ψ floats or (R, 1, 1, 1) tensors.
     """
     coordinates = _coordinates(tokens, heads).transpose(-1, -2)  # (..., K, L)
     lam_ = lam[..., None] if isinstance(lam, torch.Tensor) and lam.dim() else lam  # broadcast over the head axis
@@ -185,9 +165,8 @@ def centroid_regulariser(tokens: torch.Tensor, heads: torch.Tensor, kind: str = 
     - `"product"`: r⁽²⁾ = E[Π_i ⟨μ_i, X⟩²] (App. G.4).
     - `"softmax"`: r₀ = E[(⟨μ₀, X⟩ − 1)²(⟨μ₁, X⟩ − 1)²] + ⟨μ₀, μ₁⟩ (App. H, problem (P_ρ₀)), as printed.
     - `"softmax_squared"`: the same with ⟨μ₀, μ₁⟩² — a deviation. With the printed, unsquared term the objective
-      is lower with anti-parallel heads than at the centroids (measured at σ = 0.3, ρ₀ = 0.5: 0.081 at the point
-      PSGD_soft reaches, ⟨μ₀, μ₁⟩ = −0.89, against 0.397 at the centroids with the best λ, ψ), so Fig. 15 cannot
-      come from it; squared, the term only asks for orthogonal heads, which the centroids are.
+      is lower with anti-parallel heads than at the centroids (README, App. H), so Fig. 15 cannot come from it;
+      squared, the term only asks for orthogonal heads, which the centroids are.
     """
     check_choice("kind", kind, REGULARISERS)
     coordinates = _coordinates(tokens, heads)  # (..., L, K)
@@ -319,16 +298,10 @@ def train_heads(
     Independent runs are vectorised: one per (ρ, seed) pair, each with its own initialisation and data.
 
     Args:
-        dim: d.
-        num_clusters: K (number of centroids and of heads).
-        sigma: Noise σ >= 0.
+        dim, num_clusters, sigma, seq_len: d, K (centroids and heads), the noise σ, L.
         lam: λ (fixed for T_lin; the initial value, learned, for softmax heads — App. H uses 3).
-        seq_len: L.
-        lr: Step size γ.
-        batch_size: Sequences per step M.
-        steps: PSGD iterations.
-        rho: ρ >= 0, or a list of them (one group of `runs` runs per value).
-        runs: Independent runs per ρ.
+        lr, batch_size, steps: Step size γ, sequences per step M, PSGD iterations.
+        rho: ρ >= 0, or a list of them (one group of `runs` independent runs per value).
         init: `"manifold"` (M, Eq. 9), `"manifold_tilde"` (M̃, Eq. 16) or `"sphere"`.
         predictor: `"linear"` (T_lin) or `"softmax"` (App. H; λ and ψ learned by plain SGD, PSGD_soft).
         regulariser: `"pairwise"` (r, r⁽¹⁾), `"product"` (r⁽²⁾) or `"softmax"` (r₀); see `centroid_regulariser`.
@@ -337,8 +310,7 @@ def train_heads(
         score: `"all_tokens"` (risk and regulariser averaged over the L positions) or `"first_token"` (position 0
             only, the paper's h of Eq. 28; the prediction still attends to the whole sequence).
         psi: Initial centering ψ of softmax heads (App. F.1: 2).
-        record_every: Record the distance every this many steps.
-        seed: Seed of initialisation and data.
+        record_every: Record the distance every this many steps; `seed` seeds initialisation and data.
 
     Returns:
         `steps` (records), `distance` (records × runs, Eq. 11, or Eq. 36 for softmax heads), `rho` per run,
@@ -372,7 +344,7 @@ def train_heads(
     psi_t = torch.full((total, 1, 1, 1), float(psi), requires_grad=predictor == "softmax")
     distance = signed_centroid_distance if predictor == "softmax" else centroid_distance
     history: dict[str, list] = {"steps": [], "distance": []}
-    clock = Stopwatch()
+    start = time.perf_counter()
     for step in range(steps + 1):
         if step % record_every == 0 or step == steps:
             history["steps"].append(step)
@@ -404,7 +376,7 @@ def train_heads(
         "centroids": mu_star,
         "lam": lam_t.detach().flatten().tolist(),
         "psi": psi_t.detach().flatten().tolist(),
-        "seconds": clock.seconds(),
+        "seconds": time.perf_counter() - start,
     }
 
 

@@ -15,7 +15,6 @@ projection, or MHSA's value projection (the part of the token the head passes on
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,7 @@ from torch import nn
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTForCausalLM, AoTForImageClassification
 from . import _vision
-from .study import (
-    Claim,
-    Stopwatch,
-    check_int,
-    check_real,
-    new_figure,
-    output_dir,
-    save_figure,
-    write_json,
-    write_summary,
-)
+from .study import Study, check_int, check_real
 
 
 def coding_rate(tokens: torch.Tensor, eps: float = 0.5) -> torch.Tensor:
@@ -202,83 +191,52 @@ def run(
     """
     check_int("num_samples", num_samples)
     check_int("seq_len", seq_len, 2)
-    folder = output_dir(out, "inspect")
-    clock = Stopwatch()
+    command = f"aot inspect {model}" + (f" --data {data}" if data else "") + (f" --knn-k {knn_k}" if knn_k else "")
+    study = Study("inspect", f"Layer-wise diagnostics of {model}", None, out, command)
     network = load_model(model)
     if isinstance(network, AoTForImageClassification):
         inputs, source = _image_inputs(network, num_samples)
     else:
         inputs, source = _text_inputs(network, data, num_samples, seq_len, model)
     rows = layerwise_diagnostics(network, inputs, eps)
-    num_layers = len(rows["rate"])
-    fig, axes = new_figure(ncols=2)
-    layers = list(range(num_layers))
-    axes[0, 0].plot(layers, rows["rate"], marker="o", label="R(Z)")
-    axes[0, 0].plot(layers, rows["compressed_rate"], marker="o", label="R_c(Z; U)")
-    axes[0, 0].plot(layers, rows["rate_gap"], marker="o", label="R − R_c")
+    axes = study.figure("layerwise.png", ncols=2)
+    layers = list(range(len(rows["rate"])))
+    for key, label in (("rate", "R(Z)"), ("compressed_rate", "R_c(Z; U)"), ("rate_gap", "R − R_c")):
+        axes[0, 0].plot(layers, rows[key], marker="o", label=label)
     axes[0, 0].set(xlabel="layer", ylabel="nats", title=f"Coding rates (ε = {eps})")
     axes[0, 0].legend()
     energy = torch.tensor(rows["head_energy"])  # (layers, heads)
     image = axes[0, 1].imshow(energy.T.numpy(), aspect="auto", cmap="viridis")
-    axes[0, 1].set(
-        xlabel="layer", ylabel="head", title=f"energy share per head (random: {rows['random_subspace_share'][0]:.3f})"
-    )
-    fig.colorbar(image, ax=axes[0, 1])
-    figures = [save_figure(fig, folder / "layerwise.png")]
-    comparison = None
+    random_share = rows["random_subspace_share"][0]
+    axes[0, 1].set(xlabel="layer", ylabel="head", title=f"energy share per head (random: {random_share:.3f})")
+    axes[0, 1].figure.colorbar(image, ax=axes[0, 1])
+    study.results.update(model=str(model), inputs=source, num_inputs=int(inputs.shape[0]), eps=eps, layers=rows)
     if knn_k is not None:
-        comparison, figure = _knn_comparison(network, inputs, knn_k, folder)
-        figures.append(figure)
-    results = {
-        "study": "inspect",
-        "model": str(model),
-        "inputs": source,
-        "num_inputs": int(inputs.shape[0]),
-        "eps": eps,
-        "layers": rows,
-        "seconds": clock.seconds(),
-    }
-    if comparison is not None:
-        results["knn_comparison"] = comparison
-    claims = [
-        Claim(
-            "coding rate R(Z), first → last layer",
-            f"{rows['rate'][0]:.1f} → {rows['rate'][-1]:.1f}",
-            "compression: tokens move towards low-dimensional subspaces with depth",
-            None,
-        ),
-        Claim(
-            "R − R_c, first → last layer",
-            f"{rows['rate_gap'][0]:.1f} → {rows['rate_gap'][-1]:.1f}",
-            "grows when the tokens concentrate on the heads' subspaces",
-            None,
-        ),
-        Claim(
-            "mean head energy share, first → last layer",
-            f"{energy[0].mean():.3f} → {energy[-1].mean():.3f} (random {rows['random_subspace_share'][0]:.3f})",
-            "> random when heads capture the tokens",
-            None,
-        ),
-    ]
-    results["claims"] = [asdict(c) for c in claims]
-    write_json(folder / "results.json", results)
-    write_summary(
-        folder / "summary.md",
-        f"Layer-wise diagnostics of {model}",
-        claims,
-        command=f"aot inspect {model}" + (f" --data {data}" if data else "") + (f" --knn-k {knn_k}" if knn_k else ""),
-        figures=figures,
-        notes=[
-            f"Inputs: {inputs.shape[0]} × {source}.",
-            "Tokens measured after each layer's LayerNorm; head subspaces from the MSSA projection "
-            "(MHSA: value projection).",
-            f"Wall time {results['seconds']:.0f} s.",
-        ],
+        study.results["knn_comparison"] = _knn_comparison(study, network, inputs, knn_k)
+    study.claim(
+        "coding rate R(Z), first → last layer",
+        f"{rows['rate'][0]:.1f} → {rows['rate'][-1]:.1f}",
+        "compression: tokens move towards low-dimensional subspaces with depth",
     )
-    return results
+    study.claim(
+        "R − R_c, first → last layer",
+        f"{rows['rate_gap'][0]:.1f} → {rows['rate_gap'][-1]:.1f}",
+        "grows when the tokens concentrate on the heads' subspaces",
+    )
+    study.claim(
+        "mean head energy share, first → last layer",
+        f"{energy[0].mean():.3f} → {energy[-1].mean():.3f} (random {random_share:.3f})",
+        "> random when heads capture the tokens",
+    )
+    study.note(f"Inputs: {inputs.shape[0]} × {source}.")
+    study.note(
+        "Tokens measured after each layer's LayerNorm; head subspaces from the MSSA projection "
+        "(MHSA: value projection)."
+    )
+    return study.finish()
 
 
-def _knn_comparison(network, inputs: torch.Tensor, knn_k: float | int, folder: Path) -> tuple[dict, str]:
+def _knn_comparison(study: Study, network, inputs: torch.Tensor, knn_k: float | int) -> dict:
     """KVT Fig. 2's three metrics per layer with the model's dense attention and with k-NN attention (`knn_k`)."""
     from ..attention_aot import check_knn_k
     from .knn_evidence import layer_diagnostics, plot_layer_diagnostics, set_k
@@ -292,6 +250,5 @@ def _knn_comparison(network, inputs: torch.Tensor, knn_k: float | int, folder: P
             series[name] = layer_diagnostics(network, inputs)
     finally:
         set_k(network, original)
-    fig, axes = new_figure(ncols=3)
-    plot_layer_diagnostics(axes, series)
-    return series, save_figure(fig, folder / "knn_comparison.png")
+    plot_layer_diagnostics(study.figure("knn_comparison.png", ncols=3), series)
+    return series

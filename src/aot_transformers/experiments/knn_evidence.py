@@ -1,29 +1,22 @@
 """k-NN attention (KVT, Wang et al. 2022, https://arxiv.org/abs/2106.00515): the paper's evidence, measured here.
 
-1. **Slow vs fast definition** (Sec. 3.1, Eqs. 3–5; App. A.2, Table 3). The slow version picks each query's k
-   nearest keys by Euclidean distance; the fast one keeps the k largest scores q·k of each row. Since
-   ‖q − k‖² = ‖q‖² + ‖k‖² − 2 q·k, they select the same keys whenever the keys have equal norms, and may differ
-   otherwise. Measured: how often the selections agree, the largest output difference, and Table 3's timing ratio on
-   this CPU (a per-query PyTorch loop against the batched top-k).
-2. **Lemma 1** (Sec. 3.2, Eq. 6): the gradients of the attention output with respect to W_Q and W_K are
-   proportional to Var_a(x), the covariance of the tokens under a query's attention weights, so they shrink with k.
-   Measured on a trained classifier: the gradient norm of W_Q, W_K and the mean trace of Var_a(x) for several k.
+1. **Slow vs fast definition** (Sec. 3.1, Eqs. 3–5; App. A.2, Table 3): Euclidean k nearest keys against the k
+   largest scores q·k (the same keys when the keys have equal norms), and Table 3's timing ratio on this CPU.
+2. **Lemma 1** (Sec. 3.2, Eq. 6): the W_Q, W_K gradients are proportional to Var_a(x), so they shrink with k.
 3. **Lemma 3** (Sec. 3.2, Eq. 8): with k of order n·d^(−c), the k best-scoring keys contain every relevant one.
-   Measured on synthetic tokens where the relevant keys are known: the recall of relevant keys at
-   k = ceil(n·d^(−c)) as d grows.
-4. **Fig. 2**: per layer, dense vs k-NN, the cosine similarity between tokens (Eq. 9), the standard deviation of the
-   attention weights and the ratio ‖f_l(t)‖/‖t‖ of the residual branch to the main branch (also `aot inspect MODEL
-   --knn-k K`).
-5. **Fig. 1**: accuracy against k (several seeds, mean ± standard deviation) of a small ViT-shaped classifier on
-   MNIST digits, scaled to this CPU (the paper: DeiT-Tiny on ImageNet).
+4. **Fig. 2**: per layer, dense vs k-NN: token cosine similarity (Eq. 9), spread of the attention weights and the
+   residual-to-main-branch ratio (also `aot inspect MODEL --knn-k K`).
+5. **Fig. 1**: accuracy against k (several seeds) of a small ViT-shaped classifier on MNIST digits.
 6. **Figs 3–4**: the [CLS] attention maps of the dense and the k-NN model side by side.
+
+What each part measures and what held: README.md, section knn-evidence.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -208,7 +201,7 @@ def k_sweep(study: Study, o: Options, data: dict) -> dict:
             models.setdefault(k, model)  # the first seed's model is inspected below
         table["dense" if k is None else f"{k:g}"] = accuracies
     study.results["k_sweep"] = {"val_accuracy": table, "tokens": 50}
-    stats = {name: (sum(a) / len(a), _std(a)) for name, a in table.items()}
+    stats = {name: (statistics.mean(a), statistics.stdev(a) if len(a) > 1 else 0.0) for name, a in table.items()}
     axes = study.figure("fig1_k_sweep.png")
     names = list(stats)
     axes[0, 0].errorbar(range(len(names)), [stats[n][0] for n in names], yerr=[stats[n][1] for n in names], fmt="o-",
@@ -224,11 +217,6 @@ def k_sweep(study: Study, o: Options, data: dict) -> dict:
         stats[best][0] - stats[best][1] > dense_mean + dense_std,  # separated by more than one std each
     )
     return models
-
-
-def _std(values: Sequence[float]) -> float:
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1))
 
 
 def set_k(model: AoTForImageClassification, knn_k: float | None) -> None:
