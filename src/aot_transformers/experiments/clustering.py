@@ -405,13 +405,10 @@ def monte_carlo_risk(
 def monte_carlo_conditional_moments(
     predict, centroids: torch.Tensor, sigma: float, seq_len: int, num_sequences: int, seed: int = 0
 ) -> dict[str, tuple[float, float]]:
-    """E[⟨T(X)₁, μ*_c⟩ | Z₁ = c] and E‖T(X)₁ − m μ*_c‖² of the first token, with 4-standard-error tolerances.
-
-    The first token of each sequence gives i.i.d. samples; `m` is the closed-form factor the caller compares with.
-    Returns the projection samples' mean and the raw outputs for the variance check.
-    """
+    """E[⟨T(X)₁, μ*_c⟩ | Z₁ = c] (`projection`) and E‖T(X)₁ − μ*_c‖² (`variance`) of the first token, each with its
+    4-standard-error tolerance, and the raw `outputs` (T(X)₁, μ*_c); the first tokens are i.i.d. samples."""
     tokens, labels = sample_gaussian_mixture(num_sequences, seq_len, centroids, sigma, make_generator(seed))
     first = predict(tokens)[:, 0]  # (B, d)
     own = centroids[labels[:, 0]]  # (B, d)
-    projection = (first * own).sum(-1)
-    return {"projection": theory.monte_carlo_tolerance(projection), "outputs": (first, own)}
+    samples = {"projection": (first * own).sum(-1), "variance": (first - own).square().sum(-1)}
+    return {**{key: theory.monte_carlo_tolerance(value) for key, value in samples.items()}, "outputs": (first, own)}

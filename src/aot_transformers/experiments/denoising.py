@@ -46,6 +46,7 @@ from .study import (
     check_int,
     check_real,
     make_generator,
+    set_axes,
 )
 from .subspace import subspace_attention
 
@@ -295,8 +296,7 @@ def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, 
         )
     first = study.results["runs"][f"delta={delta}/phi=threshold"]["mean_snr_per_layer"][0]
     ax.semilogy(range(num_layers + 1), first * target ** torch.arange(num_layers + 1), "k--", label="(1+ητ)^ℓ · SNR₀")
-    ax.set(title=f"δ = {delta}", xlabel="layer ℓ", ylabel="mean per-cluster SNR (Eq. 6)")
-    ax.legend()
+    set_axes(ax, title=f"δ = {delta}", xlabel="layer ℓ", ylabel="mean per-cluster SNR (Eq. 6)")
 
 
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from torch import nn
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTForCausalLM, AoTForImageClassification
 from . import _vision
-from .study import Study, check_int, check_real
+from .study import Study, check_int, check_real, set_axes
 
 
 def coding_rate(tokens: torch.Tensor, eps: float = 0.5) -> torch.Tensor:
@@ -203,8 +203,7 @@ def run(
     layers = list(range(len(rows["rate"])))
     for key, label in (("rate", "R(Z)"), ("compressed_rate", "R_c(Z; U)"), ("rate_gap", "R − R_c")):
         axes[0, 0].plot(layers, rows[key], marker="o", label=label)
-    axes[0, 0].set(xlabel="layer", ylabel="nats", title=f"Coding rates (ε = {eps})")
-    axes[0, 0].legend()
+    set_axes(axes[0, 0], xlabel="layer", ylabel="nats", title=f"Coding rates (ε = {eps})")
     energy = torch.tensor(rows["head_energy"])  # (layers, heads)
     image = axes[0, 1].imshow(energy.T.numpy(), aspect="auto", cmap="viridis")
     random_share = rows["random_subspace_share"][0]

@@ -42,6 +42,7 @@ from .study import (
     check_int,
     check_real,
     make_generator,
+    set_axes,
 )
 
 TASKS = ("linear", "sparse_linear")
@@ -330,13 +331,8 @@ def task_curves(study: Study, o: Options, task: str, time_limit: float, ax) -> N
         style = "--" if name == "least squares" or name.startswith("Lasso") else "-"
         ax.plot(range(num_points), curve, style, label=name)
     ax.axvline(dim, color="grey", lw=0.5)
-    ax.set(
-        title=f"{task.replace('_', ' ')} regression, d = {dim}",
-        xlabel="in-context examples",
-        ylabel="squared error / zero-estimator error",
-        ylim=(0, 1.25),
-    )
-    ax.legend(fontsize=7)
+    title, ylabel = f"{task.replace('_', ' ')} regression, d = {dim}", "squared error / zero-estimator error"
+    set_axes(ax, fontsize=7, title=title, xlabel="in-context examples", ylabel=ylabel, ylim=(0, 1.25))
     at = 2 * dim if task == "linear" else min(num_points - 1, 2 * dim)
     baseline = curves["least squares"] if task == "linear" else curves[f"Lasso (α={o.lasso_alpha})"]
     for kind in o.models:

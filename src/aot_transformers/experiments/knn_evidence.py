@@ -28,7 +28,7 @@ from ..modeling_aot import AoTForImageClassification
 from . import _vision
 from .attention_maps import cls_attention_maps, layer_attentions
 from .knn import vision_config
-from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, make_generator
+from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, make_generator, set_axes
 
 TITLE = "KVT's evidence for k-NN attention: definitions, Lemmas 1 and 3, Figs 1–4"
 
@@ -157,8 +157,7 @@ def lemma3(study: Study, o: Options) -> None:
     axes[0, 0].set(xlabel="d", ylabel="recall of relevant keys", title=f"k = ceil(n d^-{c:g}), n = {n}")
     axes[0, 1].loglog(dims, [r["needed_k"] / n for r in rows], "o-", label="k needed / n")
     axes[0, 1].loglog(dims, [r["k"] / n for r in rows], "--", label=f"d^-{c:g}")
-    axes[0, 1].set(xlabel="d", ylabel="fraction of keys", title="smallest k keeping every relevant key")
-    axes[0, 1].legend()
+    set_axes(axes[0, 1], xlabel="d", ylabel="fraction of keys", title="smallest k keeping every relevant key")
     last = rows[-1]
     study.claim(
         f"Lemma 3: relevant keys kept at k = ceil(n d^-{c:g}) (n = {n}, {num_relevant} relevant)",
@@ -328,8 +327,7 @@ def plot_layer_diagnostics(axes, series: dict[str, dict[str, list[float]]]) -> N
     for col, (metric, title) in enumerate(titles.items()):
         for name, values in series.items():
             axes[0, col].plot(range(len(values[metric])), values[metric], "o--", label=name)
-        axes[0, col].set(xlabel="layer", title=title)
-        axes[0, col].legend()
+        set_axes(axes[0, col], xlabel="layer", title=title)
 
 
 def fig2(study: Study, o: Options, models: dict, data: dict) -> None:

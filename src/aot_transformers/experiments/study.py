@@ -133,6 +133,12 @@ class Claim:
     holds: bool | None = None  # None: reported only, no pass/fail criterion
 
 
+def set_axes(ax, fontsize: float | None = None, **labels: Any) -> None:
+    """`ax.set(**labels)` (title, axis labels, limits) and a legend of the plotted lines in font size `fontsize`."""
+    ax.set(**labels)
+    ax.legend(fontsize=fontsize)
+
+
 def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 3.6)):
     """A matplotlib Figure and its axes, without pyplot (no global state, no display backend needed)."""
     from matplotlib.figure import Figure
