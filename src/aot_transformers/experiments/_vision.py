@@ -81,11 +81,8 @@ def load_mnist5k(data_dir: str | Path | None = None) -> tuple[torch.Tensor, torc
     import numpy as np
 
     with gzip.open(path, "rt") as handle:
-        text = handle.read()
-    first, _, rest = text.partition("\n")
-    if not first.split(",")[0].strip().isdigit():
-        text = rest  # a header line
-    values = torch.from_numpy(np.loadtxt(io.StringIO(text), delimiter=",", dtype=np.int64, ndmin=2))
+        header = not handle.readline().split(",")[0].strip().isdigit()
+    values = torch.from_numpy(np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2, skiprows=int(header)))
     return values[:, :784].to(torch.uint8).view(-1, 1, 28, 28), values[:, 784]
 
 
@@ -103,9 +100,12 @@ def split(images: torch.Tensor, labels: torch.Tensor, val_fraction: float, seed:
     }
 
 
-def normalise(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """uint8 (N, C, H, W) → float, standardised per channel."""
-    return (images.float() / 255.0 - mean[:, None, None]) / std[:, None, None]
+def normalise(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, size: int | None = None) -> torch.Tensor:
+    """uint8 (N, C, H, W) → float, standardised per channel, then resized (bilinear) to `size` × `size` if given."""
+    pixels = (images.float() / 255.0 - mean[:, None, None]) / std[:, None, None]
+    if size is not None and pixels.shape[-1] != size:  # a model trained at another resolution
+        pixels = torch.nn.functional.interpolate(pixels, size=(size, size), mode="bilinear", align_corners=False)
+    return pixels
 
 
 def channel_stats(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -100,12 +100,6 @@ def plot_attention_grid(images: torch.Tensor, maps: torch.Tensor, path: Path, ti
     return path.name
 
 
-def _dataset(name: str, data_dir: str | Path | None, per_class: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if name == "mnist":
-        return _vision.load_mnist5k(data_dir)
-    return _vision.load_cifar10(data_dir, per_class)
-
-
 @dataclass
 class Options(StudyOptions):
     model: str | None = arg(None, "saved AoTForImageClassification folder (trains one if left out)")
@@ -126,9 +120,6 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-TITLE = "Attention maps (AoT Fig. 7)"
-
-
 def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification, dict, torch.Tensor, torch.Tensor]:
     """The model whose maps are drawn: `o.model` loaded, or a small AoT-MSSA trained on `o.dataset` first.
 
@@ -139,7 +130,10 @@ def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification,
     if o.model is not None:
         classifier = AoTForImageClassification.from_pretrained(o.model)
         dataset = "mnist" if classifier.config.num_channels == 1 else "cifar10"
-    images, labels = _dataset(dataset, o.data_dir, o.per_class)
+    if dataset == "mnist":
+        images, labels = _vision.load_mnist5k(o.data_dir)
+    else:
+        images, labels = _vision.load_cifar10(o.data_dir, o.per_class)
     data = _vision.split(images, labels, 0.2, o.seed)
     if o.train_images is not None:
         for key in ("train_images", "train_labels"):
@@ -175,12 +169,8 @@ def figure7(study: Study, o: Options, classifier, data: dict, mean: torch.Tensor
     side = classifier.config.image_size
     dataset = study.results["dataset"]
 
-    def prepare(batch: torch.Tensor) -> torch.Tensor:
-        # Normalise with the training statistics, then resize if the model was trained at another resolution.
-        pixels = _vision.normalise(batch, mean, std)
-        if pixels.shape[-1] != side:
-            pixels = F.interpolate(pixels, size=(side, side), mode="bilinear", align_corners=False)
-        return pixels
+    def prepare(batch: torch.Tensor) -> torch.Tensor:  # with the training statistics, at the model's resolution
+        return _vision.normalise(batch, mean, std, side)
 
     val_images, val_labels = data["val_images"], data["val_labels"]
     val_accuracy = _vision.accuracy(classifier, prepare(val_images), val_labels)
@@ -223,7 +213,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     saved model given with `model`), since ImageNet training does not fit this CPU.
     """
     o = Options.parse(options)
-    study = Study("attention-maps", TITLE, o, out)
+    study = Study("attention-maps", "Attention maps (AoT Fig. 7)", o, out)
     classifier, data, mean, std = classifier_for(study, o)
     figure7(study, o, classifier, data, mean, std)
     return study.finish()

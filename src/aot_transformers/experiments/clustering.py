@@ -3,14 +3,9 @@
 Data (P_σ), Section 2: tokens X_ℓ = μ*_{Z_ℓ} + σξ_ℓ with Z_ℓ uniform over K orthonormal centroids (the paper's
 μ₀* = e_d, μ₁* = −e₁; App. G.4's e₁, e₄, e₆ for K = 3; App. G.2 draws them uniformly on the sphere).
 
-Predictors (tokens as rows):
-
-- `linear_attention_predictor` — T_lin of Eqs. (3)–(4): one head per row μ_k with query = key = μ_k and identity
-  values, H(X)_ℓ = (2λ/L) Σ_m ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩ X_m, T = Σ_k H_k. `values="projected"` (V = μ_k μ_kᵀ) is MSSA with
-  rank-1 subspaces and φ linear, computed by `experiments.subspace.subspace_attention` — the link to AoT.
-- `softmax_attention_predictor` — App. H, Eq. (34): Σ_k softmax_m(λ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩) X_m − (ψ/L) Σ_m X_m,
-  identity values, every token (itself included) visible, λ and ψ learned (PSGD_soft of App. F.1).
-- `in_context_quantizer` — T_ctx of Eq. (12): (2λ/L) Σ_m ⟨X_ℓ, X_m⟩ X_m, `subspace_attention` with U = I.
+Predictors, tokens as rows: `linear_attention_predictor` (T_lin, Eqs. 3–4; with `values="projected"` it is MSSA with
+rank-1 subspaces and φ linear — the link to AoT), `softmax_attention_predictor` (App. H, Eq. 34, λ and ψ learned) and
+`in_context_quantizer` (T_ctx, Eq. 12).
 
 Training is projected SGD on the spheres (PSGD, App. F.1; the Euclidean variant of App. G.3 with
 `riemannian=False`), vectorised over independent runs (seeds × regularisation strengths). The paper's h (Eq. 28)
@@ -42,9 +37,7 @@ CENTROIDS = ("canonical", "random")
 SCORES = ("all_tokens", "first_token")
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Data.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Data.
 
 
 def canonical_centroids(dim: int, num_clusters: int = 2, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -92,9 +85,7 @@ def sample_gaussian_mixture(
     return means + sigma * noise, labels
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Predictors, risk, regularisers, distances.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Predictors, risk, regularisers, distances.
 
 
 def _coordinates(tokens: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
@@ -214,9 +205,7 @@ def signed_centroid_distance(heads: torch.Tensor, centroids: torch.Tensor) -> to
     return _assignment_cost(heads, centroids, signed=True)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Initialisation and projected SGD.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Initialisation and projected SGD.
 
 
 def initial_heads(centroids: torch.Tensor, init: str, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -387,9 +376,7 @@ def percentile_band(values: Sequence[float] | torch.Tensor) -> dict[str, float]:
     return {"low": float(q[0]), "median": float(q[1]), "high": float(q[2])}
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Monte Carlo estimates of the closed forms.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Monte Carlo estimates of the closed forms.
 
 
 def monte_carlo_risk(

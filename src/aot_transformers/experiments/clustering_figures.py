@@ -65,9 +65,6 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-TITLE = "Attention-based clustering (Maulen-Soto, Marion, Boyer)"
-
-
 def _band_plot(ax, run: dict[str, Any], label: str | None) -> dict[str, Any]:
     """Plot the median distance of the runs over the iterations and their 2.5-97.5 percentile band; return the curve's
     record (median per record, final band, seconds)."""
@@ -201,8 +198,8 @@ def theory_checks(study: Study, o: Options) -> None:
     Lemma C.1 (risk on M at several κ), Prop. 3.3 / C.2 (λ* and its limits), Props 4.1/4.2 and 5.1/5.2 (means,
     variances, risks), Prop. A.1 (the degenerate risk off M).
     """
-    dim, length, n = o.dim, o.seq_len, o.mc_sequences
-    centroids = canonical_centroids(max(dim, 4))
+    d4, length, n = max(o.dim, 4), o.seq_len, o.mc_sequences
+    centroids = canonical_centroids(d4)
     checks = []
 
     def check(name: str, paper: str, exact: float, mc: tuple[float, float]) -> None:
@@ -210,7 +207,6 @@ def theory_checks(study: Study, o: Options) -> None:
         checks.append({"quantity": name, "closed_form": exact, "monte_carlo": mc[0], "tolerance": mc[1]})
         study.claim(name, f"closed form {exact:.4f}, Monte Carlo {mc[0]:.4f} ± {mc[1]:.4f}", paper, holds)
 
-    d4 = max(dim, 4)
     for sigma, lam in zip(o.sigmas, o.lams, strict=True):
         for kappas in ((1.0, 1.0), (0.6, -0.3)):
             heads = heads_on_manifold(centroids, kappas)
@@ -273,11 +269,8 @@ def theory_checks(study: Study, o: Options) -> None:
     c5 = canonical_centroids(5)
     inner = heads @ c5.T  # κ₀ = ⟨μ₀*, μ₀⟩, η₁ = ⟨μ₀, μ₁*⟩, η₀ = ⟨μ₁, μ₀*⟩, κ₁ = ⟨μ₁*, μ₁⟩
     lam0 = (length + 1) / (length + 3)
-    tokens, _ = sample_gaussian_mixture(64, length, c5, 0.0, make_generator(o.seed))
     exact = theory.degenerate_risk(inner[0, 0], inner[1, 1], inner[1, 0], inner[0, 1], length, lam0)
-    mc = theory.monte_carlo_tolerance(
-        (tokens - linear_attention_predictor(tokens, heads, lam0)).square().sum(-1).mean(-1)
-    )
+    mc = monte_carlo_risk(lambda x: linear_attention_predictor(x, heads, lam0), c5, 0.0, length, 64, o.seed)
     check("Prop. A.1: degenerate risk off M (σ = 0), λ = λ₀*", "Eq. (14)", float(exact), mc)
     study.results["theory"] = checks
 
@@ -577,7 +570,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     o = Options.parse(options)
     if len(o.sigmas) != len(o.lams):
         raise ValueError(f"`sigmas` and `lams` must have equal lengths, got {o.sigmas} and {o.lams}.")
-    study = Study("clustering", TITLE, o, out)
+    study = Study("clustering", "Attention-based clustering (Maulen-Soto, Marion, Boyer)", o, out)
     for part in o.parts:
         PART_FUNCTIONS[part](study, o)
     study.note("Distance: Eq. (11) (signs and order ignored); Eq. (36) for softmax heads (signs count).")

@@ -44,9 +44,7 @@ def monte_carlo_tolerance(per_sample: torch.Tensor, z: float = 4.0) -> tuple[flo
     return float(values.mean()), z * float(values.std() / math.sqrt(values.numel()))
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Section 3: the risk on the manifold M, λ*(σ, L).
-# --------------------------------------------------------------------------------------------------------------------
+# --- Section 3: the risk on the manifold M, λ*(σ, L).
 
 
 def _lemma_c1_factors(dim: int, sigma: float):
@@ -145,9 +143,7 @@ def critical_temperature_limits(sigma: float, seq_len: int) -> dict[str, float]:
     }
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Section 4: the oracle predictor T_lin at μ = μ*.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Section 4: the oracle predictor T_lin at μ = μ*.
 
 
 def unbiased_temperature(sigma: float, seq_len: int, num_clusters: int = 2, values: str = "identity") -> float:
@@ -257,9 +253,7 @@ def oracle_linear_attention_risk_exact(
     return m["x1"] - 2 * c * first + c**2 * second
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Section 5: the in-context quantizer T_ctx.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Section 5: the in-context quantizer T_ctx.
 
 
 def in_context_conditional_mean_factor(dim: int, sigma: float, seq_len: int, lam: float) -> float:
@@ -343,9 +337,7 @@ def in_context_quantization_risk_exact(
     return x1 - 2 * c * first + c**2 * second
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Appendix A: the degenerate mixture (P₀), σ = 0.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Appendix A: the degenerate mixture (P₀), σ = 0.
 
 
 def degenerate_risk(kappa0: float, kappa1: float, eta0: float, eta1: float, seq_len: int, lam: float) -> float:
@@ -378,9 +370,7 @@ def degenerate_is_minimiser(kappa0: float, kappa1: float, eta0: float, eta1: flo
     )
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Regulariser (Eq. 17 / Section 3.3).
-# --------------------------------------------------------------------------------------------------------------------
+# --- Regulariser (Eq. 17 / Section 3.3).
 
 
 def centroid_regulariser_closed_form(heads: torch.Tensor, centroids: torch.Tensor, sigma: float) -> torch.Tensor:

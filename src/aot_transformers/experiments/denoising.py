@@ -232,9 +232,6 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-TITLE = "Denoising by unrolled MSSA (AoT Theorem 1, Fig. 4)"
-
-
 def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, generator, ax) -> None:
     """AoT Theorem 1 / Fig. 4 at one noise level δ: per-layer SNR with φ = h∘softmax and with softmax.
 
@@ -304,7 +301,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     o = Options.parse(options)
     o.ambient_dim = o.num_subspaces * o.subspace_dim if o.ambient_dim is None else o.ambient_dim
     o.scaling = o.subspace_dim**-0.5 if o.scaling is None else o.scaling
-    study = Study("denoising", TITLE, o, out)
+    study = Study("denoising", "Denoising by unrolled MSSA (AoT Theorem 1, Fig. 4)", o, out)
     generator = make_generator(o.seed)
     subspaces = orthogonal_subspaces(o.ambient_dim, o.num_subspaces, o.subspace_dim, generator)
     study.results.update(target_ratio=1.0 + o.step_size * o.tau, runs={})

@@ -127,10 +127,7 @@ def _image_inputs(model: AoTForImageClassification, num_samples: int) -> tuple[t
     images = images[torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:num_samples]]
     mean = torch.tensor(getattr(config, "image_mean", None) or [0.5] * config.num_channels)
     std = torch.tensor(getattr(config, "image_std", None) or [0.25] * config.num_channels)
-    pixels = _vision.normalise(images, mean, std)
-    if pixels.shape[-1] != config.image_size:
-        pixels = torch.nn.functional.interpolate(pixels, size=(config.image_size,) * 2, mode="bilinear")
-    return pixels, how
+    return _vision.normalise(images, mean, std, config.image_size), how
 
 
 @torch.no_grad()
@@ -175,19 +172,11 @@ def run(
     eps: float = 0.5,
     knn_k: float | int | None = None,
 ) -> dict[str, Any]:
-    """`aot inspect MODEL`: layer-wise coding rates and head energy shares, as results.json, two PNGs and summary.md.
-    With `knn_k`, also KVT's Fig. 2 diagnostics per layer for dense attention against k-NN attention with that k
-    (`knn_evidence.layer_diagnostics`: token cosine similarity, spread of the attention weights, residual ratio).
-
-    Args:
-        model: Saved AoT folder or preset name (random weights).
-        out: Output folder (default `out/experiments/inspect`).
-        data: Text file for language models (default: the shared tinyshakespeare); images come from the shared
-            MNIST/CIFAR-10 files.
-        num_samples: Sequences or images.
-        seq_len: Tokens per sequence (language models).
-        eps: Precision ε of the coding rates.
-        knn_k: k of the k-NN comparison (an int, or a fraction of the keys in (0, 1]); None: no comparison.
+    """`aot inspect MODEL`: layer-wise coding rates (precision `eps`) and head energy shares of a saved AoT folder or a
+    preset (random weights), on `num_samples` images of the shared MNIST/CIFAR-10 files or sequences of `seq_len`
+    tokens of the text file `data` (default: the shared tinyshakespeare); results.json, PNGs and summary.md in `out`
+    (default `out/experiments/inspect`). With `knn_k` (an int, or a fraction of the keys in (0, 1]), also KVT's Fig. 2
+    diagnostics per layer, dense attention against k-NN attention with that k (`knn_evidence.layer_diagnostics`).
     """
     check_int("num_samples", num_samples)
     check_int("seq_len", seq_len, 2)

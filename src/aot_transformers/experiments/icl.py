@@ -286,9 +286,6 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-TITLE = "In-context regression (AoT Fig. 6, after Garg et al.)"
-
-
 def _layers(kind: str, o: Options) -> int:
     """Layers per model: the earlier version matches sizes by depth (transformer, Full MLP 16; Hybrid 24; AoT 16)."""
     return {
@@ -365,7 +362,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     check_int("num_points", o.num_points, 2 * dim + 1)
     if "sparse_linear" in tasks:
         check_int("sparsity", o.sparsity, 1, dim)
-    study = Study("icl", TITLE, o, out)
+    study = Study("icl", "In-context regression (AoT Fig. 6, after Garg et al.)", o, out)
     study.results["tasks"] = {}
     seconds_per_model = o.time_budget * 0.9 / (len(tasks) * len(models))  # a tenth for evaluation, baselines
     axes = study.figure("icl_error_curves.png", ncols=len(tasks))

@@ -148,9 +148,6 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-TITLE = "k-NN attention (KVT): noise distillation and training speed"
-
-
 def distillation(study: Study, o: Options) -> None:
     """KVT's noise-distillation lemma: ‖attention output − μ‖ of dense against top-k attention, per noise ratio."""
     ratios = o.noise_ratios
@@ -224,7 +221,7 @@ def speed(study: Study, o: Options) -> None:
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """Both k-NN studies (`Options`); `skip_training` runs the distillation part alone (seconds)."""
     o = Options.parse(options)
-    study = Study("knn", TITLE, o, out)
+    study = Study("knn", "k-NN attention (KVT): noise distillation and training speed", o, out)
     distillation(study, o)
     if not o.skip_training:
         speed(study, o)

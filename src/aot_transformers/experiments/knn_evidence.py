@@ -30,8 +30,6 @@ from .attention_maps import cls_attention_maps, layer_attentions
 from .knn import vision_config
 from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, make_generator, set_axes
 
-TITLE = "KVT's evidence for k-NN attention: definitions, Lemmas 1 and 3, Figs 1–4"
-
 
 @dataclass
 class Options(StudyOptions):
@@ -51,9 +49,7 @@ class Options(StudyOptions):
     data_dir: str | None = arg(None, "folder of the shared data (default: ../shared/data)")
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# 1. The two definitions (Sec. 3.1) and their cost (App. A.2).
-# --------------------------------------------------------------------------------------------------------------------
+# --- 1. The two definitions (Sec. 3.1) and their cost (App. A.2).
 
 
 def knn_slow(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k: int) -> torch.Tensor:
@@ -122,9 +118,7 @@ def slow_vs_fast(study: Study, o: Options) -> None:
     )
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# 3. Lemma 3 on planted data.
-# --------------------------------------------------------------------------------------------------------------------
+# --- 3. Lemma 3 on planted data.
 
 
 def relevant_recall(n: int, d: int, num_relevant: int, k: int, trials: int, generator: torch.Generator) -> dict:
@@ -167,9 +161,7 @@ def lemma3(study: Study, o: Options) -> None:
     )
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Trained models: Fig. 1 (k sweep), Lemma 1, Fig. 2 and Figs 3–4 all read the same classifiers.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Trained models: Fig. 1 (k sweep), Lemma 1, Fig. 2 and Figs 3–4 all read the same classifiers.
 
 
 def _data(o: Options) -> dict[str, torch.Tensor]:
@@ -378,7 +370,7 @@ def figs3_4(study: Study, models: dict, data: dict) -> None:
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """Every claim of the module docstring (`Options`); the trained-model claims share one k sweep."""
     o = Options.parse(options)
-    study = Study("knn-evidence", TITLE, o, out)
+    study = Study("knn-evidence", "KVT's evidence for k-NN attention: definitions, Lemmas 1 and 3, Figs 1–4", o, out)
     slow_vs_fast(study, o)
     lemma3(study, o)
     data = _data(o)

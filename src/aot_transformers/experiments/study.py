@@ -24,9 +24,7 @@ from .. import _io
 DEFAULT_OUTPUT_ROOT = Path("out") / "experiments"
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Argument checks: a bad option raises ValueError naming the argument, the value and what is allowed.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Argument checks: a bad option raises ValueError naming the argument, the value and what is allowed.
 
 
 def check_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
@@ -73,9 +71,7 @@ def make_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Artifacts.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Artifacts.
 
 
 def output_dir(out: str | Path | None, study: str) -> Path:
@@ -92,19 +88,6 @@ def output_dir(out: str | Path | None, study: str) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError("is not writable", argument="--out", value=str(path))
     return path
-
-
-def require_matplotlib(command: str) -> None:
-    """Say which extra to install when matplotlib is missing, before any work (every study writes figures)."""
-    import importlib.util
-
-    from ..errors import UsageError
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError(
-            f"{command} draws its figures with matplotlib, which is not installed: "
-            "pip install 'aot-transformers[experiments]'"
-        )
 
 
 def _jsonable(value: Any) -> Any:
@@ -148,9 +131,7 @@ def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0,
     return fig, axes
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Options: one dataclass per study, parsed by `HfArgumentParser` on the command line and checked on construction.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Options: one dataclass per study, parsed by `HfArgumentParser` on the command line and checked on construction.
 
 
 @dataclass(frozen=True)
@@ -245,9 +226,7 @@ class StudyOptions:
         return " ".join(parts)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# The study record.
-# --------------------------------------------------------------------------------------------------------------------
+# --- The study record.
 
 
 @dataclass
