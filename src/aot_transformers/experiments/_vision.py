@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import os
 import tarfile
 import time
@@ -52,19 +53,13 @@ def load_cifar10(data_dir: str | Path | None = None, per_class: int = 500) -> tu
                 f"CIFAR-10 file {path} not found; pass `data_dir` pointing at the folder that "
                 "holds vision/cifar10/train_<class>.tar.gz."
             )
-        taken = 0
         # Streaming mode reads members in archive order and stops early, instead of decompressing whole archives.
         with tarfile.open(path, "r|gz") as archive:
-            for member in archive:
-                if taken == per_class:
-                    break
-                if not member.name.endswith(".jpg"):
-                    continue
+            for member in itertools.islice((m for m in archive if m.name.endswith(".jpg")), per_class):
                 with Image.open(io.BytesIO(archive.extractfile(member).read())) as image:
                     pixels = torch.frombuffer(bytearray(image.convert("RGB").tobytes()), dtype=torch.uint8)
                 images.append(pixels.view(32, 32, 3).permute(2, 0, 1))
-                labels.append(label)
-                taken += 1
+        labels += [label] * (len(images) - len(labels))
     return torch.stack(images), torch.tensor(labels)
 
 

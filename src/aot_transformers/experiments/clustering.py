@@ -89,10 +89,8 @@ def sample_gaussian_mixture(
 
 
 def _coordinates(tokens: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
-    """⟨μ_k, X_ℓ⟩ as (..., L, K) for heads (K, d) with tokens (B, L, d), or heads (R, K, d) with tokens (R, B, L, d).
-
-    Per-run heads multiply all of a run's B·L tokens in one matrix product (broadcasting over B runs B·R tiny ones).
-    """
+    """⟨μ_k, X_ℓ⟩ as (..., L, K) for heads (K, d) with tokens (B, L, d), or heads (R, K, d) with tokens (R, B, L, d):
+    per-run heads multiply all of a run's B·L tokens in one matrix product (broadcasting would run B·R tiny ones)."""
     heads = heads.to(tokens.dtype)
     if heads.dim() == 2:
         return tokens @ heads.T
@@ -301,9 +299,8 @@ def train_heads(
         psi: Initial centering ψ of softmax heads (App. F.1: 2).
         record_every: Record the distance every this many steps; `seed` seeds initialisation and data.
 
-    Returns:
-        `steps` (records), `distance` (records × runs, Eq. 11, or Eq. 36 for softmax heads), `rho` per run,
-        `final` (per-run final distances), `heads`, `centroids`, `lam`, `psi` (per run), `seconds`.
+    Returns `steps` (records), `distance` (records × runs, Eq. 11, or Eq. 36 for softmax heads), `rho` per run,
+    `final` (per-run final distances), `heads`, `centroids`, `lam`, `psi` (per run), `seconds`.
     """
     _check_mixture(dim, num_clusters, sigma)
     lam = check_real("lam", lam, 0.0, open_min=True)

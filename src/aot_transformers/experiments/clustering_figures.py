@@ -14,6 +14,7 @@ import torch
 
 from . import clustering_theory as theory
 from .clustering import (
+    SCORES,
     canonical_centroids,
     heads_on_manifold,
     in_context_quantizer,
@@ -38,9 +39,7 @@ class Options(StudyOptions):
     lams: list[Positive] = arg([0.6, 0.2], "λ for each σ (App. F.2)")
     lr: Positive = arg(0.01, "PSGD step size γ")
     batch_size: Count = arg(256, "sequences per step M")
-    score: str = arg(
-        "all_tokens", "positions the PSGD loss scores (Eq. 28: first_token)", ("all_tokens", "first_token")
-    )
+    score: str = arg("all_tokens", "positions the PSGD loss scores (Eq. 28: first_token)", SCORES)
     steps: Count = arg(10_000, "PSGD iterations of the convergence curves (Figs 1, 2b, 5, 6b, 13, 14, 15b)")
     sweep_steps: Count = arg(5000, "PSGD iterations per point of the ρ sweeps (Figs 2a, 6a, 15a)")
     runs: Count = arg(10, "independent runs per curve (the paper: 10)")

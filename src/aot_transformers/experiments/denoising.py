@@ -243,7 +243,6 @@ def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, 
     for phi in PHIS:
         result = unroll(tokens, labels, subspaces, num_layers, o.step_size, phi, tau, o.scaling)
         mean_snr = result["snr"].mean(dim=1)
-        in_regime = result["pattern_fraction"] == 1.0  # (num_layers,)
         ratios = result["ratio"]  # (num_layers, K)
         record = {
             "noise_level": delta,
@@ -253,7 +252,7 @@ def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, 
             "ratio_per_layer": ratios,
             "mean_ratio_per_layer": ratios.mean(dim=1),
             "pattern_fraction_per_layer": result["pattern_fraction"],
-            "layers_in_regime": int(in_regime.sum()),
+            "layers_in_regime": int((result["pattern_fraction"] == 1.0).sum()),
         }
         if phi == "threshold":
             hypotheses = theorem1_hypotheses(o.num_tokens, o.num_subspaces, o.subspace_dim, delta, tau)
@@ -288,9 +287,8 @@ def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, 
                 None,
             )
         study.results["runs"][f"delta={delta}/phi={phi}"] = record
-        ax.semilogy(
-            range(num_layers + 1), mean_snr, marker="o", label="h∘softmax (Thm 1)" if phi == "threshold" else "softmax"
-        )
+        label = "h∘softmax (Thm 1)" if phi == "threshold" else "softmax"
+        ax.semilogy(range(num_layers + 1), mean_snr, marker="o", label=label)
     first = study.results["runs"][f"delta={delta}/phi=threshold"]["mean_snr_per_layer"][0]
     ax.semilogy(range(num_layers + 1), first * target ** torch.arange(num_layers + 1), "k--", label="(1+ητ)^ℓ · SNR₀")
     set_axes(ax, title=f"δ = {delta}", xlabel="layer ℓ", ylabel="mean per-cluster SNR (Eq. 6)")

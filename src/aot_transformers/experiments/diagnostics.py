@@ -28,10 +28,8 @@ from .study import Study, check_int, check_real, set_axes
 
 
 def coding_rate(tokens: torch.Tensor, eps: float = 0.5) -> torch.Tensor:
-    """½ log det(I + d/(n ε²) ZᵀZ) for tokens Z (n, d)."""
-    num, dim = tokens.shape
-    gram = tokens.double().T @ tokens.double()  # (d, d)
-    return 0.5 * torch.logdet(torch.eye(dim, dtype=torch.float64) + dim / (num * eps**2) * gram)
+    """½ log det(I + d/(n ε²) ZᵀZ) for tokens Z (n, d): `subspace_coding_rate` with the one subspace U = I."""
+    return subspace_coding_rate(tokens, torch.eye(tokens.shape[1], dtype=torch.float64)[None], eps)
 
 
 def subspace_coding_rate(tokens: torch.Tensor, subspaces: torch.Tensor, eps: float = 0.5) -> torch.Tensor:
@@ -132,13 +130,8 @@ def _image_inputs(model: AoTForImageClassification, num_samples: int) -> tuple[t
 
 @torch.no_grad()
 def layerwise_diagnostics(model: nn.Module, inputs: torch.Tensor, eps: float = 0.5) -> dict[str, Any]:
-    """Per layer: R, R_c, R − R_c (averaged over the inputs) and each head's energy share.
-
-    Args:
-        model: `AoTForCausalLM` (inputs are token ids (B, T)) or `AoTForImageClassification` (pixels (B, C, S, S)).
-        inputs: The batch.
-        eps: Precision ε of the coding rates.
-    """
+    """Per layer: R, R_c, R − R_c (precision `eps`, averaged over the inputs) and each head's energy share, for an
+    `AoTForCausalLM` (`inputs`: token ids (B, T)) or an `AoTForImageClassification` (pixels (B, C, S, S))."""
     check_real("eps", eps, 0.0, open_min=True)
     model.eval()
     backbone = model.model
@@ -146,10 +139,9 @@ def layerwise_diagnostics(model: nn.Module, inputs: torch.Tensor, eps: float = 0
         hidden = backbone(inputs, output_hidden_states=True, return_dict=True).hidden_states
     else:
         hidden = backbone(input_ids=inputs, output_hidden_states=True, use_cache=False, return_dict=True).hidden_states
-    layers = backbone.layers
-    rows: dict[str, list] = {key: [] for key in ("rate", "compressed_rate", "rate_gap", "head_energy")}
-    rows["random_subspace_share"] = []
-    for index, layer in enumerate(layers):
+    names = ("rate", "compressed_rate", "rate_gap", "head_energy", "random_subspace_share")
+    rows: dict[str, list] = {key: [] for key in names}
+    for index, layer in enumerate(backbone.layers):
         subspaces = head_subspaces(layer.attention).to(torch.float64)
         seen = layer.attention_norm(hidden[index]).double()  # (B, T, d): what the heads see
         rate = torch.stack([coding_rate(z, eps) for z in seen])

@@ -9,12 +9,9 @@ squared error at every prefix; the evaluation curve is that error, divided by th
 for linear, = sparsity for sparse tasks, as Garg et al. normalise), against the number of in-context examples, with
 least squares and Lasso as baselines.
 
-Two token layouts (`tokens=`): `"garg"` is Garg et al.'s, above. `"pairs"` (the default) gives every token one extra
-coordinate and lets the y token carry its x: x-token (x_i, 0), y-token (x_i, f(x_i)). The prompt, the causal order
-and what each prediction may see are the same; what changes is that the model no longer has to copy x_i into the
-next token before it can relate x_i to f(x_i). That copy needs a previous-token head, which MSSA's symmetric scores
-⟨u_i, u_j⟩ (query = key) make hard to learn: on the CPU budget AoT-MSSA learns in context with pairs, not with
-Garg's tokens (README).
+Two token layouts (`tokens=`): `"garg"` is Garg et al.'s, above; `"pairs"` (the default) lets the y token carry its
+x: x-token (x_i, 0), y-token (x_i, f(x_i)). What each prediction may see is the same, but the model no longer needs
+a previous-token head to copy x_i next to f(x_i), which MSSA's symmetric scores (query = key) make hard to learn.
 """
 
 from __future__ import annotations

@@ -173,20 +173,16 @@ def _data(o: Options) -> dict[str, torch.Tensor]:
     return data
 
 
-def _classifier(o: Options, knn_k: float | None, seed: int) -> AoTForImageClassification:
-    torch.manual_seed(seed)
-    config = vision_config("vit", knn_k, image_size=28, patch_size=4, hidden_size=o.hidden_size,
-                           num_layers=o.num_layers, num_heads=4, num_channels=1)  # fmt: skip
-    return AoTForImageClassification(config)
-
-
 def k_sweep(study: Study, o: Options, data: dict) -> dict:
     """Fig. 1: validation accuracy for dense attention and every k, each trained with every seed."""
     models, table = {}, {}
     for k in [None, *o.k_fractions]:
         accuracies = []
         for seed in o.seeds:
-            model = _classifier(o, k, seed)
+            torch.manual_seed(seed)
+            config = vision_config("vit", k, image_size=28, patch_size=4, hidden_size=o.hidden_size,
+                                   num_layers=o.num_layers, num_heads=4, num_channels=1)  # fmt: skip
+            model = AoTForImageClassification(config)
             history = _vision.train_classifier(model, data, epochs=o.epochs, seed=seed, lr=o.lr, batch_size=32)
             accuracies.append(history["val_accuracy"][-1])
             models.setdefault(k, model)  # the first seed's model is inspected below
@@ -226,15 +222,9 @@ def attention_variance_and_gradients(model: AoTForImageClassification, images) -
     Var_a(x) = Σ_j a_j x_j x_jᵀ − x̄ x̄ᵀ (x̄ = Σ_j a_j x_j) over heads and queries, with a a query's weights.
 
     Returns the norm of the gradients over all layers and the trace averaged over layers."""
-    tokens: list[torch.Tensor] = []
-    hooks = [layer.attention_norm.register_forward_hook(lambda m, i, out: tokens.append(out.detach()))
-             for layer in model.model.layers]  # fmt: skip
-    try:
-        with torch.no_grad():
-            model.model(images)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with torch.no_grad():  # each layer's input (the last hidden state is the output of the last layer), normalised
+        hidden = model.model(images, output_hidden_states=True, return_dict=True).hidden_states
+        tokens = [layer.attention_norm(x) for layer, x in zip(model.model.layers, hidden, strict=False)]
     generator = make_generator(11)
     squares, traces = 0.0, []
     for layer, x in zip(model.model.layers, tokens, strict=True):
@@ -322,8 +312,7 @@ def plot_layer_diagnostics(axes, series: dict[str, dict[str, list[float]]]) -> N
         set_axes(axes[0, col], xlabel="layer", title=title)
 
 
-def fig2(study: Study, o: Options, models: dict, data: dict) -> None:
-    k = 0.5 if 0.5 in models else next(k for k in models if k is not None)
+def fig2(study: Study, models: dict, k: float, data: dict) -> None:
     images = data["val_images"][:128]
     series = {}
     for name, key in (("dense", None), (f"k={k:g}·n", k)):
@@ -348,9 +337,8 @@ def fig2(study: Study, o: Options, models: dict, data: dict) -> None:
     )
 
 
-def figs3_4(study: Study, models: dict, data: dict) -> None:
+def figs3_4(study: Study, models: dict, k: float, data: dict) -> None:
     """Dense and k-NN [CLS] attention (last layer, averaged over heads) of the same images, side by side."""
-    k = 0.5 if 0.5 in models else next(k for k in models if k is not None)
     images = data["val_images"][:6]
     axes = study.figure("figs3_4_attention_maps.png", ncols=len(images), nrows=3, size=(1.8, 1.8))
     for col in range(len(images)):
@@ -361,8 +349,7 @@ def figs3_4(study: Study, models: dict, data: dict) -> None:
         for col in range(len(images)):
             axes[row, col].imshow(maps[col], cmap="viridis")
     for ax in axes.flat:
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set(xticks=[], yticks=[])
     axes[1, 0].set_ylabel("dense")
     axes[2, 0].set_ylabel(f"k = {k:g}·n")
 
@@ -376,7 +363,8 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     data = _data(o)
     models = k_sweep(study, o, data)
     lemma1(study, o, models[None], data)
-    fig2(study, o, models, data)
-    figs3_4(study, models, data)
+    k = 0.5 if 0.5 in models else next(k for k in models if k is not None)  # the k-NN model compared with dense
+    fig2(study, models, k, data)
+    figs3_4(study, models, k, data)
     study.note("Models: ViT-shaped (MHSA + MLP), 28x28 MNIST in 4x4 patches (49 patches + [CLS]), trained here.")
     return study.finish()
