@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -216,30 +217,23 @@ def theory_checks(study: Study, o: Options) -> None:
                 theory.manifold_risk(*kappas, d4, sigma, length, lam),
                 monte_carlo_risk(predict, centroids, sigma, length, n, o.seed),
             )
+        # Props 4.1 / D.2 (T_lin at μ = μ*) and 5.1 / 5.2 (T_ctx), each at its unbiased λ: the mean, then the variance.
         lam_u = theory.unbiased_temperature(sigma, length)
-        moments = monte_carlo_conditional_moments(
-            lambda x, la=lam_u: linear_attention_predictor(x, centroids, la), centroids, sigma, length, n, o.seed
-        )
-        name = f"Prop. 4.1: ⟨E[T_lin(X)₁ | Z₁ = c], μ*_c⟩ at the unbiased λ = {lam_u:.3f}, σ = {sigma}"
-        check(name, "= 1", 1.0, moments["projection"])
-        check(
-            f"Prop. D.2 / 4.2: Var[T_lin(X)₁ | Z₁] at λ = {lam_u:.3f}, σ = {sigma}, L = {length}",
-            f"limit 2λ²σ²(1+2σ²)² = {theory.oracle_conditional_variance_limit(sigma, lam_u):.4f}",
-            theory.oracle_conditional_variance(d4, sigma, length, lam_u),
-            moments["variance"],
-        )
         lam_c = theory.in_context_unbiased_temperature(d4, sigma, length)
-        moments = monte_carlo_conditional_moments(
-            lambda x, la=lam_c: in_context_quantizer(x, la), centroids, sigma, length, n, o.seed + 1
-        )
-        name = f"Prop. 5.1: ⟨E[T_ctx(X)₁ | Z₁ = c], μ*_c⟩ at the unbiased λ = {lam_c:.3f}, σ = {sigma}"
-        check(name, "= 1", 1.0, moments["projection"])
-        check(
-            f"Prop. 5.2: Var[T_ctx(X)₁ | Z₁] at λ = {lam_c:.3f}, σ = {sigma}, L = {length} (exact finite L)",
-            f"limit 2λ²σ²(1+4σ²+2dσ⁴) = {theory.in_context_conditional_variance_limit(d4, sigma, lam_c):.4f}",
-            theory.in_context_conditional_variance(d4, sigma, length, lam_c),
-            moments["variance"],
-        )
+        oracle = partial(linear_attention_predictor, heads=centroids, lam=lam_u)
+        for operator, props, lam_0, predict, seed, limit, variance in (
+            ("T_lin", ("4.1", "D.2 / 4.2"), lam_u, oracle, o.seed,
+             f"limit 2λ²σ²(1+2σ²)² = {theory.oracle_conditional_variance_limit(sigma, lam_u):.4f}",
+             theory.oracle_conditional_variance(d4, sigma, length, lam_u)),
+            ("T_ctx", ("5.1", "5.2"), lam_c, partial(in_context_quantizer, lam=lam_c), o.seed + 1,
+             f"limit 2λ²σ²(1+4σ²+2dσ⁴) = {theory.in_context_conditional_variance_limit(d4, sigma, lam_c):.4f}",
+             theory.in_context_conditional_variance(d4, sigma, length, lam_c)),
+        ):  # fmt: skip
+            moments = monte_carlo_conditional_moments(predict, centroids, sigma, length, n, seed)
+            name = f"Prop. {props[0]}: ⟨E[{operator}(X)₁ | Z₁ = c], μ*_c⟩ at the unbiased λ = {lam_0:.3f}, σ = {sigma}"
+            check(name, "= 1", 1.0, moments["projection"])
+            name = f"Prop. {props[1]}: Var[{operator}(X)₁ | Z₁] at λ = {lam_0:.3f}, σ = {sigma}, L = {length}"
+            check(name + (" (exact finite L)" if operator == "T_ctx" else ""), limit, variance, moments["variance"])
         lam_star = theory.critical_temperature(d4, sigma, length)
         limits = theory.critical_temperature_limits(sigma, length)
         study.claim(
