@@ -2,8 +2,7 @@
 
 Runs as `aot train image …`, `python -m aot_transformers.training.image …`, and under `torchrun` / `accelerate
 launch -m aot_transformers.training.image …`. The image processor is saved with the model, so
-`pipeline("image-classification", model=folder, trust_remote_code=True)` works on the result. Accuracy comes from
-the local `evaluate` metric module in `training/metrics`.
+`pipeline("image-classification", model=folder, trust_remote_code=True)` works on the result.
 """
 
 from __future__ import annotations
@@ -62,17 +61,14 @@ def _augmenting_trainer_class():
 
 
 def accuracy_metrics():
-    """`compute_metrics` for `Trainer`: accuracy through the local `evaluate` accuracy module."""
+    """`compute_metrics` for `Trainer`: scikit-learn's `accuracy_score` (what `evaluate`'s accuracy metric runs)."""
     import numpy as np
-
-    from .metrics import load_metric
-
-    metric = load_metric("accuracy")
+    from sklearn.metrics import accuracy_score
 
     def compute(eval_prediction) -> dict[str, float]:
         logits = eval_prediction.predictions
         logits = logits[0] if isinstance(logits, tuple) else logits
-        return metric.compute(predictions=np.argmax(logits, axis=-1), references=eval_prediction.label_ids)
+        return {"accuracy": float(accuracy_score(eval_prediction.label_ids, np.argmax(logits, axis=-1)))}
 
     return compute
 

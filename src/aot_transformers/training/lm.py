@@ -51,23 +51,17 @@ def load_or_train_tokenizer(
 ):
     """The tokenizer of the run: given, the checkpoint's, the resumed run's, or a byte-level BPE trained on the
     training text (by the main process; saved under `<output_dir>/tokenizer` for the others and for resuming)."""
-    from .tokenizer import load_tokenizer
+    from .tokenizer import load_tokenizer, train_bpe_tokenizer
 
-    candidates = [model_args.tokenizer_name_or_path]
-    if not model_args.tokenizer_name_or_path:
-        candidates += [resume, model_args.model_name_or_path]
-    for candidate in candidates:
-        if not candidate:
-            continue
-        if candidate == model_args.tokenizer_name_or_path or (Path(candidate) / "tokenizer_config.json").is_file():
-            if looks_like_path(candidate) and not Path(candidate).exists():
-                raise TrainingSetupError(f"--tokenizer_name_or_path {candidate}: no such folder.")
-            try:
-                return load_tokenizer(candidate)
-            except Exception as error:
-                raise TrainingSetupError(f"Could not load the tokenizer {candidate!r}: {error}") from error
-    from .tokenizer import train_bpe_tokenizer
-
+    given = model_args.tokenizer_name_or_path
+    if given and looks_like_path(given) and not Path(given).exists():
+        raise TrainingSetupError(f"--tokenizer_name_or_path {given}: no such folder.")
+    found = [c for c in (resume, model_args.model_name_or_path) if c and (Path(c) / "tokenizer_config.json").is_file()]
+    if given or found:
+        try:
+            return load_tokenizer(given or found[0])
+        except Exception as error:
+            raise TrainingSetupError(f"Could not load the tokenizer {given or found[0]!r}: {error}") from error
     text_column = data_args.text_column
     saved = Path(training_args.output_dir) / TOKENIZER_SUBDIR
     vocab_size = model_args.tokenizer_vocab_size or config.vocab_size

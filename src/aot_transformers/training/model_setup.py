@@ -15,11 +15,12 @@ from .arguments import ModelArguments, TrainingSetupError
 
 
 def parse_overrides(text: str | None) -> dict[str, Any]:
-    """`"hidden_size=128,knn_k=0.5,attention_type=mhsa"` -> a dict with JSON-typed values (strings otherwise)."""
+    """`"hidden_size=128,knn_k=0.5,attention_type=mhsa"` -> a dict with JSON-typed values (strings otherwise).
+    Refuses a name that is no config field (it would be stored and silently ignored)."""
+    import difflib
+
     overrides: dict[str, Any] = {}
-    if not text:
-        return overrides
-    for item in text.split(","):
+    for item in (text or "").split(","):
         if not item.strip():
             continue
         if "=" not in item:
@@ -31,18 +32,6 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
             overrides[name] = json.loads(value)
         except json.JSONDecodeError:
             overrides[name] = {"None": None, "True": True, "False": False}.get(value, value)
-    return overrides
-
-
-def config_field_names() -> set[str]:
-    """The names `--config_overrides` accepts: every field of an `AoTConfig`."""
-    return set(AoTConfig().to_dict()) | {"attn_implementation"}
-
-
-def check_override_names(overrides: dict[str, Any]) -> None:
-    """Refuse a `--config_overrides` name that is no config field (it would be stored and silently ignored)."""
-    import difflib
-
     known = config_field_names()
     for name in overrides:
         if name not in known:
@@ -53,6 +42,12 @@ def check_override_names(overrides: dict[str, Any]) -> None:
                 argument="--config_overrides",
                 value=name,
             )
+    return overrides
+
+
+def config_field_names() -> set[str]:
+    """The names `--config_overrides` accepts: every field of an `AoTConfig`."""
+    return set(AoTConfig().to_dict()) | {"attn_implementation"}
 
 
 def build_config(model_args: ModelArguments, default_preset: str, **fields: Any) -> AoTConfig:
@@ -68,7 +63,6 @@ def build_config(model_args: ModelArguments, default_preset: str, **fields: Any)
             f"{', '.join(map(repr, sources))}."
         )
     overrides = {**parse_overrides(config_overrides), **{k: v for k, v in fields.items() if v is not None}}
-    check_override_names(parse_overrides(config_overrides))
     try:
         if model_name_or_path:
             if looks_like_path(model_name_or_path) and not Path(model_name_or_path).exists():

@@ -36,19 +36,10 @@ logger = logging.getLogger(__name__)
 
 RUN_RECORD = "aot_run.json"
 # Config fields that change between runs of the same model without changing the model.
-_VOLATILE_CONFIG_FIELDS = {
-    "_attn_implementation",
-    "_attn_implementation_internal",
-    "_name_or_path",
-    "architectures",
-    "code_sha256",
-    "dtype",
-    "torch_dtype",
-    "required_transformers",
-    "transformers_version",
-    "use_cache",
-    "auto_map",
-}
+_VOLATILE_CONFIG_FIELDS = set(
+    "_attn_implementation _attn_implementation_internal _name_or_path architectures auto_map code_sha256 dtype "
+    "required_transformers torch_dtype transformers_version use_cache".split()
+)
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 RESUME_LATEST = ("latest", "last", "true", "True", "auto")
 _SAMPLE_BYTES = 1 << 20  # a data file is fingerprinted by its size and its first and last MiB
@@ -124,15 +115,9 @@ def check_output_dir(output_dir: str) -> Path:
 
 
 def lock_output_dir(output_dir: str, is_main_process: bool = True):
-    """Take the exclusive lock of `output_dir` (main process only; the other ranks of the same run share it).
-
-    Returns:
-        The held `filelock.FileLock` (released when the run ends or the object is dropped), or None off the main
-        process.
-
-    Raises:
-        TrainingSetupError: Another run holds the folder.
-    """
+    """The held exclusive lock of `output_dir` (a `filelock.FileLock`, released when the run ends or the object is
+    dropped), taken by the main process only (None elsewhere: the other ranks of the run share it). Raises
+    `TrainingSetupError` when another run holds the folder."""
     if not is_main_process:
         return None
     try:
@@ -194,40 +179,23 @@ def config_fingerprint(config) -> str:
 
 def run_identity(training_args, config, data: list[str], **settings: Any) -> dict[str, Any]:
     """What a checkpoint of this run is made from: compared field by field when a run resumes from it."""
-    return {
-        "seed": training_args.seed,
-        "data": data,
-        "model config": config_fingerprint(config),
-        **{name: value for name, value in settings.items()},
-    }
-
-
-def _as_read_back(identity: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(identity, default=str))
+    return {"seed": training_args.seed, "data": data, "model config": config_fingerprint(config), **settings}
 
 
 def _differences(recorded: dict[str, Any], identity: dict[str, Any], label: str) -> str:
     """`field: <label> value, this run value; …` for every field in which `recorded` and `identity` differ ('' if
     none)."""
-    current = _as_read_back(identity)
+    current = json.loads(json.dumps(identity, default=str))  # as the record reads back
     differ = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
     return "; ".join(f"{k}: {label} {recorded.get(k)!r}, this run {current.get(k)!r}" for k in differ)
 
 
 def check_resume_identity(resume: str | None, identity: dict[str, Any]) -> None:
-    """Refuse to resume from a checkpoint that another run made (`RUN_RECORD` differs in any field), or that has no
-    readable record (`checkpoints.is_complete_checkpoint` counts such a checkpoint as incomplete)."""
+    """Refuse to resume from a checkpoint that another run made (`RUN_RECORD` differs in any field). A checkpoint
+    without a readable record never gets here: `resolve_resume` refuses it as incomplete."""
     if resume is None:
         return
-    recorded = read_json(Path(resume) / RUN_RECORD)
-    if not isinstance(recorded, dict):
-        raise TrainingSetupError(
-            f"has no readable {RUN_RECORD}: it is incomplete (interrupted while being written) or not this "
-            "package's; resume from an earlier checkpoint or `latest`",
-            argument="--resume_from_checkpoint",
-            value=resume,
-        )
-    shown = _differences(recorded, identity, "checkpoint")
+    shown = _differences(read_json(Path(resume) / RUN_RECORD) or {}, identity, "checkpoint")
     if shown:
         raise TrainingSetupError(
             f"{resume} was made by a different run ({shown}). Resume with the same settings, start a new run in "

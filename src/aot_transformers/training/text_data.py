@@ -17,11 +17,8 @@ logger = logging.getLogger(__name__)
 
 # File suffix -> `datasets` builder.
 TEXT_BUILDERS = {
-    ".txt": "text",
-    ".text": "text",
-    ".md": "text",
-    ".json": "json",
-    ".jsonl": "json",
+    **dict.fromkeys((".txt", ".text", ".md"), "text"),
+    **dict.fromkeys((".json", ".jsonl"), "json"),
     ".parquet": "parquet",
     ".csv": "csv",
 }
@@ -264,12 +261,7 @@ def load_text_source(args: TextDataArguments, seed: int = 42) -> TextSource:
         validation = _load_local(list(args.validation_file), args.text_column, False, "validation")
     if validation is None:
         train, validation = _split_validation(train, args)
-    if hub_ids:
-        label = hub_ids[0]
-    elif name == EMBEDDED_CORPUS:
-        label = EMBEDDED_CORPUS
-    else:
-        label = Path(name or args.train_file[0]).name
+    label = hub_ids[0] if hub_ids else Path(name or args.train_file[0]).name  # the embedded corpus: its own name
     return TextSource(train, validation, description, hub_ids, documents, label)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 END_OF_TEXT = "<|endoftext|>"
 
@@ -11,11 +11,9 @@ END_OF_TEXT = "<|endoftext|>"
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
     """`AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)`: never the remote-code prompt.
 
-    In transformers 5 `AutoTokenizer` loads the folder's `config.json` through `AutoConfig` before the tokenizer.
-    A saved model folder's config has an `auto_map` (the model is remote code), so without an explicit
-    `trust_remote_code` transformers asks on the terminal — and waits 15 s — whenever the model type is not
-    registered in the process. This package registers `aot`, so its own folders need no remote code for the
-    tokenizer (a plain `tokenizer.json`); a tokenizer that does need code fails with a clear error instead of asking.
+    `AutoTokenizer` reads the folder's `config.json`, whose `auto_map` (the model is remote code) would make
+    transformers ask on the terminal unless `trust_remote_code` is explicit. This package registers `aot`, so its own
+    folders need no remote code for the tokenizer; one that does fails with a clear error instead of asking.
     """
     from pathlib import Path
 
@@ -74,7 +72,7 @@ def train_bpe_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
     )
-    tokenizer.train_from_iterator(_non_empty(texts), trainer=trainer, length=length)
+    tokenizer.train_from_iterator((text for text in texts if text), trainer=trainer, length=length)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=END_OF_TEXT,
@@ -83,9 +81,3 @@ def train_bpe_tokenizer(
         unk_token=END_OF_TEXT,
         model_max_length=1_000_000,
     )
-
-
-def _non_empty(texts: Iterable[str]) -> Iterator[str]:
-    for text in texts:
-        if text:
-            yield text
