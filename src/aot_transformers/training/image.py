@@ -105,26 +105,24 @@ def prepare_image_training(
     with training_args.main_process_first(desc="loading images"):
         run.source = source = load_image_source(data_args, seed=training_args.seed)
     id2label = dict(enumerate(source.class_names))
-    reinitialise_head = False
-    if model_args.model_name_or_path:
-        old = [config.id2label[i] for i in sorted(config.id2label)]
-        if old != source.class_names:
-            logger.warning(
-                "The checkpoint's classes %s differ from the data's: the classification head is re-initialised.",
-                old[:10],
-            )
-            reinitialise_head = True
+    old = [config.id2label[i] for i in sorted(config.id2label)]
+    reinitialise_head = bool(model_args.model_name_or_path) and old != source.class_names
+    if reinitialise_head:
+        logger.warning(
+            "The checkpoint's classes %s differ from the data's: the classification head is re-initialised.", old[:10]
+        )
     config.id2label = id2label
     config.label2id = {name: i for i, name in id2label.items()}
     processor = make_image_processor(config.image_size, config.num_channels)
     augment = data_args.augment == "yes" or (data_args.augment == "auto" and source.kind == "cifar10-archives")
+
+    def prepare(split, desc: str):
+        return None if split is None else preprocess_images(split, processor, config.num_channels, desc)
+
     with training_args.main_process_first(desc="preparing images"):
-        train = preprocess_images(source.train, processor, config.num_channels, "training images")
-        validation = None
-        if source.validation is not None:
-            validation = preprocess_images(source.validation, processor, config.num_channels, "validation images")
+        train, validation = prepare(source.train, "training images"), prepare(source.validation, "validation images")
     if source.test is not None:
-        run.test = lambda: preprocess_images(source.test, processor, config.num_channels, "test images")
+        run.test = lambda: prepare(source.test, "test images")
     crop = f"random crop (padding {data_args.crop_padding}) + horizontal flip"
     run.summary = {
         "image size": f"{config.image_size} px, patch {config.patch_size}",
@@ -158,8 +156,7 @@ def train_image(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def parse_image_arguments(argv: list[str] | None = None):
-    """Parse `(ImageModelArguments, ImageDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
-    TrainingArguments)`."""
+    """Parse `(*IMAGE_ARGUMENTS, TrainingArguments)` (see `arguments.parse_dataclasses`)."""
     return parse_dataclasses(IMAGE_ARGUMENTS, argv)
 
 

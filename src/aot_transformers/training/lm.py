@@ -105,17 +105,6 @@ def load_or_train_tokenizer(
         return tokenizer
 
 
-def check_tokenizer_fits(tokenizer, config) -> None:
-    """Every token id must index the model's embedding: `len(tokenizer) <= config.vocab_size`."""
-    size = len(tokenizer)
-    if size > config.vocab_size:
-        raise TrainingSetupError(
-            f"The tokenizer has {size} tokens but the model's vocab_size is {config.vocab_size}: token ids would "
-            "overflow the embedding. Use a smaller tokenizer or, for a new model, "
-            f"--config_overrides vocab_size={size}"
-        )
-
-
 def _perplexity_trainer_class():
     from transformers import Trainer
 
@@ -175,7 +164,12 @@ def prepare_lm_training(
     )
     run.source = source = load_text_source(data_args, seed=training_args.seed)
     tokenizer = load_or_train_tokenizer(model_args, config, source, training_args, run.resume, data_args)
-    check_tokenizer_fits(tokenizer, config)
+    if len(tokenizer) > config.vocab_size:  # every token id must index the model's embedding
+        raise TrainingSetupError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {config.vocab_size}: token ids "
+            f"would overflow the embedding. Use a smaller tokenizer or, for a new model, --config_overrides "
+            f"vocab_size={len(tokenizer)}"
+        )
     if not model_args.model_name_or_path:
         for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
             if getattr(config, name, None) is None and getattr(tokenizer, name, None) is not None:
@@ -228,9 +222,7 @@ def train_lm(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def parse_lm_arguments(argv: list[str] | None = None):
-    """Parse `(LMModelArguments, TextDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
-    TrainingArguments)` from the command line, from a single .json / .yaml file, or from a recipe file followed by
-    overriding flags."""
+    """Parse `(*LM_ARGUMENTS, TrainingArguments)` (see `arguments.parse_dataclasses`)."""
     return parse_dataclasses(LM_ARGUMENTS, argv)
 
 

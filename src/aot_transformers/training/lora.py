@@ -73,16 +73,6 @@ class LoraArguments:
             )
 
 
-def _require_peft():
-    try:
-        import peft
-    except ImportError:
-        raise TrainingSetupError(
-            "LoRA needs PEFT: pip install 'aot-transformers[peft]'", argument="--lora_r"
-        ) from None
-    return peft
-
-
 def check_lora_targets(model, lora: LoraArguments) -> list[str]:
     """The modules LoRA adapts in `model` (which may live on the meta device, to check before any data is read).
     Raises `TrainingSetupError` for target modules the model does not have."""
@@ -116,7 +106,12 @@ def check_lora_targets(model, lora: LoraArguments) -> list[str]:
 def apply_lora(model, lora: LoraArguments, task: str):
     """Wrap `model` in a `peft.PeftModel` with LoRA adapters as `lora` says; only the adapters (and an image
     classifier's head) stay trainable. Raises `TrainingSetupError` for target modules the model does not have."""
-    peft = _require_peft()
+    try:
+        import peft
+    except ImportError:
+        raise TrainingSetupError(
+            "LoRA needs PEFT: pip install 'aot-transformers[peft]'", argument="--lora_r"
+        ) from None
     targets = check_lora_targets(model, lora)
     config = peft.LoraConfig(
         r=lora.lora_r,

@@ -114,31 +114,6 @@ def check_output_dir(output_dir: str) -> Path:
     return folder
 
 
-def lock_output_dir(output_dir: str, is_main_process: bool = True):
-    """The held exclusive lock of `output_dir` (a `filelock.FileLock`, released when the run ends or the object is
-    dropped), taken by the main process only (None elsewhere: the other ranks of the run share it). Raises
-    `TrainingSetupError` when another run holds the folder."""
-    if not is_main_process:
-        return None
-    try:
-        return lock_folder(Path(output_dir) / LOCK_FILE)
-    except FolderLockedError as error:
-        raise TrainingSetupError(
-            f"{error}; wait for it to finish or choose another folder", argument="--output_dir", value=output_dir
-        ) from None
-
-
-def check_final_model_dir(training_args, publish_args) -> Path:
-    """The final folder of the run, checked before training (see `hub.check_replaceable`)."""
-    from ..errors import UsageError
-    from ..hub import check_replaceable
-
-    try:
-        return check_replaceable(publish_args.final_dir(training_args), protected=(training_args.output_dir,))
-    except UsageError as error:
-        raise TrainingSetupError(str(error).replace("final model folder", "--final_model_dir", 1)) from None
-
-
 def file_fingerprint(path: Path) -> str:
     """Size plus a hash of the first and last MiB: cheap for a corpus of any size, and blind to a mere `touch`."""
     size = path.stat().st_size
@@ -212,11 +187,8 @@ def claim_output_dir(output_dir: str | os.PathLike, identity: dict[str, Any], wr
 
     The folder's run is the one its `RUN_RECORD` and its checkpoints' records name; a folder with checkpoints or an
     export and no record at all (an older aot-transformers, another tool) is refused too: nothing says it is this
-    run's. Stale temporary files of a killed record write are removed.
-
-    Raises:
-        TrainingSetupError: Another run's work is in the folder (one line naming the folder, the fields that differ
-            and how to resume or choose another folder).
+    run's: one line names the folder, the fields that differ and how to resume or choose another folder. Stale
+    temporary files of a killed record write are removed.
     """
     root = Path(output_dir)
     checkpoints = sorted(p for p in root.glob("checkpoint-*") if p.is_dir() and CHECKPOINT_PATTERN.match(p.name))
@@ -320,7 +292,6 @@ def check_finite_model(model) -> None:
 __all__ = [
     "RUN_RECORD",
     "RecordRunTrainerMixin",
-    "check_final_model_dir",
     "check_finite_model",
     "check_output_dir",
     "check_resume_identity",
@@ -328,7 +299,6 @@ __all__ = [
     "data_fingerprint",
     "is_complete_checkpoint",
     "last_complete_checkpoint",
-    "lock_output_dir",
     "resolve_resume",
     "run_identity",
     "run_state_callbacks",
@@ -366,17 +336,28 @@ def start_run(training_args, publish_args, identity: dict[str, Any]):
         `(lock, resume)`: the held lock (hold it for the whole run; None off the main process) and the checkpoint to
         resume from or None. `training_args.resume_from_checkpoint` is set to the latter.
     """
+    from ..errors import UsageError
+    from ..hub import check_replaceable
     from .arguments import check_training_arguments
 
     check_training_arguments(training_args)  # again for runs started from Python, not the command line
-    check_output_dir(training_args.output_dir)
-    check_final_model_dir(training_args, publish_args)
-    main_process = training_args.process_index == 0
-    lock = lock_output_dir(training_args.output_dir, main_process)
+    output_dir = training_args.output_dir
+    check_output_dir(output_dir)
     try:
-        resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+        check_replaceable(publish_args.final_dir(training_args), protected=(output_dir,))
+    except UsageError as error:
+        raise TrainingSetupError(str(error).replace("final model folder", "--final_model_dir", 1)) from None
+    main_process = training_args.process_index == 0
+    try:  # held by the main process for the whole run (the other ranks of the run share it)
+        lock = lock_folder(Path(output_dir) / LOCK_FILE) if main_process else None
+    except FolderLockedError as error:
+        raise TrainingSetupError(
+            f"{error}; wait for it to finish or choose another folder", argument="--output_dir", value=output_dir
+        ) from None
+    try:
+        resume = resolve_resume(training_args.resume_from_checkpoint, output_dir)
         check_resume_identity(resume, identity)
-        claim_output_dir(training_args.output_dir, identity, write=main_process)
+        claim_output_dir(output_dir, identity, write=main_process)
     except BaseException:
         if lock is not None:
             lock.release()

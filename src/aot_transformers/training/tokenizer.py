@@ -38,21 +38,13 @@ def train_bpe_tokenizer(
     show_progress: bool = True,
     length: int | None = None,
 ):
-    """Train a GPT-2-style byte-level BPE tokenizer on `texts`.
+    """Train a GPT-2-style byte-level BPE tokenizer on `texts` (an iterable of strings, consumed once; `length`, if
+    known, for the progress bar). Deterministic for a given input.
 
     Every byte is in the initial alphabet, so any text encodes without unknown tokens; `<|endoftext|>` (id 0) is
-    the BOS, EOS and padding token. Training is deterministic for a given input.
-
-    Args:
-        texts: The training text, as an iterable of strings (it is consumed once).
-        vocab_size: Size of the vocabulary, special token included; at least 257 (256 bytes + `<|endoftext|>`).
-        min_frequency: Minimum count of a pair to be merged.
-        show_progress: Show the `tokenizers` progress bar.
-        length: Number of items in `texts`, for the progress bar.
-
-    Returns:
-        A `transformers.PreTrainedTokenizerFast` with exactly `vocab_size` tokens (fewer if the text is too short to
-        learn that many merges).
+    the BOS, EOS and padding token. `vocab_size` counts it and must be at least 257 (256 bytes + `<|endoftext|>`);
+    pairs seen fewer than `min_frequency` times are not merged. Returns a `transformers.PreTrainedTokenizerFast`
+    with exactly `vocab_size` tokens (fewer if the text is too short to learn that many merges).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast

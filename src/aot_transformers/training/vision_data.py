@@ -96,13 +96,9 @@ def _class_label_dataset(images: list, labels: list[int], class_names: list[str]
 
 
 def load_cifar10_archives(folder: str | Path, max_per_class: int | None = None):
-    """The CIFAR-10 images of `train_<class>.tar.gz` archives (`train/<class>/NNNN.jpg`), read without unpacking
-    to disk. Classes are sorted by name; images keep their encoded JPEG bytes and decode on access.
-
-    Args:
-        folder: The folder holding the archives.
-        max_per_class: Read only the first images of each class (in name order).
-    """
+    """The CIFAR-10 images of the `train_<class>.tar.gz` archives in `folder` (`train/<class>/NNNN.jpg`), read
+    without unpacking to disk, at most `max_per_class` of each class (in name order). Classes are sorted by name;
+    images keep their encoded JPEG bytes and decode on access."""
     folder = Path(folder)
     archives = sorted(p for p in folder.iterdir() if _CIFAR_ARCHIVE.match(p.name))
     class_names = [_CIFAR_ARCHIVE.match(p.name).group("label") for p in archives]
@@ -151,10 +147,10 @@ def load_pixel_csv(path: str | Path):
         except ValueError:
             bad = next(v for v in row if not _is_number(v))
             raise TrainingSetupError(f"{path} line {number}: {bad!r} is not a number.") from None
-        if not np.isfinite(values).all() or values[:-1].min() < 0 or values[:-1].max() > 255:
+        outside = values[:-1][~((values[:-1] >= 0) & (values[:-1] <= 255))]  # NaN is outside too
+        if outside.size or not np.isfinite(values[-1]):
             raise TrainingSetupError(
-                f"{path} line {number}: pixel values must be finite numbers in [0, 255], found "
-                f"{values[:-1][~np.isfinite(values[:-1]) | (values[:-1] < 0) | (values[:-1] > 255)][:3].tolist()}."
+                f"{path} line {number}: pixel values must be finite numbers in [0, 255], found {outside[:3].tolist()}."
             )
         if not float(values[-1]).is_integer():
             raise TrainingSetupError(f"{path} line {number}: the label (last column) {row[-1]!r} is not an integer.")
@@ -165,9 +161,8 @@ def load_pixel_csv(path: str | Path):
             f"{path}: {pixels.shape[1]} pixel columns is not a square image; expected side² pixels then the label."
         )
     images = [Image.fromarray(p.reshape(side, side).clip(0, 255).astype(np.uint8), mode="L") for p in pixels]
-    class_values = sorted(set(labels.tolist()))
-    index = {value: i for i, value in enumerate(class_values)}
-    return _class_label_dataset(images, [index[v] for v in labels.tolist()], [str(v) for v in class_values])
+    class_values, index = np.unique(labels, return_inverse=True)
+    return _class_label_dataset(images, index.tolist(), [str(v) for v in class_values.tolist()])
 
 
 def _is_number(text: str) -> bool:
