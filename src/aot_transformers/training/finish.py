@@ -84,10 +84,8 @@ def hub_checkpoint_callback(plan: HubPlan):
         checkpoint is on disk, and `--resume_from_checkpoint latest` continues after the cause is fixed)."""
 
         def on_save(self, args, state, control, **kwargs):
-            if not state.is_world_process_zero:
-                return
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if not folder.is_dir():
+            if not state.is_world_process_zero or not folder.is_dir():
                 return
             path_in_repo, ignore, delete = {
                 "every_save": (None, TRAINER_STATE_PATTERNS, None),
@@ -172,9 +170,13 @@ def training_summary(training_args, trainer, extra: dict[str, Any] | None = None
         "schedule": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
         "warmup": training_args.warmup_steps or 0,
         "weight decay": training_args.weight_decay,
-        "optimizer": _optimizer_name(training_args, trainer),
+        "optimizer": str(getattr(training_args.optim, "value", training_args.optim)),
         "seed": training_args.seed,
     }
+    if getattr(trainer, "optimizer_cls_and_kwargs", None):  # ours (Lion), not Trainer's --optim
+        cls, kwargs = trainer.optimizer_cls_and_kwargs
+        betas = f", betas {tuple(kwargs['betas'])}" if kwargs.get("betas") else ""
+        summary["optimizer"] = f"{cls.__name__} ({cls.__module__.split('.')[0]}{betas})"
     if getattr(training_args, "fsdp", None):
         config = getattr(training_args, "fsdp_config", None) or {}
         version = config.get("version", config.get("fsdp_version", 2))
@@ -183,15 +185,6 @@ def training_summary(training_args, trainer, extra: dict[str, Any] | None = None
         summary["parallelism"] = "DDP"
     summary.update(extra or {})
     return summary
-
-
-def _optimizer_name(training_args, trainer) -> str:
-    custom = getattr(trainer, "optimizer_cls_and_kwargs", None)
-    if custom:
-        cls, kwargs = custom
-        betas = kwargs.get("betas")
-        return f"{cls.__name__} ({cls.__module__.split('.')[0]}" + (f", betas {tuple(betas)})" if betas else ")")
-    return str(getattr(training_args.optim, "value", training_args.optim))
 
 
 def _full_state_model(trainer):

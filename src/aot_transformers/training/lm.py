@@ -92,12 +92,7 @@ def load_or_train_tokenizer(
                 )
         # A stream is sampled: its first examples teach the merges.
         texts = source.train.take(TOKENIZER_STREAM_EXAMPLES) if dataset_length(source.train) is None else source.train
-        tokenizer = train_bpe_tokenizer(
-            (row[text_column] for row in texts),
-            vocab_size=vocab_size,
-            length=dataset_length(texts),
-            show_progress=True,
-        )
+        tokenizer = train_bpe_tokenizer((row[text_column] for row in texts), vocab_size, length=dataset_length(texts))
         if training_args.process_index == 0:
             with atomic_folder(saved) as staging:
                 tokenizer.save_pretrained(staging)

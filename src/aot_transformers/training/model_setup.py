@@ -98,18 +98,15 @@ def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixe
         return
     from safetensors import safe_open
 
+    def refuse(problem: str) -> TrainingSetupError:
+        return TrainingSetupError(problem, argument="--model_name_or_path", value=folder)
+
     root = Path(folder)
     files = sorted(root.glob("*.safetensors"))
     if not files:
         pickles = sorted(p.name for p in root.iterdir() if is_pickle_name(p.name))
-        found = (
-            f"only pickle weights ({', '.join(pickles)}), which can run code when loaded" if pickles else "no weights"
-        )
-        raise TrainingSetupError(
-            f"holds {found}; fine-tune from a folder with model.safetensors",
-            argument="--model_name_or_path",
-            value=folder,
-        )
+        found = f"only pickle weights ({', '.join(pickles)}), which can run code when loaded" if pickles else ""
+        raise refuse(f"holds {found or 'no weights'}; fine-tune from a folder with model.safetensors")
     with torch.device("meta"):
         state = model_cls(config).state_dict(keep_vars=True)
     expected = {name: tuple(t.shape) for name, t in state.items()}
@@ -122,18 +119,12 @@ def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixe
             with safe_open(str(file), framework="pt") as weights:
                 shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
         except Exception as error:  # noqa: BLE001 - SafetensorError and OSError: both mean an unreadable file
-            raise TrainingSetupError(
-                f"{file} cannot be read ({error}); it may be truncated: save or download it again",
-                argument="--model_name_or_path",
-                value=folder,
-            ) from None
+            raise refuse(f"{file} cannot be read ({error}); it may be truncated: save or download it again") from None
         present.update(shapes)
         for name, shape in shapes.items():
             if name in expected and expected[name] != shape and not name.startswith(skip_prefixes):
-                raise TrainingSetupError(
-                    f"{file.name}: {name} has shape {list(shape)} but its config.json gives {list(expected[name])}",
-                    argument="--model_name_or_path",
-                    value=folder,
+                raise refuse(
+                    f"{file.name}: {name} has shape {list(shape)} but its config.json gives {list(expected[name])}"
                 )
     missing = sorted(
         names[0]
@@ -142,11 +133,7 @@ def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixe
     )
     if missing:  # from_pretrained would initialise them at random with only a load report
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise TrainingSetupError(
-            f"its weights lack {shown}, which would be initialised at random; save the complete model again",
-            argument="--model_name_or_path",
-            value=folder,
-        )
+        raise refuse(f"its weights lack {shown}, which would be initialised at random; save the complete model again")
 
 
 def use_training_attention(model, training_args) -> None:

@@ -77,9 +77,8 @@ class TrainingRun:
         if lora is not None and training_args.fsdp:
             raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
         hub = take_over_hub_options(training_args, publish_args)
-        run = cls(task, metric, model_args, data_args, training_args, publish_args, hub, list(callbacks or []))
-        run.lora, run.optimizer = lora, optimizer
-        return run
+        callbacks = list(callbacks or [])
+        return cls(task, metric, model_args, data_args, training_args, publish_args, hub, callbacks, lora, optimizer)
 
     def build_config(self, model_cls, default_preset: str, skip_prefixes: tuple[str, ...] = (), **fields: Any):
         """The model's config (`model_setup.build_config`), checked against the checkpoint's weights (tensors under

@@ -197,12 +197,7 @@ def embedded_corpus() -> list[str]:
 def column_names(dataset) -> list[str]:
     """Columns of a `Dataset` or `IterableDataset` (peeking at the first example when the features are unknown)."""
     names = getattr(dataset, "column_names", None)
-    if names is None:
-        try:
-            names = list(next(iter(dataset)).keys())
-        except StopIteration:
-            names = []
-    return list(names)
+    return list(names if names is not None else next(iter(dataset), {}))
 
 
 def check_text_column(dataset, text_column: str, where: str) -> None:
@@ -279,13 +274,7 @@ def _split_validation(train, args: TextDataArguments):
 
 
 def tokenize_and_pack(
-    dataset,
-    tokenizer,
-    block_size: int,
-    text_column: str,
-    add_eos: bool,
-    num_proc: int | None = None,
-    desc: str = "",
+    dataset, tokenizer, block_size: int, text_column: str, add_eos: bool, num_proc: int | None = None, desc: str = ""
 ):
     """Tokenize `dataset[text_column]` and pack the tokens into blocks of `block_size` (`input_ids`, `labels`).
 
