@@ -17,7 +17,7 @@ import importlib
 
 _MODULES = {
     ".run": "TrainingRun run_training",
-    ".lm": "LMModelArguments prepare_lm_training run_lm_training train_lm unigram_perplexity",
+    ".lm": "LMModelArguments prepare_lm_training run_lm_training train_bpe_tokenizer train_lm unigram_perplexity",
     ".image": "ImageModelArguments prepare_image_training run_image_training train_image",
     ".text_data": "TextDataArguments load_text_source tokenize_and_pack",
     ".vision_data": "ImageDataArguments load_image_source",
@@ -25,7 +25,6 @@ _MODULES = {
     ".lora": "LoraArguments",
     ".run_state": "last_complete_checkpoint",
     ".finish": "plot_training_curves",
-    ".tokenizer": "train_bpe_tokenizer",
     ".demo": "run_demo",
 }
 _EXPORTS = {name: module for module, names in _MODULES.items() for name in names.split()}

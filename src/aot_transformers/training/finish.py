@@ -57,10 +57,10 @@ def take_over_hub_options(training_args, publish_args: PublishArguments) -> HubP
     push = bool(training_args.push_to_hub)
     training_args.push_to_hub = False
     repo_id = training_args.hub_model_id
-    if push and not repo_id:
-        repo_id = publish_args.final_dir(training_args).resolve().parent.name
     if push:
         from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        repo_id = repo_id or publish_args.final_dir(training_args).resolve().parent.name
 
         try:
             validate_repo_id(repo_id)
@@ -159,12 +159,11 @@ def plot_training_curves(log_history: list[dict[str, Any]], path: str | os.PathL
 def training_summary(training_args, trainer, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The training settings shown in the model card."""
     world = max(1, training_args.world_size)
+    batch = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps * world
     summary = {
         "steps": trainer.state.global_step,
         "epochs": round(trainer.state.epoch or 0.0, 2),
-        "global batch size": training_args.per_device_train_batch_size
-        * training_args.gradient_accumulation_steps
-        * world,
+        "global batch size": batch,
         "processes": world,
         "learning rate": training_args.learning_rate,
         "schedule": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),

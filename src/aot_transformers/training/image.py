@@ -49,9 +49,7 @@ def _augmenting_trainer_class():
         train_data_collator = None
 
         def get_train_dataloader(self):
-            if self.train_data_collator is None:
-                return super().get_train_dataloader()
-            plain, self.data_collator = self.data_collator, self.train_data_collator
+            plain, self.data_collator = self.data_collator, self.train_data_collator or self.data_collator
             try:
                 return super().get_train_dataloader()
             finally:

@@ -55,7 +55,6 @@ class LoraArguments:
             return
         if isinstance(self.lora_r, bool) or self.lora_r < 1:
             raise TrainingSetupError("", argument="--lora_r", value=self.lora_r, allowed="a positive integer")
-
         if self.lora_alpha is not None and not self.lora_alpha > 0:
             raise TrainingSetupError("", argument="--lora_alpha", value=self.lora_alpha, allowed="a positive number")
         if not 0 <= self.lora_dropout < 1:

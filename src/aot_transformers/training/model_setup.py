@@ -55,14 +55,13 @@ def build_config(model_args: ModelArguments, default_preset: str, **fields: Any)
     `--config_overrides` and then `fields` applied, checked with `AoTConfig.validate()`. Raises
     `TrainingSetupError` for a bad choice."""
     model_name_or_path, preset, config_file = model_args.model_name_or_path, model_args.preset, model_args.config_file
-    config_overrides = model_args.config_overrides
     sources = [s for s in (model_name_or_path, config_file) if s] + ([preset] if preset else [])
     if len(sources) > 1:
         raise TrainingSetupError(
             "Give at most one of --model_name_or_path, --config_file and --preset, got "
             f"{', '.join(map(repr, sources))}."
         )
-    overrides = {**parse_overrides(config_overrides), **{k: v for k, v in fields.items() if v is not None}}
+    overrides = {**parse_overrides(model_args.config_overrides), **{k: v for k, v in fields.items() if v is not None}}
     try:
         if model_name_or_path:
             if looks_like_path(model_name_or_path) and not Path(model_name_or_path).exists():

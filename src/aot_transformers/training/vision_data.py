@@ -145,8 +145,11 @@ def load_pixel_csv(path: str | Path):
         try:
             values = np.asarray(row, dtype=np.float64)
         except ValueError:
-            bad = next(v for v in row if not _is_number(v))
-            raise TrainingSetupError(f"{path} line {number}: {bad!r} is not a number.") from None
+            for value in row:  # name the first value that is not a number
+                try:
+                    float(value)
+                except ValueError:
+                    raise TrainingSetupError(f"{path} line {number}: {value!r} is not a number.") from None
         outside = values[:-1][~((values[:-1] >= 0) & (values[:-1] <= 255))]  # NaN is outside too
         if outside.size or not np.isfinite(values[-1]):
             raise TrainingSetupError(
@@ -163,14 +166,6 @@ def load_pixel_csv(path: str | Path):
     images = [Image.fromarray(p.reshape(side, side).clip(0, 255).astype(np.uint8), mode="L") for p in pixels]
     class_values, index = np.unique(labels, return_inverse=True)
     return _class_label_dataset(images, index.tolist(), [str(v) for v in class_values.tolist()])
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def load_sklearn_digits():
@@ -424,12 +419,8 @@ def preprocess_images(dataset, processor, num_channels: int, desc: str = "images
 
     size = processor.size["height"]
     mode = "RGB" if num_channels == 3 else "L" if num_channels == 1 else None
-    features = datasets.Features(
-        {
-            "pixel_values": datasets.Array3D((num_channels, size, size), "uint8"),
-            "labels": dataset.features["label"],
-        }
-    )
+    pixels = datasets.Array3D((num_channels, size, size), "uint8")
+    features = datasets.Features({"pixel_values": pixels, "labels": dataset.features["label"]})
     streamed = isinstance(dataset, datasets.IterableDataset)
     image_feature = (getattr(dataset, "features", None) or {}).get("image")
     if isinstance(image_feature, datasets.Image) and image_feature.decode:
