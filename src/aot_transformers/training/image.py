@@ -154,7 +154,8 @@ def train_image(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def parse_image_arguments(argv: list[str] | None = None):
-    """Parse `(*IMAGE_ARGUMENTS, TrainingArguments)` (see `arguments.parse_dataclasses`)."""
+    """Parse `(ImageModelArguments, ImageDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
+    TrainingArguments)`."""
     return parse_dataclasses(IMAGE_ARGUMENTS, argv)
 
 

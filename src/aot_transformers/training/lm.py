@@ -279,7 +279,9 @@ def train_lm(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def parse_lm_arguments(argv: list[str] | None = None):
-    """Parse `(*LM_ARGUMENTS, TrainingArguments)` (see `arguments.parse_dataclasses`)."""
+    """Parse `(LMModelArguments, TextDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
+    TrainingArguments)` from the command line, from a single .json / .yaml file, or from a recipe file followed by
+    overriding flags."""
     return parse_dataclasses(LM_ARGUMENTS, argv)
 
 

@@ -150,6 +150,7 @@ def load_pixel_csv(path: str | Path):
                     float(value)
                 except ValueError:
                     raise TrainingSetupError(f"{path} line {number}: {value!r} is not a number.") from None
+            raise  # every value parses on its own: numpy's own error
         outside = values[:-1][~((values[:-1] >= 0) & (values[:-1] <= 255))]  # NaN is outside too
         if outside.size or not np.isfinite(values[-1]):
             raise TrainingSetupError(
@@ -284,12 +285,8 @@ def load_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
         raise TrainingSetupError(f"{description} has no images.")
     if args.validation_dir:
         validation = _load_imagefolder(Path(args.validation_dir), "validation")
-        validation = _normalise_columns(
-            validation,
-            _find_image_column(validation, args.image_column, "validation"),
-            args.label_column,
-            "validation data",
-        )
+        column = _find_image_column(validation, args.image_column, "validation")
+        validation = _normalise_columns(validation, column, args.label_column, "validation data")
     for share, split_name in ((args.test_split_percentage, "test"), (args.validation_split_percentage, "validation")):
         if not 0 <= share < 100:
             raise TrainingSetupError(f"--{split_name}_split_percentage must be in [0, 100), got {share}.")
