@@ -673,15 +673,6 @@ class AoTForImageClassification(AoTPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward_features(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
-        """The pooled representation (B, d) that the head classifies."""
-        outputs = self.model(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding, return_dict=True)
-        return outputs.pooler_output
-
-    def forward_head(self, pooled: torch.Tensor) -> torch.Tensor:
-        """Logits (B, L) from the pooled representation."""
-        return self.classifier(self.head_norm(pooled))
-
     @can_return_tuple
     def forward(
         self,
@@ -694,13 +685,9 @@ class AoTForImageClassification(AoTPreTrainedModel):
     ) -> ImageClassifierOutput | tuple:
         """Class logits (B, L), and the loss when `labels` (B,) are given."""
         outputs = self.model(
-            pixel_values,
-            interpolate_pos_encoding=interpolate_pos_encoding,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
+            pixel_values, output_attentions, output_hidden_states, interpolate_pos_encoding, return_dict=True
         )
-        logits = self.forward_head(outputs.pooler_output)
+        logits = self.classifier(self.head_norm(outputs.pooler_output))  # (B, L)
         loss = None
         if labels is not None:
             if labels.shape[0] != logits.shape[0]:
