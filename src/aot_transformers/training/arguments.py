@@ -92,6 +92,7 @@ def parse_dataclasses(classes: tuple[type, ...], argv: list[str] | None = None) 
     parser.error = one_line_error
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        check_fsdp_config(argv)
         if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
             parsed = parser.parse_dict(read_arguments_file(argv[0]))
         elif len(argv) > 1 and argv[0].endswith((".yaml", ".yml", ".json")) and not argv[0].startswith("-"):
@@ -170,6 +171,31 @@ def check_training_arguments(args) -> None:
         raise TrainingSetupError(
             "is ignored without --fsdp", argument="--fsdp_config", allowed="with --fsdp, e.g. --fsdp full_shard"
         )
+
+
+def check_fsdp_config(argv: list[str]) -> None:
+    """`--fsdp_config` (on the command line or in an arguments file) must be a JSON object or the path of a JSON file
+    holding one, as `TrainingArguments` reads it; else a `TrainingSetupError` naming the flag, before parsing."""
+    import argparse
+
+    reader = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    reader.add_argument("--fsdp_config")
+    value = reader.parse_known_args(argv)[0].fsdp_config
+    if argv and argv[0].endswith((".json", ".yaml", ".yml")) and not argv[0].startswith("-") and value is None:
+        value = read_arguments_file(argv[0]).get("fsdp_config")
+    if value is None or isinstance(value, dict):
+        return
+    allowed, text = "a JSON object, or the path of a JSON file holding one", str(value)
+    if not text.lstrip().startswith("{"):
+        if not Path(text).is_file():
+            raise TrainingSetupError("no such file", argument="--fsdp_config", value=text, allowed=allowed)
+        text = Path(text).read_text(encoding="utf-8", errors="replace")
+    try:
+        loaded = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise TrainingSetupError(f"is not valid JSON ({error})", argument="--fsdp_config", value=value) from None
+    if not isinstance(loaded, dict):
+        raise TrainingSetupError("is not a JSON object", argument="--fsdp_config", value=value, allowed=allowed)
 
 
 def read_arguments_file(path: str) -> dict[str, Any]:

@@ -50,6 +50,11 @@ def config_field_names() -> set[str]:
     return set(AoTConfig().to_dict()) | {"attn_implementation"}
 
 
+# The config fields that set a text (0) or vision (1) model's size.
+SIZE_FIELDS = ("vocab_size", "max_position_embeddings"), ("image_size", "patch_size")
+SIZE_FIELDS = tuple((*fields, "hidden_size", "num_hidden_layers", "mlp_ratio") for fields in SIZE_FIELDS)
+
+
 def build_config(model_args: ModelArguments, default_preset: str, **fields: Any) -> AoTConfig:
     """The config of the model to train: from a checkpoint (fine-tuning), a config file, or a preset, with
     `--config_overrides` and then `fields` applied, checked with `AoTConfig.validate()`. Raises
@@ -87,6 +92,21 @@ def build_config(model_args: ModelArguments, default_preset: str, **fields: Any)
         raise TrainingSetupError(str(error)) from error
     except OSError as error:
         raise TrainingSetupError(f"Could not load the model config from {model_name_or_path!r}: {error}") from error
+
+
+def check_fits_in_memory(model) -> None:
+    """Refuse, before any data is read, a model (built on the meta device) whose float32 weights alone exceed the
+    machine's memory: the allocator, or a tokenizer trained to its vocabulary, would fail later and less clearly."""
+    import psutil
+
+    parameters, memory = model.num_parameters(), psutil.virtual_memory().total
+    if 4 * parameters > memory:
+        fields = SIZE_FIELDS[model.main_input_name == "pixel_values"]
+        sizes = ", ".join(f"{name} {getattr(model.config, name)}" for name in fields)
+        raise TrainingSetupError(
+            f"The model would have {parameters:,} parameters ({4 * parameters / 2**30:,.1f} GiB of float32 weights "
+            f"alone), more than this machine's {memory / 2**30:.1f} GiB of memory ({sizes}): choose smaller sizes."
+        )
 
 
 def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixes: tuple[str, ...] = ()) -> None:

@@ -23,7 +23,7 @@ from ..errors import run_command
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
 from .lora import LoraArguments
-from .model_setup import build_config, check_checkpoint_weights, use_training_attention
+from .model_setup import build_config, check_checkpoint_weights, check_fits_in_memory, use_training_attention
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
 from .run_state import run_identity, run_state_callbacks, start_run, train_unless_finished
 
@@ -82,15 +82,17 @@ class TrainingRun:
     def build_config(self, model_cls, default_preset: str, skip_prefixes: tuple[str, ...] = (), **fields: Any):
         """The model's config (`model_setup.build_config`), checked against the checkpoint's weights (tensors under
         `skip_prefixes` may differ) and LoRA's target modules, before any data is read."""
+        import torch
+
         config = build_config(self.model_args, default_preset, **fields)
         check_checkpoint_weights(self.model_args.model_name_or_path, model_cls, config, skip_prefixes)
+        with torch.device("meta"):  # shapes only, nothing allocated
+            model = model_cls(config)
+        check_fits_in_memory(model)
         if self.lora is not None:
-            import torch
-
             from .lora import check_lora_targets
 
-            with torch.device("meta"):
-                check_lora_targets(model_cls(config), self.lora)
+            check_lora_targets(model, self.lora)
             self.lora.check_base(self.model_args.model_name_or_path)
         return config
 
