@@ -12,7 +12,6 @@ L labels, V vocabulary.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import math
@@ -344,9 +343,11 @@ class AoTPreTrainedModel(PreTrainedModel):
         place of transformers' blank template; a card the repository already has is kept."""
         readme = Path(working_dir) / "README.md"
         if readme.is_file() and _BLANK_CARD in readme.read_text(encoding="utf-8"):
-            with contextlib.suppress(ImportError):
+            try:  # transformers' remote-code import check skips only imports inside try/except ImportError
                 from aot_transformers.model_card import card_for_folder
-
+            except ImportError:  # the folder's code without the package: transformers' own card stays
+                card_for_folder = None
+            if card_for_folder is not None:
                 card_for_folder(working_dir, args[0] if args else kwargs.get("repo_id")).save(readme)
         return super()._upload_modified_files(working_dir, *args, **kwargs)
 
