@@ -16,7 +16,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +62,12 @@ def process_alive(pid: int) -> bool:
 
 
 def fsync_directory(folder: Path) -> None:
-    try:
+    with suppress(OSError):  # a platform without directory handles (Windows): the rename itself is still atomic
         descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:  # a platform without directory handles (Windows): the rename itself is still atomic
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 def _fsync_tree(folder: Path) -> None:

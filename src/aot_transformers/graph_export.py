@@ -225,14 +225,21 @@ def _check_inputs(spec: ExportSpec, model: AoTPreTrainedModel) -> list[dict[str,
     return checks
 
 
-def _check_dynamic_axes(path: Path, spec: ExportSpec, model: AoTPreTrainedModel) -> None:
-    """Refuse a file whose dynamic axes came out fixed: the exporter falls back to the example's shapes (with only a
-    warning) when the model specialises on them."""
+def _check_written(path: Path, spec: ExportSpec, model: AoTPreTrainedModel, opset_version: int | None) -> None:
+    """Refuse a file that is not what was asked, where the exporter gives only a warning or a logged traceback: an
+    opset other than `opset_version` (a failed conversion keeps the exporter's own), or dynamic axes that came out
+    fixed (the exporter falls back to the example's shapes when the model specialises on them)."""
     import onnx
 
-    graph = onnx.load(str(path), load_external_data=False).graph
+    graph = onnx.load(str(path), load_external_data=False)
+    written = [entry.version for entry in graph.opset_import if entry.domain in ("", "ai.onnx")]
+    if opset_version is not None and written != [opset_version]:
+        raise GraphExportError(
+            f"--opset {opset_version}: the exporter could not convert the model to it (it wrote opset "
+            f"{written[0] if written else '?'}); nothing was exported. Leave --opset out for the exporter's default."
+        )
     fixed = []
-    for graph_input in graph.input:
+    for graph_input in graph.graph.input:
         dims = graph_input.type.tensor_type.shape.dim
         for axis in spec.dynamic_shapes.get(graph_input.name, {}):
             if not dims[axis].dim_param:
@@ -308,21 +315,6 @@ def _compare_with_onnxruntime(path: Path, spec: ExportSpec, model: AoTPreTrained
     return worst
 
 
-def _check_opset_written(path: Path, opset_version: int | None) -> None:
-    """The exporter keeps its own opset when a conversion fails (with only a logged traceback): refuse that file."""
-    if opset_version is None:
-        return
-    import onnx
-
-    imports = onnx.load(str(path), load_external_data=False).opset_import
-    written = [entry.version for entry in imports if entry.domain in ("", "ai.onnx")]
-    if written != [opset_version]:
-        raise GraphExportError(
-            f"--opset {opset_version}: the exporter could not convert the model to it (it wrote opset "
-            f"{written[0] if written else '?'}); nothing was exported. Leave --opset out for the exporter's default."
-        )
-
-
 def export_onnx(
     model: AoTPreTrainedModel, path: str | os.PathLike, check: bool = True, opset_version: int | None = None
 ) -> OnnxExportReport:
@@ -371,8 +363,7 @@ def export_onnx(
             verbose=False,
         )
         program.save(staged)
-        _check_opset_written(staged, opset_version)
-        _check_dynamic_axes(staged, spec, model)
+        _check_written(staged, spec, model, opset_version)
         max_abs_diff = _compare_with_onnxruntime(staged, spec, model, onnxruntime) if check else None
         files = []
         # External data first, the .onnx file last: a failure part way never leaves a new .onnx beside old data.
@@ -418,7 +409,7 @@ def load_exportable(folder: str | os.PathLike) -> AoTPreTrainedModel:
             folder, dtype=torch.float32, output_loading_info=True
         )
     except (OSError, ValueError) as error:
-        raise GraphExportError(f"Cannot load {folder}: {str(error).strip().splitlines()[0]}") from error
+        raise GraphExportError(f"Cannot load {folder}: {_first_line(error)}") from error
     if info.get("missing_keys"):
         missing = sorted(info["missing_keys"])
         raise GraphExportError(f"{folder} lacks weights of its {architecture}: {', '.join(missing[:5])}.")

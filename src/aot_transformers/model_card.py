@@ -196,18 +196,17 @@ def render_model_card(
     task = task or infer_task(config)
     is_text = task == TEXT_TASK
     repo_id = repo_id or model_name
-    eval_results = []
-    for result in results or []:
-        eval_results.append(
-            EvalResult(
-                task_type=task,
-                dataset_type=result.get("dataset_type") or result.get("dataset") or "custom",
-                dataset_name=result.get("dataset") or "custom",
-                dataset_split=result.get("split"),
-                metric_type=result["metric"],
-                metric_value=float(result["value"]),
-            )
+    eval_results = [
+        EvalResult(
+            task_type=task,
+            dataset_type=result.get("dataset_type") or result.get("dataset") or "custom",
+            dataset_name=result.get("dataset") or "custom",
+            dataset_split=result.get("split"),
+            metric_type=result["metric"],
+            metric_value=float(result["value"]),
         )
+        for result in results or []
+    ]
     all_tags = ["aot", "attention-only", "custom_code", task]
     all_tags += [tag for tag in tags or [] if tag not in all_tags]
     card_data = ModelCardData(
@@ -220,12 +219,12 @@ def render_model_card(
         model_name=model_name,
         eval_results=eval_results or None,
     )
-    knn_note = None
-    if config.knn_k is not None:
-        knn_note = (
-            f"Attention is k-NN attention (knn_k={config.knn_k}): each query keeps only its highest-scoring keys "
-            "(Wang et al., KVT, https://arxiv.org/abs/2106.00515)."
-        )
+    knn_note = (
+        f"Attention is k-NN attention (knn_k={config.knn_k}): each query keeps only its highest-scoring keys "
+        "(Wang et al., KVT, https://arxiv.org/abs/2106.00515)."
+        if config.knn_k is not None
+        else None
+    )
     default_summary = (
         f"A causal language model ({config.num_hidden_layers} layers, width {config.hidden_size})."
         if is_text
@@ -269,7 +268,6 @@ def card_for_folder(folder: str | os.PathLike, repo_id: str | None = None):
         config,
         model_name=(repo_id or folder.name).split("/")[-1],
         repo_id=repo_id,
-        task=infer_task(config),
         results=card_results(report) if report else [],
         curves_file="training_curves.png" if (folder / "training_curves.png").is_file() else None,
     )
@@ -473,7 +471,8 @@ def add_eval_results(
     `table(name in the card)` between `SECTION_START` and `SECTION_END`, and beside a `README.md` the Hub's
     `.eval_results/` file. The caller checks that every metric is finite. Returns the card's path; raises
     `UsageError` when the card cannot be read or its folder does not exist."""
-    from huggingface_hub import ModelCard, ModelCardData
+    import yaml
+    from huggingface_hub import ModelCard, ModelCardData, eval_result_entries_to_yaml
 
     path = card_file(card_path)
     if not path.parent.is_dir():
@@ -497,7 +496,8 @@ def add_eval_results(
     atomic_write_text(path, str(card))
     entries = eval_result_entries(report)
     if entries and path.name == "README.md":
-        atomic_write_text(path.parent / EVAL_RESULTS_DIR / EVAL_RESULTS_FILE, eval_results_yaml(entries))
+        yaml_text = yaml.safe_dump(eval_result_entries_to_yaml(entries), sort_keys=False)
+        atomic_write_text(path.parent / EVAL_RESULTS_DIR / EVAL_RESULTS_FILE, yaml_text)
     return path
 
 
@@ -524,14 +524,6 @@ def eval_result_entries(report) -> list:
     ]
 
 
-def eval_results_yaml(entries: list) -> str:
-    """`.eval_results/*.yaml` text of `EvalResultEntry`s."""
-    import yaml
-    from huggingface_hub import eval_result_entries_to_yaml
-
-    return yaml.safe_dump(eval_result_entries_to_yaml(entries), sort_keys=False)
-
-
 __all__ = [
     "SECTION_END",
     "SECTION_START",
@@ -543,7 +535,6 @@ __all__ = [
     "card_template",
     "eval_result_entries",
     "eval_results",
-    "eval_results_yaml",
     "infer_task",
     "load_card",
     "read_results_file",

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import __version__
-from ._io import PICKLE_SUFFIXES, is_pickle_name
+from ._io import is_pickle_name, looks_like_path
 from .errors import UsageError
 from .modeling_aot import CODE_FILES, code_file_hashes
 
@@ -44,10 +43,6 @@ def pickle_note(name: str) -> str:
             "delete it (or move it out of the folder) to pass"
         )
     return "can run arbitrary code when loaded"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def installed_code_hashes() -> dict[str, str]:
@@ -208,11 +203,6 @@ def _check_auto_map(folder: Path, path: Path, report: VerifyReport) -> None:
                     report.missing.append(missing)
 
 
-def _is_local_path(name: str) -> bool:
-    """Whether a base model name is meant as a local folder, not a Hub id (`name` or `namespace/name`)."""
-    return bool(name) and (name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name)
-
-
 def verify_folder(folder: str | Path) -> VerifyReport:
     """Check that loading `folder` with `trust_remote_code=True` runs only the installed package's code, and that it
     holds no pickle (see the module docstring for every check).
@@ -244,7 +234,7 @@ def verify_folder(folder: str | Path) -> VerifyReport:
     report = VerifyReport(folder=folder)
     if adapter:
         report.adapter_base = str(config.get("base_model_name_or_path") or "")
-        report.adapter_base_missing = _is_local_path(report.adapter_base) and not Path(report.adapter_base).exists()
+        report.adapter_base_missing = looks_like_path(report.adapter_base) and not Path(report.adapter_base).exists()
     try:
         files = sorted(path for path in folder.rglob("*") if path.is_file())
     except OSError as error:
@@ -259,7 +249,7 @@ def verify_folder(folder: str | Path) -> VerifyReport:
         if path.suffix.lower() == ".py":
             if path.name not in CODE_FILES or adapter:
                 report.unknown_code.append(relative)
-            elif path.parent != folder and _sha256(path) != installed[path.name]:
+            elif path.parent != folder and hashlib.sha256(path.read_bytes()).hexdigest() != installed[path.name]:
                 report.differs_from_installed.append(relative)  # a copy below the top level: must be exact too
 
     if adapter:
@@ -279,4 +269,4 @@ def verify_folder(folder: str | Path) -> VerifyReport:
     return report
 
 
-__all__ = ["PICKLE_SUFFIXES", "VerifyReport", "installed_code_hashes", "is_pickle_name", "verify_folder"]
+__all__ = ["VerifyReport", "installed_code_hashes", "verify_folder"]

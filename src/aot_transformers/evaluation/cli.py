@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .._io import LOCK_FILE, FolderLockedError, lock_folder
 from ..errors import RunError, UsageError, report_error
-from .data import EvaluationError, EvaluationFailed
+from .data import EvaluationError
 
 
 def _data_overrides(values: list[str]) -> dict[str, str]:
@@ -96,7 +96,7 @@ def run_lm(args: argparse.Namespace) -> int:
     Every argument is checked before the model runs (device, output folder, card, lock on the card's folder); the
     files are written only once every task has finished with finite numbers.
     """
-    from .results import check_finite, update_model_card, write_results
+    from .results import update_model_card, write_results
     from .runner import check_device, evaluate_model
 
     check_device(args.device)
@@ -120,8 +120,7 @@ def run_lm(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             trust_remote_code=args.trust_remote_code,
         )
-        check_finite(report)  # a NaN model: exit 1 naming the metrics, nothing written
-        try:
+        try:  # a NaN metric: NonFiniteMetricError (exit 1 naming the metrics), nothing written
             json_path, markdown_path = write_results(report, output_dir)
         except OSError as error:
             raise RunError(
@@ -184,12 +183,6 @@ def _guard(function):
     def run(args: argparse.Namespace) -> int:
         try:
             return function(args)
-        except EvaluationFailed as failure:
-            error = RunError(
-                f"{failure}. Nothing was written: earlier results files and the model card are unchanged."
-            )
-            error.__cause__ = failure
-            return report_error(error, prog="aot eval")
         except (UsageError, RunError) as error:
             return report_error(error, prog="aot eval")
 

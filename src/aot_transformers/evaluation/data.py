@@ -54,7 +54,8 @@ class EvaluationFailed(RunError):
         self.task, self.finished = task, finished
         done = ", ".join(finished) if finished else "none"
         super().__init__(
-            f"task {task!r} failed with {type(error).__name__}: {error} (tasks finished before it: {done})"
+            f"task {task!r} failed with {type(error).__name__}: {error} (tasks finished before it: {done}). Nothing "
+            "was written: earlier results files and the model card are unchanged."
         )
 
 

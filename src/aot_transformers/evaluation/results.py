@@ -94,19 +94,14 @@ class NonFiniteMetricError(RunError):
     or a model card (exit code 1)."""
 
 
-def non_finite_metrics(report: EvaluationReport) -> list[str]:
-    """`task.metric=value` for every metric of `report` that is a NaN or an infinity."""
-    found = []
-    for task, result in report.results.items():
-        for metric, value in result.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                found.append(f"{task}.{metric}={value}")
-    return found
-
-
 def check_finite(report: EvaluationReport) -> None:
-    """Raise `NonFiniteMetricError` naming every non-finite metric of `report`."""
-    found = non_finite_metrics(report)
+    """Raise `NonFiniteMetricError` naming every metric of `report` that is a NaN or an infinity."""
+    found = [
+        f"{task}.{metric}={value}"
+        for task, result in report.results.items()
+        for metric, value in result.items()
+        if isinstance(value, float) and not math.isfinite(value)
+    ]
     if found:
         raise NonFiniteMetricError(
             f"the evaluation of {report.model} gave non-finite metrics ({', '.join(found)}): the model's outputs are "
@@ -161,7 +156,6 @@ __all__ = [
     "NonFiniteMetricError",
     "check_finite",
     "markdown_table",
-    "non_finite_metrics",
     "read_results",
     "update_model_card",
     "write_results",

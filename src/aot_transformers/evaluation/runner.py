@@ -7,7 +7,6 @@ the tokenizer, the window settings — so a mistake costs seconds, not a partial
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .._io import is_hub_id
+from .._io import is_hub_id, read_json
 from .data import EvaluationError, EvaluationFailed
 from .scoring import LanguageModelScorer
 from .tasks import TASKS, TaskResult, load_source, parse_task_names, resolve_sources, run_task
@@ -57,27 +56,22 @@ class EvaluationReport:
 
     @classmethod
     def from_dict(cls, payload: Mapping[str, Any]) -> EvaluationReport:
-        """Inverse of `to_dict` (for reading a `results.json` back).
+        """Inverse of `to_dict`, for a payload that `model_card.read_results_file` accepted (its results, their
+        sources and its settings are mappings).
 
         Raises:
             EvaluationError: `payload` is not in the layout of `to_dict` (naming the first key that is not).
         """
-        if not isinstance(payload, Mapping) or not isinstance(payload.get("results"), Mapping):
-            raise EvaluationError("not an `aot eval` results file: no 'results' mapping.")
-        for key in ("settings", "model_info", "versions"):
+        for key in ("model_info", "versions"):
             if not isinstance(payload.get(key, {}), Mapping):
                 raise EvaluationError(f"not an `aot eval` results file: {key!r} is not a mapping.")
         for task, result in payload["results"].items():
-            if not isinstance(result, Mapping):
-                raise EvaluationError(f"not an `aot eval` results file: results[{task!r}] is not a mapping.")
             for metric in _NUMERIC_FIELDS:
                 value = result.get(metric)
                 if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                     raise EvaluationError(
                         f"not an `aot eval` results file: results[{task!r}][{metric!r}] is {value!r}, not a number."
                     )
-            if not isinstance(result.get("source", {}), Mapping):
-                raise EvaluationError(f"not an `aot eval` results file: results[{task!r}]['source'] is not a mapping.")
         return cls(
             model=str(payload.get("model", "")),
             results={str(k): dict(v) for k, v in payload["results"].items()},
@@ -86,20 +80,6 @@ class EvaluationReport:
             versions=dict(payload.get("versions", {})),
             date=str(payload.get("date", "")),
         )
-
-
-def runs_own_code(folder: Path) -> list[str]:
-    """The top-level `*config.json` files of `folder` whose `auto_map` makes loading it with
-    `trust_remote_code=True` import code from the folder (empty for a plain transformers folder)."""
-    found = []
-    for path in sorted(folder.glob("*config.json")):
-        try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue  # the loader reports an unreadable config itself
-        if isinstance(payload, dict) and payload.get("auto_map"):
-            found.append(path.name)
-    return found
 
 
 def remote_code_allowed(model: str | os.PathLike, trust_remote_code: bool = False) -> bool:
@@ -118,7 +98,10 @@ def remote_code_allowed(model: str | os.PathLike, trust_remote_code: bool = Fals
     local = Path(os.fspath(model)).expanduser()
     if not local.is_dir():
         return False  # a Hub id: transformers refuses its code (clear error below) unless the caller trusts it
-    mapped = runs_own_code(local)
+    # The top-level `*config.json` files whose `auto_map` imports code from the folder (an unreadable one is left to
+    # the loader to report).
+    configs = {path.name: read_json(path) for path in sorted(local.glob("*config.json"))}
+    mapped = [name for name, config in configs.items() if isinstance(config, dict) and config.get("auto_map")]
     if not mapped:
         return False  # nothing of the folder's would run
     from ..verify import verify_folder
@@ -341,5 +324,4 @@ __all__ = [
     "evaluate_model",
     "load_model_and_tokenizer",
     "remote_code_allowed",
-    "runs_own_code",
 ]
