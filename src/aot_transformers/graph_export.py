@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from torch import nn
 
 from ._io import remove_stale_temporaries, temporary_prefix
+from .errors import run_command
 from .modeling_aot import AoTForCausalLM, AoTForImageClassification, AoTModel, AoTPreTrainedModel
 
 # What a saved folder's `architectures[0]` must be for `aot export onnx`, and the class that loads it.
@@ -424,16 +424,14 @@ def _export_onnx_command(args: argparse.Namespace) -> int:
     transformers_logging.disable_progress_bar()  # the command prints its own report
     # The exporter logs a warning per torchvision operator it cannot register when torchvision is absent.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    try:
+
+    def export() -> None:
         check_opset(args.opset)  # before anything is loaded or converted
         _import_onnx()  # before loading the model: a missing extra is the most likely error
         model = load_exportable(args.folder)
-        report = export_onnx(model, args.out, check=not args.no_check, opset_version=args.opset)
-    except GraphExportError as error:
-        print(f"aot export onnx: error: {error}", file=sys.stderr)
-        return 2
-    print("\n".join(report.lines()))
-    return 0
+        print("\n".join(export_onnx(model, args.out, check=not args.no_check, opset_version=args.opset).lines()))
+
+    return run_command(export, prog="aot export onnx")  # a GraphExportError: one line, exit code 2
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:

@@ -81,12 +81,6 @@ def _format(value: Any) -> str:
     return "`None`" if value is None else str(value)
 
 
-def infer_task(config) -> str:
-    """`"image-classification"` for a config saved by an image classifier, else `"text-generation"`."""
-    architectures = getattr(config, "architectures", None) or []
-    return IMAGE_TASK if any("ImageClassification" in name for name in architectures) else TEXT_TASK
-
-
 def architecture_rows(config, num_parameters: int | None = None, is_text: bool = True) -> list[tuple[str, str]]:
     """The rows of the card's architecture table for an `AoTConfig`."""
     rows = [
@@ -193,7 +187,9 @@ def render_model_card(
             f"base_model {base_model!r} is not a Hub repository id (namespace/name); the Hub rejects such metadata. "
             "Pass a local base as base_model_description instead."
         )
-    task = task or infer_task(config)
+    if task is None:  # a config saved by an image classifier names it in `architectures`
+        image = any("ImageClassification" in name for name in getattr(config, "architectures", None) or [])
+        task = IMAGE_TASK if image else TEXT_TASK
     is_text = task == TEXT_TASK
     repo_id = repo_id or model_name
     eval_results = [
@@ -535,7 +531,6 @@ __all__ = [
     "card_template",
     "eval_result_entries",
     "eval_results",
-    "infer_task",
     "load_card",
     "read_results_file",
     "render_model_card",

@@ -45,11 +45,6 @@ def pickle_note(name: str) -> str:
     return "can run arbitrary code when loaded"
 
 
-def installed_code_hashes() -> dict[str, str]:
-    """SHA-256 of the installed package's own code files (what a trustworthy folder must hold)."""
-    return code_file_hashes(Path(__file__).parent)
-
-
 @dataclass
 class VerifyReport:
     """What `verify_folder` found. `ok` is True when loading the folder can run only the installed package's code and
@@ -239,7 +234,7 @@ def verify_folder(folder: str | Path) -> VerifyReport:
         files = sorted(path for path in folder.rglob("*") if path.is_file())
     except OSError as error:
         raise UsageError(f"{folder} cannot be listed ({type(error).__name__}: {error}).") from None
-    installed = installed_code_hashes()
+    installed = code_file_hashes(Path(__file__).parent)  # what a trustworthy folder must hold
     for path in files:
         relative = path.relative_to(folder).as_posix()
         if is_pickle_name(path.name):
@@ -269,4 +264,4 @@ def verify_folder(folder: str | Path) -> VerifyReport:
     return report
 
 
-__all__ = ["VerifyReport", "installed_code_hashes", "verify_folder"]
+__all__ = ["VerifyReport", "verify_folder"]

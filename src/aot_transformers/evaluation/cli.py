@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from .._io import LOCK_FILE, FolderLockedError, lock_folder
-from ..errors import RunError, UsageError, report_error
+from ..errors import RunError, run_command
 from .data import EvaluationError
 
 
@@ -179,14 +179,7 @@ def _guard(function):
     """Run an `aot eval` command under the error contract of `aot_transformers.errors`, with `aot eval` as the
     name in messages: user errors are one line and exit code 2; a task that crashes while scoring is one line naming
     the task and what is unchanged on disk, exit code 1 (its traceback behind `aot --debug` or in a log file)."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return function(args)
-        except (UsageError, RunError) as error:
-            return report_error(error, prog="aot eval")
-
-    return run
+    return lambda args: run_command(lambda: function(args), prog="aot eval")
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
