@@ -20,6 +20,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from .errors import UsageError
 from .modeling_aot import CODE_FILES, PICKLE_SUFFIXES
 
 EVAL_RESULTS_DIR = ".eval_results"  # the Hub's folder of evaluation results, the one hidden folder a push uploads
@@ -122,6 +123,17 @@ def write_json(path: str | os.PathLike, data: Any, indent: int = 1, sort_keys: b
     return Path(path)
 
 
+def load_json(path: str | os.PathLike, what: str = "") -> Any:
+    """The JSON in `path`, or a `UsageError` naming the file (and the line) and then `what`."""
+    what = f"; {what}" if what else ""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{path}, line {error.lineno}: not JSON ({error.msg}){what}.") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{path} cannot be read ({type(error).__name__}: {error}){what}.") from None
+
+
 def read_json(path: str | os.PathLike) -> Any | None:
     """The JSON in `path`, or None when it is missing, empty, truncated or not JSON (treated as absent)."""
     try:
@@ -222,6 +234,7 @@ __all__ = [
     "atomic_write_text",
     "is_hub_id",
     "is_pickle_name",
+    "load_json",
     "lock_folder",
     "looks_like_path",
     "read_json",

@@ -15,7 +15,6 @@ graph serves every length up to `max_position_embeddings`. The ONNX dependencies
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ._io import remove_stale_temporaries, temporary_prefix
+from ._io import load_json, remove_stale_temporaries, temporary_prefix
 from .errors import run_command
 from .modeling_aot import AoTForCausalLM, AoTForImageClassification, AoTModel, AoTPreTrainedModel
 
@@ -389,10 +388,7 @@ def load_exportable(folder: str | os.PathLike) -> AoTPreTrainedModel:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise GraphExportError(f"{folder} has no config.json: it is not a saved model folder.")
-    try:
-        config = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise GraphExportError(f"{config_file} is not valid JSON ({error}).") from error
+    config = load_json(config_file)  # UsageError (one line, exit code 2) when it is not JSON
     if not isinstance(config, dict) or config.get("model_type") != "aot":
         model_type = config.get("model_type") if isinstance(config, dict) else None
         raise GraphExportError(

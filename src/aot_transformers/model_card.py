@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ._io import EVAL_RESULTS_DIR, atomic_write_text, is_hub_id
+from ._io import EVAL_RESULTS_DIR, atomic_write_text, is_hub_id, load_json
 from .errors import UsageError
 
 CARD_TEMPLATE = "model_card_template.md"
@@ -56,16 +56,6 @@ def _base_model_text(base_model: str | None, description: str | None, is_adapter
             "load that checkpoint as the base model."
         )
     return None
-
-
-def _adapter_usage(task: str, repo_id: str, base: str | None) -> str:
-    auto = "AutoModelForCausalLM" if task == TEXT_TASK else "AutoModelForImageClassification"
-    return (
-        f"from peft import PeftModel\nfrom transformers import {auto}\n\n"
-        f'base = {auto}.from_pretrained("{base or "<base model folder or id>"}", trust_remote_code=True)\n'
-        f'model = PeftModel.from_pretrained(base, "{repo_id}")\n'
-        "model = model.merge_and_unload()  # optional: a plain model with the adapters merged in"
-    )
 
 
 def card_template() -> str:
@@ -107,26 +97,6 @@ def architecture_rows(config, num_parameters: int | None = None, is_text: bool =
     if num_parameters is not None:
         rows.append(("parameters", num_parameters))
     return [(name, _format(value)) for name, value in rows]
-
-
-def _usage(task: str, repo_id: str, is_text: bool) -> str:
-    if is_text:
-        return (
-            "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-            f'repo_id = "{repo_id}"\n'
-            'revision = "main"  # replace with the commit hash you reviewed\n'
-            "tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision, trust_remote_code=True)\n"
-            "model = AutoModelForCausalLM.from_pretrained(repo_id, revision=revision, trust_remote_code=True)\n"
-            'inputs = tokenizer("The ", return_tensors="pt")\n'
-            "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40, do_sample=True)[0]))"
-        )
-    return (
-        "from transformers import pipeline\n\n"
-        f'repo_id = "{repo_id}"\n'
-        'revision = "main"  # replace with the commit hash you reviewed\n'
-        f'classifier = pipeline("{task}", model=repo_id, revision=revision, trust_remote_code=True)\n'
-        'print(classifier("image.png"))'
-    )
 
 
 def render_model_card(
@@ -234,9 +204,10 @@ def render_model_card(
         summary=summary or default_summary,
         knn_note=knn_note,
         architecture=architecture_rows(config, num_parameters, is_text),
-        usage=_adapter_usage(task, repo_id, base_model or base_model_description)
-        if adapter
-        else _usage(task, repo_id, is_text),
+        repo_id=repo_id,  # the loading snippet: of the adapter (on `base`) or of the model (a text model or not)
+        task=task,
+        is_text=is_text,
+        base=base_model or base_model_description,
         training=[(name, _format(value)) for name, value in (training or {}).items()],
         datasets_text=dataset_description or (", ".join(datasets) if datasets else None),
         results=[(r.get("split") or "", r["metric"], _format(float(r["value"]))) for r in results or []],
@@ -279,12 +250,7 @@ def read_results_file(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"results file not found: {path}")
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{path}, line {error.lineno}: not JSON ({error.msg}).") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path} cannot be read ({type(error).__name__}: {error}).") from None
+    payload = load_json(path)
     results = payload.get("results") if isinstance(payload, dict) else None
     if not isinstance(results, Mapping) or not isinstance(payload.get("settings", {}), Mapping):
         raise UsageError(f"{path}: not an `aot eval` results file: no 'results' and 'settings' mappings.")

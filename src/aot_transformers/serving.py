@@ -1,23 +1,18 @@
 """`aot serve`: transformers' own OpenAI-compatible server (`transformers serve`) for AoT folders.
 
-This module runs transformers' serving stack unchanged — its typer options, FastAPI app, request handlers and
-continuous-batching engine — and changes three things at its boundary, by subclassing the classes `Serve` builds:
+transformers' serving stack runs unchanged (typer options, FastAPI app, handlers, continuous batching); subclasses of
+the classes `Serve` builds change three things at its boundary:
 
-- **Loading.** transformers' model manager picks the class with `getattr(transformers, config.architectures[0])`,
-  which a remote-code class (every AoT folder) never is. The model is loaded through `AutoModelForCausalLM` instead,
-  so `--trust-remote-code` runs the folder's own code and, without it, the classes this package registers.
-- **Start-up checks.** A k-NN model (`knn_k` set) under `--continuous-batching` is refused with one line before
-  anything loads (transformers' paged kernels attend to every key); a folder without a chat template is named at
-  start-up, and refused when chat options (`--chat-template-kwargs`, `--reasoning on|off`) are given.
-- **Requests.** A malformed request gets a 4xx naming the field (OpenAI's error shape: `error.message`,
-  `error.param`), never a 500: `max_tokens` / `max_completion_tokens` / `max_output_tokens` (positive integers
-  that fit the context), `model` (404 for a model this server does not serve), `prompt` / `messages` / `input` (not
-  empty), `temperature`, `top_p`, `stream`, `seed`; a chat request to a model with no chat template gets a 400. A
-  request without a token limit generates up to the end of the model's context (`max_position_embeddings`),
-  where transformers' default (1024 new tokens) would run past learned position embeddings.
+- **Loading** goes through `AutoModelForCausalLM` when `config.architectures[0]` is not a transformers class (a
+  remote-code folder), so `--trust-remote-code` runs the folder's own code and, without it, this package's classes.
+- **Start-up checks**: a k-NN model (`knn_k` set) under `--continuous-batching` is refused (transformers' paged
+  kernels attend to every key); a folder without a chat template is named, and refused with chat options.
+- **Requests**: a malformed field (token limits, `model`, the prompt, sampling options) gets a 4xx naming it in
+  OpenAI's error shape (`error.message`, `error.param`), never a 500. A request without a token limit generates up
+  to the end of the context (`max_position_embeddings`), where transformers' default (1024 new tokens) would run
+  past the learned position embeddings.
 
-Nothing here is specific to AoT except the k-NN check: any causal LM a folder maps with `auto_map` serves the same
-way.
+Nothing here is specific to AoT but the k-NN check: any causal LM a folder maps with `auto_map` serves the same way.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from ._io import is_pickle_name, looks_like_path
+from ._io import is_pickle_name, load_json, looks_like_path
 from .errors import UsageError
 from .modeling_aot import CODE_FILES, code_file_hashes
 
@@ -146,12 +146,7 @@ class VerifyReport:
 
 def read_config(path: Path, what: str) -> dict:
     """The JSON object in `path`, or a `UsageError` naming the file, what is wrong with it, and then `what`."""
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{path} is not valid JSON (line {error.lineno}): {error.msg}; {what}.") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path} cannot be read ({type(error).__name__}: {error}); {what}.") from None
+    config = load_json(path, what)
     if not isinstance(config, dict):
         raise UsageError(f"{path} holds a JSON {type(config).__name__}, not an object: not a model config.")
     return config
