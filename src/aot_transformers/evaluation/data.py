@@ -252,7 +252,7 @@ def read_ptb(path: str | Path) -> list[str]:
 
 def read_lambada(path: str | Path) -> list[str]:
     """Passages of a LAMBADA jsonl file, one `{"text": ...}` object a line (blank lines are skipped)."""
-    texts = []
+    texts = {}  # line number -> passage
     for number, line in enumerate(_read_lines(path), start=1):
         if not line.strip():
             continue
@@ -262,12 +262,10 @@ def read_lambada(path: str | Path) -> list[str]:
             raise DataFormatError(path, number, f'not JSON ({error.msg}); LAMBADA expects {{"text": ...}}') from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataFormatError(path, number, 'expected a JSON object with a string field "text"')
-        texts.append((number, record["text"]))
-    if not texts:
-        raise DataFormatError(path, None, "no passage found")
-    for number, text in texts:
+        texts[number] = record["text"]
+    for number, text in texts.items():  # every line is JSON: now each passage is checked
         lambada_passages([text], source=path, first_line=number)
-    return [text for _, text in texts]
+    return lambada_passages(list(texts.values()), source=path)  # "no passage found" for a file without one
 
 
 def read_cbt(path: str | Path) -> list[ClozeExample]:

@@ -2,9 +2,6 @@
 
 One `results.json` format for every folder the package writes: `aot eval lm` writes an `EvaluationReport`, and a
 training run writes the same keys (`aot_transformers.model_card.training_results_json`); `read_results` reads both.
-
-Files are written to a temporary name and renamed into place, so an interrupted run never leaves a partial file
-and an earlier results file survives a failed one.
 """
 
 from __future__ import annotations
