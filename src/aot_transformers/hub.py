@@ -147,10 +147,8 @@ def export_model(
     protected: tuple[str | os.PathLike, ...] = (),
 ) -> Path:
     """Write `model` (safetensors, config with a complete `auto_map`, code files) and its tokenizer or image
-    processor to `save_directory`, atomically.
-
-    Everything is written to a temporary folder beside the target and renamed into place only once complete, so
-    an interrupted export never leaves a half-written folder, and an existing folder survives a failed export.
+    processor to `save_directory`, atomically (`_io.atomic_folder`: an interrupted export leaves no half-written
+    folder, and an existing folder survives a failed export).
 
     Args:
         model: Any AoT model.

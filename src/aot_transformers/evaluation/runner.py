@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +37,15 @@ class EvaluationReport:
         date: UTC time of the run.
     """
 
-    model: str
-    results: dict[str, dict[str, Any]]
-    settings: dict[str, Any] = field(default_factory=dict)
+    model: str  # the fields in the order `results.json` lists them
     model_info: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     date: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "model_info": self.model_info,
-            "settings": self.settings,
-            "results": self.results,
-            "versions": self.versions,
-            "date": self.date,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, payload: Mapping[str, Any]) -> EvaluationReport:
@@ -144,8 +137,7 @@ def load_model_and_tokenizer(
     tokenizer_name = os.fspath(tokenizer) if tokenizer is not None else name
     try:
         # No remote code unless the caller asked for it: AoT tokenizers are plain `PreTrainedTokenizerFast`, and an
-        # explicit False also keeps transformers from asking interactively (a 15 s prompt) about config.json's
-        # auto_map for a folder of an unregistered model type.
+        # explicit False keeps transformers from prompting about the auto_map of an unregistered model type.
         tok = AutoTokenizer.from_pretrained(tokenizer_name, trust_remote_code=bool(trust_remote_code))
     except Exception as error:  # transformers raises OSError, ValueError or KeyError depending on what is missing
         raise EvaluationError(
