@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .modeling_aot import CODE_FILES, PICKLE_SUFFIXES
+from .modeling_aot import PICKLE_SUFFIXES
 
 EVAL_RESULTS_DIR = ".eval_results"  # the Hub's folder of evaluation results, the one hidden folder a push uploads
 LOCK_FILE = ".aot.lock"
@@ -221,25 +221,3 @@ def lock_folder(lock_path: str | os.PathLike):
     except OSError as error:
         raise FolderLockedError(Path(lock_path), error) from None
     return lock
-
-
-__all__ = [
-    "CODE_FILES",
-    "EVAL_RESULTS_DIR",
-    "LOCK_FILE",
-    "PICKLE_SUFFIXES",
-    "STAGING_MARKER",
-    "FolderLockedError",
-    "atomic_folder",
-    "atomic_write_text",
-    "is_hub_id",
-    "is_pickle_name",
-    "load_json",
-    "lock_folder",
-    "looks_like_path",
-    "read_json",
-    "remove_stale_staging",
-    "remove_stale_temporaries",
-    "temporary_prefix",
-    "write_json",
-]

@@ -243,6 +243,3 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     table.add_argument("results", nargs="+", help="results.json files")
     table.add_argument("--names", nargs="+", help="row labels, one per file")
     table.set_defaults(func=_guard(run_table))
-
-
-__all__ = ["register"]

@@ -310,19 +310,3 @@ def read_cbt(path: str | Path) -> list[ClozeExample]:
     if not examples:
         raise DataFormatError(path, None, "no CBT question found")
     return examples
-
-
-__all__ = [
-    "CLOZE_BLANK",
-    "ClozeExample",
-    "DataFormatError",
-    "EvaluationError",
-    "cloze_example",
-    "lambada_passages",
-    "ptb_documents",
-    "read_cbt",
-    "read_lambada",
-    "read_ptb",
-    "read_wikitext",
-    "wikitext_documents",
-]

@@ -146,14 +146,3 @@ def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, mo
     """
     check_finite(report)
     return add_eval_results(card_path, report, lambda name: markdown_table([report], names=[name]), model_name)
-
-
-__all__ = [
-    "TABLE_COLUMNS",
-    "NonFiniteMetricError",
-    "check_finite",
-    "markdown_table",
-    "read_results",
-    "update_model_card",
-    "write_results",
-]

@@ -308,12 +308,3 @@ def evaluate_model(
         versions=_versions(),
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
-
-
-__all__ = [
-    "EvaluationReport",
-    "check_device",
-    "evaluate_model",
-    "load_model_and_tokenizer",
-    "remote_code_allowed",
-]

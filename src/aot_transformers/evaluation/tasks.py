@@ -401,24 +401,3 @@ def run_task(scorer: LanguageModelScorer, task: str, data: Sequence, source: Dat
     metrics, counts, details = _RUNNERS[spec.kind](scorer, data, task)
     seconds = time.perf_counter() - start
     return TaskResult(task, metrics, counts, source.to_dict() if source else {}, seconds, details)
-
-
-__all__ = [
-    "CBT_RULE",
-    "DATASETS",
-    "LAMBADA_RULE",
-    "TASKS",
-    "DataSource",
-    "Dataset",
-    "HubSource",
-    "Task",
-    "TaskResult",
-    "count_words",
-    "find_data_file",
-    "lambada_split",
-    "load_source",
-    "parse_source",
-    "parse_task_names",
-    "resolve_sources",
-    "run_task",
-]
