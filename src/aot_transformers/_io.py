@@ -71,14 +71,6 @@ def fsync_directory(folder: Path) -> None:
             os.close(descriptor)
 
 
-def _fsync_tree(folder: Path) -> None:
-    for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    fsync_directory(folder)
-
-
 def temporary_prefix(path: Path) -> str:
     """The name prefix of this process's temporary files and folders for `path`: `.<name>.<host>-<pid>.`."""
     return f".{path.name}.{socket.gethostname()}-{os.getpid()}."
@@ -159,7 +151,11 @@ def atomic_folder(target: str | os.PathLike, overwrite: bool = True) -> Iterator
         (staging / STAGING_MARKER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
         yield staging
         (staging / STAGING_MARKER).unlink()
-        _fsync_tree(staging)
+        for path in staging.rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+        fsync_directory(staging)
         backup = None
         if target.exists():
             backup = target.with_name(f".{target.name}.old")

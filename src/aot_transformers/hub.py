@@ -246,11 +246,9 @@ def _walk(folder: Path) -> tuple[list[str], list[str]]:
             relative = path.relative_to(folder).as_posix()
             if path.is_symlink():
                 target = path.resolve()
-                if not target.exists() or not target.is_relative_to(root):
+                # out of the folder, to nothing, or to a folder (walked by some uploads and not others): refused
+                if not target.exists() or target.is_dir() or not target.is_relative_to(root):
                     escaping.append(relative)
-                    continue
-                if target.is_dir():
-                    escaping.append(relative)  # a linked folder is walked by some uploads and not others: refused
                     continue
             if name in names:
                 files.append(relative)

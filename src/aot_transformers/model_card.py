@@ -342,8 +342,9 @@ def _suite_numbers(report):
     the suite; absent and non-finite numbers are left out (a NaN is never written into a card)."""
     for task_name, result in report.results.items():
         for key, metric_type, metric_name in _CARD_METRICS[SUITE[task_name][0]] if task_name in SUITE else ():
-            if _finite(result.get(key)):
-                yield task_name, result.get("source", {}), metric_type, metric_name, round(float(result[key]), 6)
+            value = result.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                yield task_name, result.get("source", {}), metric_type, metric_name, round(float(value), 6)
 
 
 def _dataset_fields(task_name: str, source: Mapping) -> dict[str, Any]:
@@ -377,10 +378,6 @@ def eval_results(report) -> list:
         )
         for task_name, source, metric_type, metric_name, value in _suite_numbers(report)
     ]
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def load_card(path: Path):

@@ -28,11 +28,6 @@ def _data_overrides(values: list[str]) -> dict[str, str]:
     return overrides
 
 
-def _default_output_dir(model: str) -> Path:
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model.rstrip("/")).name or model) or "model"
-    return Path("eval_results") / name
-
-
 def _card_target(args: argparse.Namespace) -> Path | None:
     """The card file `--update-card` writes (checked before any evaluation: its folder exists, it can be read)."""
     from ..model_card import card_file, load_card
@@ -100,7 +95,8 @@ def run_lm(args: argparse.Namespace) -> int:
     from .runner import check_device, evaluate_model
 
     check_device(args.device)
-    output_dir = Path(args.output_dir) if args.output_dir else _default_output_dir(args.model)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model.rstrip("/")).name or args.model) or "model"
+    output_dir = Path(args.output_dir) if args.output_dir else Path("eval_results") / name
     _check_output_dir(output_dir)
     card = _card_target(args)
     lock = _lock(card.parent) if card is not None else None

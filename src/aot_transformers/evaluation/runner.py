@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 
+from .. import __version__
 from .._io import is_hub_id, read_json
 from .data import EvaluationError, EvaluationFailed
 from .scoring import LanguageModelScorer
@@ -199,14 +201,6 @@ def check_device(device: str | torch.device | None) -> torch.device | None:
     return parsed
 
 
-def _versions() -> dict[str, str]:
-    import transformers
-
-    from .. import __version__
-
-    return {"aot_transformers": __version__, "transformers": transformers.__version__, "torch": torch.__version__}
-
-
 def evaluate_model(
     model: str | os.PathLike | torch.nn.Module,
     tasks: str | Sequence[str] | None = None,
@@ -305,6 +299,10 @@ def evaluate_model(
             "class": type(lm).__name__,
             "num_parameters": sum(p.numel() for p in {id(p): p for p in lm.parameters()}.values()),
         },
-        versions=_versions(),
+        versions={
+            "aot_transformers": __version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        },
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
