@@ -46,18 +46,6 @@ SUITE = {
 }
 
 
-def _base_model_text(base_model: str | None, description: str | None, is_adapter: bool) -> str | None:
-    what = "a LoRA adapter for" if is_adapter else "fine-tuned from"
-    if base_model:
-        return f"This model is {what} [{base_model}](https://huggingface.co/{base_model})."
-    if description:
-        return (
-            f"This model is {what} a local checkpoint (`{Path(description).name}`), not published on the Hub; "
-            "load that checkpoint as the base model."
-        )
-    return None
-
-
 def card_template() -> str:
     """The text of the card template, package data of `aot_transformers` (read through `importlib.resources`)."""
     return resources.files(__package__).joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
@@ -185,12 +173,6 @@ def render_model_card(
         model_name=model_name,
         eval_results=eval_results or None,
     )
-    knn_note = (
-        f"Attention is k-NN attention (knn_k={config.knn_k}): each query keeps only its highest-scoring keys "
-        "(Wang et al., KVT, https://arxiv.org/abs/2106.00515)."
-        if config.knn_k is not None
-        else None
-    )
     default_summary = (
         f"A causal language model ({config.num_hidden_layers} layers, width {config.hidden_size})."
         if is_text
@@ -202,7 +184,7 @@ def render_model_card(
         template_str=card_template(),
         model_name=model_name,
         summary=summary or default_summary,
-        knn_note=knn_note,
+        knn_k=config.knn_k,
         architecture=architecture_rows(config, num_parameters, is_text),
         repo_id=repo_id,  # the loading snippet: of the adapter (on `base`) or of the model (a text model or not)
         task=task,
@@ -212,7 +194,9 @@ def render_model_card(
         datasets_text=dataset_description or (", ".join(datasets) if datasets else None),
         results=[(r.get("split") or "", r["metric"], _format(float(r["value"]))) for r in results or []],
         curves_file=curves_file,
-        base_model_text=_base_model_text(base_model, base_model_description, adapter is not None),
+        base_model=base_model,  # the sentence naming the base model, a Hub id or a local checkpoint
+        base_model_description=Path(base_model_description).name if base_model_description else None,
+        is_adapter=adapter is not None,
         adapter=[(name, _format(value)) for name, value in (adapter or {}).items()],
         limitations=limitations
         or "A research model: small, trained briefly, and not evaluated for safety or bias. Use it to study "
