@@ -152,14 +152,6 @@ def run_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_lm_eval_path(args: argparse.Namespace) -> int:
-    """`aot eval lm-eval-path`: print the lm-evaluation-harness task folder."""
-    from . import lm_eval_tasks_path
-
-    print(lm_eval_tasks_path())
-    return 0
-
-
 def run_table(args: argparse.Namespace) -> int:
     """`aot eval table`: one markdown table (Table 3 layout) for several results files."""
     from .results import markdown_table, read_results
@@ -180,6 +172,7 @@ def _guard(function):
 
 def register(subcommands: argparse._SubParsersAction) -> None:
     """Add `eval` (with `lm`, `tasks`, `lm-eval-path`, `table`) to the `aot` parser's subcommands."""
+    from . import lm_eval_tasks_path
     from .tasks import TASKS
 
     evaluation = subcommands.add_parser("eval", help="zero-shot evaluation of language models")
@@ -233,7 +226,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     commands.add_parser("tasks", help="list the tasks and their data sources").set_defaults(func=_guard(run_tasks))
     commands.add_parser(
         "lm-eval-path", help="print the lm-evaluation-harness task folder (for --include_path)"
-    ).set_defaults(func=_guard(run_lm_eval_path))
+    ).set_defaults(func=_guard(lambda args: print(lm_eval_tasks_path())))
 
     table = commands.add_parser("table", help="markdown table of several results.json files")
     table.add_argument("results", nargs="+", help="results.json files")
