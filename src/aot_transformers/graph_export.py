@@ -230,15 +230,15 @@ def _check_written(path: Path, spec: ExportSpec, model: AoTPreTrainedModel, opse
     fixed (the exporter falls back to the example's shapes when the model specialises on them)."""
     import onnx
 
-    graph = onnx.load(str(path), load_external_data=False)
-    written = [entry.version for entry in graph.opset_import if entry.domain in ("", "ai.onnx")]
+    written_model = onnx.load(str(path), load_external_data=False)
+    written = [entry.version for entry in written_model.opset_import if entry.domain in ("", "ai.onnx")]
     if opset_version is not None and written != [opset_version]:
         raise GraphExportError(
             f"--opset {opset_version}: the exporter could not convert the model to it (it wrote opset "
             f"{written[0] if written else '?'}); nothing was exported. Leave --opset out for the exporter's default."
         )
     fixed = []
-    for graph_input in graph.graph.input:
+    for graph_input in written_model.graph.input:
         dims = graph_input.type.tensor_type.shape.dim
         for axis in spec.dynamic_shapes.get(graph_input.name, {}):
             if not dims[axis].dim_param:

@@ -32,9 +32,9 @@ class EvaluationReport:
 
     Attributes:
         model: Folder or Hub id of the model (or a name given by the caller).
-        results: Task name → metrics, counts, data source and timing (see `TaskResult.to_dict`).
-        settings: Window, stride, batch size, precision, device and prefix token used.
         model_info: Model type and parameter count.
+        settings: Window, stride, batch size, precision, device and prefix token used.
+        results: Task name → metrics, counts, data source and timing (see `TaskResult.to_dict`).
         versions: Library versions.
         date: UTC time of the run.
     """
