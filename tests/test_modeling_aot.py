@@ -390,11 +390,38 @@ def test_inputs_of_the_wrong_kind_or_not_finite_get_a_clear_error():
         (dict(mlp_layers="all", mlp_ratio=1e-9), "mlp_ratio"),
         (dict(eos_token_id=[-1, 5]), "eos_token_id"),
         (dict(eos_token_id=[3, 999]), "eos_token_id"),
+        (dict(initializer_range=1e300), r"initializer_range.*\[0\.0, 100\.0\]"),  # all-NaN weights and logits
+        (dict(step_size=1e308), r"step_size.*\(0\.0, 100\.0\]"),  # overflows in the forward
+        (dict(step_size=1e30), "step_size"),  # NaN logits
     ],
 )
 def test_configs_that_would_build_a_wrong_model_are_refused(overrides, match):
     with pytest.raises(ValueError, match=match):
         AoTForImageClassification(tiny_config(**overrides))
+
+
+def test_the_largest_allowed_step_size_and_initializer_range_give_finite_logits():
+    torch.manual_seed(0)
+    model = AoTForCausalLM(tiny_config(step_size=100.0, initializer_range=100.0, num_hidden_layers=4))
+    assert torch.isfinite(model(_ids()).logits).all()
+
+
+def test_sampling_from_a_nan_model_and_allocating_a_huge_one_fail_as_gpt2_does():
+    # transformers' own models raise torch's errors here; AoT raises the same ones (the command line checks the size
+    # against the machine's memory before it builds a model).
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_head=2, n_layer=1)).eval()
+    for model in (_lm().eval(), gpt2):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.fill_(float("nan"))
+        with pytest.raises(RuntimeError, match="probability tensor contains either `inf`, `nan` or element < 0"):
+            model.generate(_ids()[:1], do_sample=True, max_new_tokens=2, pad_token_id=0)
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        GPT2LMHeadModel(GPT2Config(vocab_size=10**12, n_embd=32, n_head=2, n_layer=1))
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        AoTForCausalLM(tiny_config(vocab_size=10**12))
 
 
 def test_a_folder_whose_code_hashes_are_not_a_mapping_is_refused_at_remote_load(tmp_path):

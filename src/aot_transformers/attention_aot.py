@@ -1,22 +1,16 @@
-"""Attention kernels of AoT models: dense eager attention and exact k-NN attention.
+"""Attention kernels of AoT models: dense eager attention and exact k-NN attention, with transformers' kernel signature
+(`ALL_ATTENTION_FUNCTIONS`): `kernel(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs) ->
+(output, weights)`. Shapes: `query` (B, H, Tq, D), `key`/`value` (B, Hkv, Tk, D), `output` (B, Tq, H, D), `weights`
+(B, H, Tq, Tk) or None; C a chunk of queries. `attention_mask` is boolean (True: may attend), additive float (a bias,
+as T5's position bias) or None, which means what it means to SDPA: `is_causal` aligned top-left (query i sees keys
+0..i, as for a static-cache prefill) when the module is causal and Tq > 1, else every key.
 
-Both have transformers' kernel signature (`ALL_ATTENTION_FUNCTIONS`), `kernel(module, query, key, value,
-attention_mask, scaling, dropout=0.0, **kwargs) -> (output, weights)`, with `query` (B, H, Tq, D), `key`/`value` (B,
-Hkv, Tk, D), `attention_mask` broadcastable to (B, H, Tq, Tk) — boolean (True where a query may attend) or additive
-float (a bias: T5's position bias, eager masks) — or None, which means what it means to SDPA: `is_causal` aligned
-top-left (query i sees keys 0..i; transformers passes None for a static-cache prefill, whose later slots are empty)
-when the module is causal and Tq > 1, else every key. `output` is (B, Tq, H, D), `weights` (B, H, Tq, Tk) or None.
-The models look their kernel up in `ATTENTION_FUNCTIONS` below first, so a model always runs its own file's kernels,
-and in transformers' `ALL_ATTENTION_FUNCTIONS` otherwise.
-
-k-NN attention (KVT, Wang et al., https://arxiv.org/abs/2106.00515) keeps, for each query, the k keys with the highest
-scores among the keys it may see, masks the others and takes the softmax. A query keeps exactly min(k, visible) keys
-— with a fractional k, min(ceil(k · visible), visible) and at least 1 — and where keys tie at the k-th largest score,
-the ones with the lowest key index are kept. The kernel runs in chunks of queries sized by a byte budget; its backward
-reads the kept keys saved per query (a small integer k) or recomputes each chunk's scores from two numbers saved per
-query, so it holds O(chunk · Tk + T · (D + k)) per head. No step reads a tensor value into Python. This file is part
-of the remote-code unit: it imports only torch and transformers. Shapes: B batch, H heads, Tq/Tk query/key length,
-D head width, C query-chunk length.
+k-NN attention (KVT, https://arxiv.org/abs/2106.00515) keeps, for each query, the k highest-scoring keys it may see:
+exactly min(k, visible) keys — with a fractional k, min(ceil(k · visible), visible), at least 1 — the lowest key
+indices among keys tied at the k-th score. It runs in chunks of queries sized by a byte budget; its backward reads the
+kept keys saved per query (small integer k) or recomputes each chunk from two numbers saved per query: memory
+O(chunk · Tk + T · (D + k)) per head, and no step reads a tensor value into Python. Part of the remote-code unit: the
+models look their kernel up in `ATTENTION_FUNCTIONS` first, then in transformers' `ALL_ATTENTION_FUNCTIONS`.
 """
 
 from __future__ import annotations
@@ -147,18 +141,10 @@ def _kept_mask(scores, threshold, cutoff, above=None, tied=None) -> torch.Tensor
     a product with a float mask is cheaper than a masked fill."""
     if cutoff is None:
         return torch.ge(scores, threshold, out=torch.empty_like(scores))
-    # Positions as floats are exact below 2**24 keys.
-    dtype = scores.dtype if scores.shape[-1] <= 2**24 else torch.float64
-    positions = torch.arange(scores.shape[-1], device=scores.device, dtype=dtype)
+    positions = torch.arange(scores.shape[-1], device=scores.device, dtype=scores.dtype)  # exact below 2**24 keys
     above = torch.gt(scores, threshold, out=torch.empty_like(scores)) if above is None else above
     tied = torch.eq(scores, threshold, out=torch.empty_like(scores)) if tied is None else tied
-    return above.addcmul_(tied, torch.le(positions, cutoff.to(dtype), out=torch.empty_like(scores)))
-
-
-def _knn_keep(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The keys not kept (True), and `_knn_threshold`'s statistics; arguments as there."""
-    threshold, cutoff, kept = _knn_threshold(scores, visible, knn_k, max_k)
-    return kept == 0, threshold, cutoff
+    return above.addcmul_(tied, torch.le(positions, cutoff, out=torch.empty_like(scores)))
 
 
 def _knn_kept_keys(scores, visible, knn_k, width) -> tuple[torch.Tensor, torch.Tensor]:
@@ -343,7 +329,7 @@ def _knn_attention_dense(
         visible = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
     scores = _scores(query, key, visible, bias, scaling, softcap)
     with torch.no_grad():
-        rejected = _knn_keep(scores.detach(), visible, knn_k, max_k)[0]
+        rejected = _knn_threshold(scores.detach(), visible, knn_k, max_k)[2] == 0
     weights = _softmax(scores.masked_fill(rejected, -math.inf), sinks).to(query.dtype)
     kept = torch.rand(weights.shape, device=weights.device, generator=rng) >= dropout if dropout > 0.0 else None
     return torch.matmul(weights if kept is None else weights * kept / (1 - dropout), value), weights

@@ -25,8 +25,9 @@ if not Version("5.5") <= Version(transformers.__version__) < Version("6"):
 INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")
 INT_FIELDS += ("knn_chunk_size", "image_size", "patch_size", "num_channels")
 CHOICES = {"attention_type": ("mssa", "mhsa"), "mlp_layers": ("none", "first_half", "all"), "pooling": ("cls", "mean")}
-INTERVALS = {"step_size": "(0.0, inf)", "mlp_ratio": "(0.0, inf)", "attention_dropout": "[0.0, 1.0)"}
-INTERVALS |= {"hidden_dropout": "[0.0, 1.0)", "layer_norm_eps": "(0.0, inf)", "initializer_range": "[0.0, inf)"}
+# The bounds of `step_size` and `initializer_range` keep a float32 model finite (far larger ones overflow to NaN).
+INTERVALS = {"step_size": "(0.0, 100.0]", "mlp_ratio": "(0.0, inf)", "attention_dropout": "[0.0, 1.0)"}
+INTERVALS |= {"hidden_dropout": "[0.0, 1.0)", "layer_norm_eps": "(0.0, inf)", "initializer_range": "[0.0, 100.0]"}
 BOOL_FIELDS = ("normalize_query", "tie_output_projection", "layer_norm", "attention_bias", "tie_word_embeddings")
 BOOL_FIELDS += ("use_cache",)
 # Model classes built on the vision backbone; a checkpoint of one also names the backbone (see `to_dict`).

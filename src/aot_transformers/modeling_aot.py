@@ -3,7 +3,8 @@
 Every layer is `x + η · attention(LayerNorm(x))` with no MLP (Wang et al., "Attention-Only Transformers via Unrolled
 Subspace Denoising", ICML 2025, https://arxiv.org/abs/2506.03790), the attention MSSA (one projection per head is
 query, key and value) or MHSA; k-NN attention is the config's `knn_k`, MLP blocks only the ablations' (`mlp_layers`).
-Part of the remote-code unit: imports only torch, transformers and its two sibling files.
+Part of the remote-code unit: imports only torch, transformers and its two sibling files (and, for the model card on
+`push_to_hub` only, the `aot-transformers` package when it is installed).
 
 Shapes: B batch, T tokens, d hidden size, H heads, D head width (d = H·D), C channels, P patch side, N patches,
 L labels, V vocabulary.
@@ -11,6 +12,7 @@ L labels, V vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import math
@@ -56,6 +58,8 @@ TEXT_AUTO_MAP = _auto_map("AoTModel", "AoTForCausalLM", "AoTForSequenceClassific
 VISION_AUTO_MAP = _auto_map("AoTVisionModel", "AoTForImageClassification")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # weights that may hold a pickle, in any case
 CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
+# The sentence of the card transformers' `push_to_hub` writes when the repository has none.
+_BLANK_CARD = "This model card has been automatically generated."
 KNN_BACKENDS = ("knn",)  # the backends that honour `knn_k`; with `knn_k` set, no other is accepted
 
 # transformers-version shims, all in one place. transformers 5.24 (inside the supported >=5.5,<6) renamed the cache
@@ -334,6 +338,17 @@ class AoTPreTrainedModel(PreTrainedModel):
         self.config.code_sha256 = code_file_hashes(Path(__file__).parent)
         self.config.required_transformers = REQUIRED_TRANSFORMERS
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def _upload_modified_files(self, working_dir, *args, **kwargs):
+        """`push_to_hub` publishes the AoT model card (rendered by the `aot-transformers` package, when installed) in
+        place of transformers' blank template; a card the repository already has is kept."""
+        readme = Path(working_dir) / "README.md"
+        if readme.is_file() and _BLANK_CARD in readme.read_text(encoding="utf-8"):
+            with contextlib.suppress(ImportError):
+                from aot_transformers.model_card import card_for_folder
+
+                card_for_folder(working_dir, args[0] if args else kwargs.get("repo_id")).save(readme)
+        return super()._upload_modified_files(working_dir, *args, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, allow_pickle: bool = False, **kwargs):
@@ -673,15 +688,6 @@ class AoTForImageClassification(AoTPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward_features(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
-        """The pooled representation (B, d) that the head classifies."""
-        outputs = self.model(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding, return_dict=True)
-        return outputs.pooler_output
-
-    def forward_head(self, pooled: torch.Tensor) -> torch.Tensor:
-        """Logits (B, L) from the pooled representation."""
-        return self.classifier(self.head_norm(pooled))
-
     @can_return_tuple
     def forward(
         self,
@@ -694,13 +700,9 @@ class AoTForImageClassification(AoTPreTrainedModel):
     ) -> ImageClassifierOutput | tuple:
         """Class logits (B, L), and the loss when `labels` (B,) are given."""
         outputs = self.model(
-            pixel_values,
-            interpolate_pos_encoding=interpolate_pos_encoding,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
+            pixel_values, output_attentions, output_hidden_states, interpolate_pos_encoding, return_dict=True
         )
-        logits = self.forward_head(outputs.pooler_output)
+        logits = self.classifier(self.head_norm(outputs.pooler_output))  # (B, L)
         loss = None
         if labels is not None:
             if labels.shape[0] != logits.shape[0]:

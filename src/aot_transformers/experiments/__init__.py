@@ -1,19 +1,11 @@
 """The papers' theory and small-scale experiments as tested, runnable modules.
 
-One module per study, each exposing plain functions (generators, operators, metrics, training loops), its options
-declared once as an `Options` dataclass (read by the Python API and, through `HfArgumentParser`, by `aot
-experiment`), one function per figure or claim, and a `run(out=..., **options)` that fills a shared `Study` record
-(`study.py`) and writes `results.json`, PNG figures and `summary.md`:
-
-- `denoising` — AoT Theorem 1 / Fig. 4: SNR per layer of unrolled MSSA on a noisy mixture of low-rank Gaussians.
-- `icl` — AoT Fig. 6: in-context linear and sparse-linear regression (AoT-MSSA, AoT-MHSA, transformer with MLPs).
-- `clustering` — Maulen-Soto, Marion, Boyer: two-head attention learns the centroids; in-context quantization
-  (`clustering` holds the data, predictors and training loop, `clustering_theory` the paper's closed forms,
-  `clustering_figures` the figures and claims of `aot experiment clustering`).
-- `knn` — KVT: noise distillation of k-NN attention and its training speed on CIFAR-10.
-- `knn_evidence` — KVT's own evidence: slow vs fast definition, Lemmas 1 and 3, Figs 1–4.
-- `attention_maps` — AoT Fig. 7: [CLS]-to-patch attention of each head of a trained image classifier.
-- `diagnostics` — `aot inspect MODEL`: layer-wise coding rates and head subspace energy.
+One module per study: plain functions (generators, operators, metrics, training loops), its options declared once
+as an `Options` dataclass (read by the Python API and, through `HfArgumentParser`, by `aot experiment`), one function
+per figure or claim, and a `run(out=..., **options)` that fills a `Study` record (`study.py`) and writes
+`results.json`, PNG figures and `summary.md`. The studies are listed in `STUDIES`; `clustering` is split into
+`clustering` (data, predictors, training loop), `clustering_theory` (the paper's closed forms) and
+`clustering_figures` (the figures and claims); `diagnostics` is `aot inspect MODEL`.
 
 Command line: `aot experiment NAME [--out DIR] [options]` and `aot inspect MODEL`. See README.md in this folder for
 one section per claim: what the paper says, the command, what was measured, whether it held.

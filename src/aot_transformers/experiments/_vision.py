@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import os
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .study import Stopwatch, check_int, check_real, make_generator
+from .study import check_int, check_real, make_generator
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -34,15 +36,9 @@ def default_data_dir() -> Path:
 
 
 def load_cifar10(data_dir: str | Path | None = None, per_class: int = 500) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first `per_class` training images (in archive order) of every CIFAR-10 class.
-
-    Args:
-        data_dir: Folder holding `vision/cifar10/train_<class>.tar.gz` (default `default_data_dir()`), or the
-            `cifar10` folder itself.
-        per_class: Images per class (<= 5000).
-
-    Returns:
-        `images` uint8 (N, 3, 32, 32) and `labels` (N,), classes in `CIFAR10_CLASSES` order.
+    """The first `per_class` (<= 5000) training images, in archive order, of every CIFAR-10 class: `images` uint8
+    (N, 3, 32, 32) and `labels` (N,) in `CIFAR10_CLASSES` order, from `data_dir` (default `default_data_dir()`), the
+    folder holding `vision/cifar10/train_<class>.tar.gz` or the `cifar10` folder itself.
     """
     from PIL import Image
 
@@ -57,19 +53,13 @@ def load_cifar10(data_dir: str | Path | None = None, per_class: int = 500) -> tu
                 f"CIFAR-10 file {path} not found; pass `data_dir` pointing at the folder that "
                 "holds vision/cifar10/train_<class>.tar.gz."
             )
-        taken = 0
         # Streaming mode reads members in archive order and stops early, instead of decompressing whole archives.
         with tarfile.open(path, "r|gz") as archive:
-            for member in archive:
-                if taken == per_class:
-                    break
-                if not member.name.endswith(".jpg"):
-                    continue
+            for member in itertools.islice((m for m in archive if m.name.endswith(".jpg")), per_class):
                 with Image.open(io.BytesIO(archive.extractfile(member).read())) as image:
                     pixels = torch.frombuffer(bytearray(image.convert("RGB").tobytes()), dtype=torch.uint8)
                 images.append(pixels.view(32, 32, 3).permute(2, 0, 1))
-                labels.append(label)
-                taken += 1
+        labels += [label] * (len(images) - len(labels))
     return torch.stack(images), torch.tensor(labels)
 
 
@@ -86,11 +76,8 @@ def load_mnist5k(data_dir: str | Path | None = None) -> tuple[torch.Tensor, torc
     import numpy as np
 
     with gzip.open(path, "rt") as handle:
-        text = handle.read()
-    first, _, rest = text.partition("\n")
-    if not first.split(",")[0].strip().isdigit():
-        text = rest  # a header line
-    values = torch.from_numpy(np.loadtxt(io.StringIO(text), delimiter=",", dtype=np.int64, ndmin=2))
+        header = not handle.readline().split(",")[0].strip().isdigit()
+    values = torch.from_numpy(np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2, skiprows=int(header)))
     return values[:, :784].to(torch.uint8).view(-1, 1, 28, 28), values[:, 784]
 
 
@@ -108,9 +95,12 @@ def split(images: torch.Tensor, labels: torch.Tensor, val_fraction: float, seed:
     }
 
 
-def normalise(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """uint8 (N, C, H, W) → float, standardised per channel."""
-    return (images.float() / 255.0 - mean[:, None, None]) / std[:, None, None]
+def normalise(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, size: int | None = None) -> torch.Tensor:
+    """uint8 (N, C, H, W) → float, standardised per channel, then resized (bilinear) to `size` × `size` if given."""
+    pixels = (images.float() / 255.0 - mean[:, None, None]) / std[:, None, None]
+    if size is not None and pixels.shape[-1] != size:  # a model trained at another resolution
+        pixels = torch.nn.functional.interpolate(pixels, size=(size, size), mode="bilinear", align_corners=False)
+    return pixels
 
 
 def channel_stats(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,20 +130,12 @@ def train_classifier(
     seed: int = 0,
     time_limit: float | None = None,
 ) -> dict[str, Any]:
-    """Train with AdamW and cross-entropy; validation accuracy after every epoch.
+    """Train an image classifier (returning `.logits`) with AdamW and cross-entropy, `lr` decaying to 0 (cosine);
+    validation accuracy after every epoch.
 
-    Args:
-        model: An image classifier returning `.logits` (e.g. `AoTForImageClassification`).
-        data: `split(...)` output with images already normalised to float.
-        epochs: Passes over the training images.
-        batch_size: Images per step.
-        lr: Learning rate (cosine decay to 0 over the run).
-        weight_decay: AdamW weight decay.
-        seed: Seed of the batch order.
-        time_limit: Stop after the epoch during which this many seconds passed.
-
-    Returns:
-        `val_accuracy` and `train_loss` per epoch, `epoch_seconds` (cumulative), `seconds`.
+    `data` is `split(...)` output with the images already normalised to float; `seed` orders the batches;
+    `time_limit` stops after the epoch during which that many seconds passed. Returns `val_accuracy` and
+    `train_loss` per epoch, `epoch_seconds` (cumulative) and `seconds`.
     """
     check_int("epochs", epochs)
     check_int("batch_size", batch_size)
@@ -162,7 +144,7 @@ def train_classifier(
     steps_per_epoch = -(-len(data["train_labels"]) // batch_size)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * steps_per_epoch)
     history: dict[str, list[float]] = {"val_accuracy": [], "train_loss": [], "epoch_seconds": []}
-    clock = Stopwatch()
+    start = time.perf_counter()
     for _ in range(epochs):
         model.train()
         order = torch.randperm(len(data["train_labels"]), generator=generator)
@@ -177,7 +159,7 @@ def train_classifier(
             total, count = total + float(loss.detach()) * len(batch), count + len(batch)
         history["train_loss"].append(total / count)
         history["val_accuracy"].append(accuracy(model, data["val_images"], data["val_labels"]))
-        history["epoch_seconds"].append(clock.seconds())
-        if time_limit is not None and clock.seconds() > time_limit:
+        history["epoch_seconds"].append(time.perf_counter() - start)
+        if time_limit is not None and time.perf_counter() - start > time_limit:
             break
-    return {**history, "seconds": clock.seconds()}
+    return {**history, "seconds": time.perf_counter() - start}

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
 from .knn import vision_config
-from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, new_figure, save_figure
+from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, new_figure
 
 DATASETS = ("mnist", "cifar10")
 
@@ -39,12 +39,8 @@ def layer_attentions(model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, .
 
 @torch.no_grad()
 def cls_attention_maps(model: AoTForImageClassification, pixel_values: torch.Tensor, layer: int = -1) -> torch.Tensor:
-    """[CLS]-to-patch attention of every head of `layer` (negative counts from the end).
-
-    Returns:
-        Tensor (B, H, g, g) with g = image_size / patch_size; each (image, head) map sums to at most 1 (the rest of
-        the weight is on [CLS] itself).
-    """
+    """[CLS]-to-patch attention (B, H, g, g), g = image_size / patch_size, of every head of `layer` (negative counts
+    from the end); each (image, head) map sums to at most 1 (the rest of the weight is on [CLS] itself)."""
     num_layers = model.config.num_hidden_layers
     if not -num_layers <= layer < num_layers:
         raise ValueError(
@@ -58,13 +54,8 @@ def cls_attention_maps(model: AoTForImageClassification, pixel_values: torch.Ten
 
 
 def object_attention_share(maps: torch.Tensor, images: torch.Tensor, threshold: float = 0.2) -> dict[str, float]:
-    """Share of the patch attention on object patches vs. their share of the patches (uniform attention).
-
-    Args:
-        maps: (B, H, g, g) attention maps.
-        images: (B, C, S, S) images in [0, 1].
-        threshold: A patch belongs to the object when its mean intensity exceeds this.
-    """
+    """Share of the patch attention `maps` (B, H, g, g) on object patches of `images` (B, C, S, S) in [0, 1] (mean
+    intensity above `threshold`) vs. their share of the patches (what uniform attention gives)."""
     grid = maps.shape[-1]
     patch_means = F.adaptive_avg_pool2d(images.float().mean(1, keepdim=True), grid)[:, 0]  # (B, g, g)
     is_object = (patch_means > threshold).float()[:, None]  # (B, 1, g, g)
@@ -96,13 +87,8 @@ def plot_attention_grid(images: torch.Tensor, maps: torch.Tensor, path: Path, ti
     for ax in axes.flat:
         ax.axis("off")
     fig.suptitle(title, fontsize=9)
-    return save_figure(fig, path)
-
-
-def _dataset(name: str, data_dir: str | Path | None, per_class: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if name == "mnist":
-        return _vision.load_mnist5k(data_dir)
-    return _vision.load_cifar10(data_dir, per_class)
+    fig.savefig(path, dpi=120)
+    return path.name
 
 
 @dataclass
@@ -125,9 +111,6 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-TITLE = "Attention maps (AoT Fig. 7)"
-
-
 def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification, dict, torch.Tensor, torch.Tensor]:
     """The model whose maps are drawn: `o.model` loaded, or a small AoT-MSSA trained on `o.dataset` first.
 
@@ -138,7 +121,10 @@ def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification,
     if o.model is not None:
         classifier = AoTForImageClassification.from_pretrained(o.model)
         dataset = "mnist" if classifier.config.num_channels == 1 else "cifar10"
-    images, labels = _dataset(dataset, o.data_dir, o.per_class)
+    if dataset == "mnist":
+        images, labels = _vision.load_mnist5k(o.data_dir)
+    else:
+        images, labels = _vision.load_cifar10(o.data_dir, o.per_class)
     data = _vision.split(images, labels, 0.2, o.seed)
     if o.train_images is not None:
         for key in ("train_images", "train_labels"):
@@ -173,33 +159,19 @@ def figure7(study: Study, o: Options, classifier, data: dict, mean: torch.Tensor
     """
     side = classifier.config.image_size
     dataset = study.results["dataset"]
-
-    def prepare(batch: torch.Tensor) -> torch.Tensor:
-        # Normalise with the training statistics, then resize if the model was trained at another resolution.
-        pixels = _vision.normalise(batch, mean, std)
-        if pixels.shape[-1] != side:
-            pixels = F.interpolate(pixels, size=(side, side), mode="bilinear", align_corners=False)
-        return pixels
-
     val_images, val_labels = data["val_images"], data["val_labels"]
-    val_accuracy = _vision.accuracy(classifier, prepare(val_images), val_labels)
+    val_accuracy = _vision.accuracy(classifier, _vision.normalise(val_images, mean, std, side), val_labels)
     layer = o.layer
     if layer is None:
         layer = -2 if classifier.config.num_hidden_layers >= 2 else -1  # AoT Fig. 7: the penultimate layer
     chosen = val_images[: o.num_images]
-    maps = cls_attention_maps(classifier, prepare(chosen), layer)
+    maps = cls_attention_maps(classifier, _vision.normalise(chosen, mean, std, side), layer)
     layer_index = layer % classifier.config.num_hidden_layers
-    study.figures.append(
-        plot_attention_grid(
-            chosen.float() / 255.0,
-            maps,
-            study.folder / "attention_maps.png",
-            f"[CLS] → patch attention, layer {layer_index} of {classifier.config.num_hidden_layers}, {dataset}",
-        )
-    )
+    title = f"[CLS] → patch attention, layer {layer_index} of {classifier.config.num_hidden_layers}, {dataset}"
+    study.figures.append(plot_attention_grid(chosen.float() / 255.0, maps, study.folder / "attention_maps.png", title))
     measured = val_images[:256]
     share = object_attention_share(
-        cls_attention_maps(classifier, prepare(measured), layer),
+        cls_attention_maps(classifier, _vision.normalise(measured, mean, std, side), layer),
         F.interpolate(measured.float() / 255.0, size=(side, side), mode="area"),
     )
     study.results.update({"layer": layer_index, "val_accuracy": val_accuracy, "object_share": share, "maps": maps})
@@ -222,7 +194,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     saved model given with `model`), since ImageNet training does not fit this CPU.
     """
     o = Options.parse(options)
-    study = Study("attention-maps", TITLE, o, out)
+    study = Study("attention-maps", "Attention maps (AoT Fig. 7)", o, out)
     classifier, data, mean, std = classifier_for(study, o)
     figure7(study, o, classifier, data, mean, std)
     return study.finish()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 S = argparse.SUPPRESS
 
@@ -32,12 +31,18 @@ def study_options(args: argparse.Namespace) -> dict:
 
 def _run(prog: str, args: argparse.Namespace, run, options: dict, name: str) -> int:
     """Check matplotlib and `--threads`, call `run(**options)`, print its claims and where its files are."""
+    import importlib.util
+
     import torch
 
     from ..errors import UsageError
-    from .study import require_matplotlib
+    from .study import DEFAULT_OUTPUT_ROOT
 
-    require_matplotlib(prog)
+    if importlib.util.find_spec("matplotlib") is None:  # every study writes figures: say so before any work
+        raise UsageError(
+            f"{prog} draws its figures with matplotlib, which is not installed: "
+            "pip install 'aot-transformers[experiments]'"
+        )
     if args.threads < 1:
         raise UsageError("must be at least 1", argument="--threads", value=args.threads)
     torch.set_num_threads(args.threads)
@@ -45,7 +50,7 @@ def _run(prog: str, args: argparse.Namespace, run, options: dict, name: str) -> 
     for claim in results.get("claims", []):
         verdict = {True: "ok", False: "MISMATCH", None: "-"}[claim["holds"]]
         print(f"[{verdict:8s}] {claim['quantity']}: {claim['measured']}  (paper: {claim['paper']})")
-    print(f"results.json, figures and summary.md in {options.get('out') or Path('out') / 'experiments' / name}")
+    print(f"results.json, figures and summary.md in {options.get('out') or DEFAULT_OUTPUT_ROOT / name}")
     return 0
 
 
@@ -65,8 +70,7 @@ def _run_experiment(args: argparse.Namespace) -> int:
 def _run_inspect(args: argparse.Namespace) -> int:
     from .diagnostics import run
 
-    options = {key: value for key, value in vars(args).items() if key not in ("command", "func", "threads")}
-    return _run("aot inspect", args, run, options, "inspect")
+    return _run("aot inspect", args, run, study_options(args), "inspect")
 
 
 def _knn_k(text: str) -> int | float:

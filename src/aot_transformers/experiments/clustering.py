@@ -3,14 +3,9 @@
 Data (P_σ), Section 2: tokens X_ℓ = μ*_{Z_ℓ} + σξ_ℓ with Z_ℓ uniform over K orthonormal centroids (the paper's
 μ₀* = e_d, μ₁* = −e₁; App. G.4's e₁, e₄, e₆ for K = 3; App. G.2 draws them uniformly on the sphere).
 
-Predictors (tokens as rows):
-
-- `linear_attention_predictor` — T_lin of Eqs. (3)–(4): one head per row μ_k with query = key = μ_k and identity
-  values, H(X)_ℓ = (2λ/L) Σ_m ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩ X_m, T = Σ_k H_k. `values="projected"` (V = μ_k μ_kᵀ) is MSSA with
-  rank-1 subspaces and φ linear, computed by `experiments.subspace.subspace_attention` — the link to AoT.
-- `softmax_attention_predictor` — App. H, Eq. (34): Σ_k softmax_m(λ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩) X_m − (ψ/L) Σ_m X_m,
-  identity values, every token (itself included) visible, λ and ψ learned (PSGD_soft of App. F.1).
-- `in_context_quantizer` — T_ctx of Eq. (12): (2λ/L) Σ_m ⟨X_ℓ, X_m⟩ X_m, `subspace_attention` with U = I.
+Predictors, tokens as rows: `linear_attention_predictor` (T_lin, Eqs. 3–4; with `values="projected"` it is MSSA with
+rank-1 subspaces and φ linear — the link to AoT), `softmax_attention_predictor` (App. H, Eq. 34, λ and ψ learned) and
+`in_context_quantizer` (T_ctx, Eq. 12).
 
 Training is projected SGD on the spheres (PSGD, App. F.1; the Euclidean variant of App. G.3 with
 `riemannian=False`), vectorised over independent runs (seeds × regularisation strengths). The paper's h (Eq. 28)
@@ -24,6 +19,7 @@ The closed forms are in `clustering_theory`; the figures and claims of `aot expe
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +27,7 @@ import torch
 
 from . import clustering_theory as theory
 from .clustering_theory import VALUES, _check_mixture
-from .study import Stopwatch, check_choice, check_int, check_real, make_generator
+from .study import check_choice, check_int, check_real, make_generator
 from .subspace import subspace_attention
 
 INITS = ("manifold", "manifold_tilde", "sphere")
@@ -41,9 +37,7 @@ CENTROIDS = ("canonical", "random")
 SCORES = ("all_tokens", "first_token")
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Data.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Data.
 
 
 def canonical_centroids(dim: int, num_clusters: int = 2, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -71,17 +65,10 @@ def orthonormal_centroids(
 def sample_gaussian_mixture(
     num_sequences: int, seq_len: int, centroids: torch.Tensor, sigma: float, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(P_σ): sequences of i.i.d. tokens X_ℓ = μ*_{Z_ℓ} + σξ_ℓ with Z_ℓ uniform over the K centroids.
+    """(P_σ): B sequences of L i.i.d. tokens X_ℓ = μ*_{Z_ℓ} + σξ_ℓ with Z_ℓ uniform over the K centroids.
 
-    Args:
-        num_sequences: B.
-        seq_len: L.
-        centroids: μ* as rows, (K, d), or (R, K, d) for R independent runs with their own centroids.
-        sigma: σ >= 0.
-        generator: Random generator.
-
-    Returns:
-        `tokens` (B, L, d) — or (R, B, L, d) — in the centroids' dtype, and `labels` (B, L) — or (R, B, L).
+    `centroids` are rows, (K, d), or (R, K, d) for R independent runs with their own centroids. Returns `tokens`
+    (B, L, d) — or (R, B, L, d) — in the centroids' dtype, and `labels` (B, L) — or (R, B, L).
     """
     check_int("num_sequences", num_sequences)
     check_int("seq_len", seq_len)
@@ -98,16 +85,12 @@ def sample_gaussian_mixture(
     return means + sigma * noise, labels
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Predictors, risk, regularisers, distances.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Predictors, risk, regularisers, distances.
 
 
 def _coordinates(tokens: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
-    """⟨μ_k, X_ℓ⟩ as (..., L, K) for heads (K, d) with tokens (B, L, d), or heads (R, K, d) with tokens (R, B, L, d).
-
-    Per-run heads multiply all of a run's B·L tokens in one matrix product (broadcasting over B runs B·R tiny ones).
-    """
+    """⟨μ_k, X_ℓ⟩ as (..., L, K) for heads (K, d) with tokens (B, L, d), or heads (R, K, d) with tokens (R, B, L, d):
+    per-run heads multiply all of a run's B·L tokens in one matrix product (broadcasting would run B·R tiny ones)."""
     heads = heads.to(tokens.dtype)
     if heads.dim() == 2:
         return tokens @ heads.T
@@ -120,15 +103,9 @@ def linear_attention_predictor(
 ) -> torch.Tensor:
     """T_lin of Eqs. (3)–(4): Σ_k (2λ/L) Σ_m ⟨μ_k, X_ℓ⟩⟨μ_k, X_m⟩ V_k(X_m), one head per row of `heads`.
 
-    Args:
-        tokens: X (B, L, d), or (R, B, L, d) with heads (R, K, d).
-        heads: μ (K, d) or (R, K, d).
-        lam: λ (a float, or a tensor broadcasting against (R, 1, 1, 1)).
-        values: `"identity"` (V = I, the paper's predictor) or `"projected"` (V_k = μ_k μ_kᵀ: MSSA with rank-1
-            subspaces and φ linear, through `subspace_attention`; heads (K, d) only).
-
-    Returns:
-        T_lin(X), the shape of `tokens`.
+    Tokens X (B, L, d) with heads μ (K, d), or (R, B, L, d) with (R, K, d); λ a float or a tensor broadcasting
+    against (R, 1, 1, 1). `values`: `"identity"` (V = I, the paper's predictor) or `"projected"` (V_k = μ_k μ_kᵀ:
+    MSSA with rank-1 subspaces and φ linear, through `subspace_attention`; heads (K, d) only).
     """
     check_choice("values", values, VALUES)
     scaling = 2 * lam / tokens.shape[-2]
@@ -149,15 +126,7 @@ def softmax_attention_predictor(
 
     Identity values, every token visible (itself included), the centering ψ/L Σ_m X_m of the "shaped attention" of
     Eq. (34): without it a misaligned head returns the sequence mean (Remark H.1). ψ = 2 debiases both heads.
-
-    Args:
-        tokens: X (B, L, d) or (R, B, L, d).
-        heads: μ (K, d) or (R, K, d).
-        lam: Inverse temperature λ (float or tensor broadcasting against (R, 1, 1, 1)).
-        psi: Centering ψ (same).
-
-    Returns:
-        The shape of `tokens`.
+    Shapes as `linear_attention_predictor`; λ (inverse temperature) and ψ floats or (R, 1, 1, 1) tensors.
     """
     coordinates = _coordinates(tokens, heads).transpose(-1, -2)  # (..., K, L)
     lam_ = lam[..., None] if isinstance(lam, torch.Tensor) and lam.dim() else lam  # broadcast over the head axis
@@ -185,9 +154,8 @@ def centroid_regulariser(tokens: torch.Tensor, heads: torch.Tensor, kind: str = 
     - `"product"`: r⁽²⁾ = E[Π_i ⟨μ_i, X⟩²] (App. G.4).
     - `"softmax"`: r₀ = E[(⟨μ₀, X⟩ − 1)²(⟨μ₁, X⟩ − 1)²] + ⟨μ₀, μ₁⟩ (App. H, problem (P_ρ₀)), as printed.
     - `"softmax_squared"`: the same with ⟨μ₀, μ₁⟩² — a deviation. With the printed, unsquared term the objective
-      is lower with anti-parallel heads than at the centroids (measured at σ = 0.3, ρ₀ = 0.5: 0.081 at the point
-      PSGD_soft reaches, ⟨μ₀, μ₁⟩ = −0.89, against 0.397 at the centroids with the best λ, ψ), so Fig. 15 cannot
-      come from it; squared, the term only asks for orthogonal heads, which the centroids are.
+      is lower with anti-parallel heads than at the centroids (README, App. H), so Fig. 15 cannot come from it;
+      squared, the term only asks for orthogonal heads, which the centroids are.
     """
     check_choice("kind", kind, REGULARISERS)
     coordinates = _coordinates(tokens, heads)  # (..., L, K)
@@ -235,9 +203,7 @@ def signed_centroid_distance(heads: torch.Tensor, centroids: torch.Tensor) -> to
     return _assignment_cost(heads, centroids, signed=True)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Initialisation and projected SGD.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Initialisation and projected SGD.
 
 
 def initial_heads(centroids: torch.Tensor, init: str, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -319,16 +285,10 @@ def train_heads(
     Independent runs are vectorised: one per (ρ, seed) pair, each with its own initialisation and data.
 
     Args:
-        dim: d.
-        num_clusters: K (number of centroids and of heads).
-        sigma: Noise σ >= 0.
+        dim, num_clusters, sigma, seq_len: d, K (centroids and heads), the noise σ, L.
         lam: λ (fixed for T_lin; the initial value, learned, for softmax heads — App. H uses 3).
-        seq_len: L.
-        lr: Step size γ.
-        batch_size: Sequences per step M.
-        steps: PSGD iterations.
-        rho: ρ >= 0, or a list of them (one group of `runs` runs per value).
-        runs: Independent runs per ρ.
+        lr, batch_size, steps: Step size γ, sequences per step M, PSGD iterations.
+        rho: ρ >= 0, or a list of them (one group of `runs` independent runs per value).
         init: `"manifold"` (M, Eq. 9), `"manifold_tilde"` (M̃, Eq. 16) or `"sphere"`.
         predictor: `"linear"` (T_lin) or `"softmax"` (App. H; λ and ψ learned by plain SGD, PSGD_soft).
         regulariser: `"pairwise"` (r, r⁽¹⁾), `"product"` (r⁽²⁾) or `"softmax"` (r₀); see `centroid_regulariser`.
@@ -337,12 +297,10 @@ def train_heads(
         score: `"all_tokens"` (risk and regulariser averaged over the L positions) or `"first_token"` (position 0
             only, the paper's h of Eq. 28; the prediction still attends to the whole sequence).
         psi: Initial centering ψ of softmax heads (App. F.1: 2).
-        record_every: Record the distance every this many steps.
-        seed: Seed of initialisation and data.
+        record_every: Record the distance every this many steps; `seed` seeds initialisation and data.
 
-    Returns:
-        `steps` (records), `distance` (records × runs, Eq. 11, or Eq. 36 for softmax heads), `rho` per run,
-        `final` (per-run final distances), `heads`, `centroids`, `lam`, `psi` (per run), `seconds`.
+    Returns `steps` (records), `distance` (records × runs, Eq. 11, or Eq. 36 for softmax heads), `rho` per run,
+    `final` (per-run final distances), `heads`, `centroids`, `lam`, `psi` (per run), `seconds`.
     """
     _check_mixture(dim, num_clusters, sigma)
     lam = check_real("lam", lam, 0.0, open_min=True)
@@ -372,7 +330,7 @@ def train_heads(
     psi_t = torch.full((total, 1, 1, 1), float(psi), requires_grad=predictor == "softmax")
     distance = signed_centroid_distance if predictor == "softmax" else centroid_distance
     history: dict[str, list] = {"steps": [], "distance": []}
-    clock = Stopwatch()
+    start = time.perf_counter()
     for step in range(steps + 1):
         if step % record_every == 0 or step == steps:
             history["steps"].append(step)
@@ -404,7 +362,7 @@ def train_heads(
         "centroids": mu_star,
         "lam": lam_t.detach().flatten().tolist(),
         "psi": psi_t.detach().flatten().tolist(),
-        "seconds": clock.seconds(),
+        "seconds": time.perf_counter() - start,
     }
 
 
@@ -415,9 +373,7 @@ def percentile_band(values: Sequence[float] | torch.Tensor) -> dict[str, float]:
     return {"low": float(q[0]), "median": float(q[1]), "high": float(q[2])}
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Monte Carlo estimates of the closed forms.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Monte Carlo estimates of the closed forms.
 
 
 def monte_carlo_risk(
@@ -433,13 +389,10 @@ def monte_carlo_risk(
 def monte_carlo_conditional_moments(
     predict, centroids: torch.Tensor, sigma: float, seq_len: int, num_sequences: int, seed: int = 0
 ) -> dict[str, tuple[float, float]]:
-    """E[⟨T(X)₁, μ*_c⟩ | Z₁ = c] and E‖T(X)₁ − m μ*_c‖² of the first token, with 4-standard-error tolerances.
-
-    The first token of each sequence gives i.i.d. samples; `m` is the closed-form factor the caller compares with.
-    Returns the projection samples' mean and the raw outputs for the variance check.
-    """
+    """E[⟨T(X)₁, μ*_c⟩ | Z₁ = c] (`projection`) and E‖T(X)₁ − μ*_c‖² (`variance`) of the first token, each with its
+    4-standard-error tolerance, and the raw `outputs` (T(X)₁, μ*_c); the first tokens are i.i.d. samples."""
     tokens, labels = sample_gaussian_mixture(num_sequences, seq_len, centroids, sigma, make_generator(seed))
     first = predict(tokens)[:, 0]  # (B, d)
     own = centroids[labels[:, 0]]  # (B, d)
-    projection = (first * own).sum(-1)
-    return {"projection": theory.monte_carlo_tolerance(projection), "outputs": (first, own)}
+    samples = {"projection": (first * own).sum(-1), "variance": (first - own).square().sum(-1)}
+    return {**{key: theory.monte_carlo_tolerance(value) for key, value in samples.items()}, "outputs": (first, own)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,6 +15,7 @@ import torch
 
 from . import clustering_theory as theory
 from .clustering import (
+    SCORES,
     canonical_centroids,
     heads_on_manifold,
     in_context_quantizer,
@@ -24,7 +26,7 @@ from .clustering import (
     sample_gaussian_mixture,
     train_heads,
 )
-from .study import Count, NonNegative, Positive, Range, Seed, Study, StudyOptions, arg, make_generator
+from .study import Count, NonNegative, Positive, Range, Seed, Study, StudyOptions, arg, make_generator, set_axes
 
 PARTS = tuple("theory fig1 fig2 fig3_4 appendix_a fig6a fig6a_rate high_dim dimension euclidean k3 softmax".split())
 
@@ -38,9 +40,7 @@ class Options(StudyOptions):
     lams: list[Positive] = arg([0.6, 0.2], "λ for each σ (App. F.2)")
     lr: Positive = arg(0.01, "PSGD step size γ")
     batch_size: Count = arg(256, "sequences per step M")
-    score: str = arg(
-        "all_tokens", "positions the PSGD loss scores (Eq. 28: first_token)", ("all_tokens", "first_token")
-    )
+    score: str = arg("all_tokens", "positions the PSGD loss scores (Eq. 28: first_token)", SCORES)
     steps: Count = arg(10_000, "PSGD iterations of the convergence curves (Figs 1, 2b, 5, 6b, 13, 14, 15b)")
     sweep_steps: Count = arg(5000, "PSGD iterations per point of the ρ sweeps (Figs 2a, 6a, 15a)")
     runs: Count = arg(10, "independent runs per curve (the paper: 10)")
@@ -65,18 +65,13 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-TITLE = "Attention-based clustering (Maulen-Soto, Marion, Boyer)"
-
-
-def _band_plot(ax, run: dict[str, Any], label: str | None) -> None:
-    """The median distance of the runs over the iterations, and their 2.5-97.5 percentile band."""
+def _band_plot(ax, run: dict[str, Any], label: str | None) -> dict[str, Any]:
+    """Plot the median distance of the runs over the iterations and their 2.5-97.5 percentile band; return the curve's
+    record (median per record, final band, seconds)."""
     distances = torch.tensor(run["distance"], dtype=torch.float64)
     q = torch.quantile(distances.clamp(min=1e-16), torch.tensor([0.025, 0.5, 0.975], dtype=torch.float64), dim=1)
     (line,) = ax.semilogy(run["steps"], q[1], label=label)
     ax.fill_between(run["steps"], q[0], q[2], color=line.get_color(), alpha=0.2)
-
-
-def _curve_record(run: dict[str, Any]) -> dict[str, Any]:
     return {
         "steps": run["steps"],
         "median_distance": [percentile_band(row)["median"] for row in run["distance"]],
@@ -105,8 +100,7 @@ def figure1(study: Study, o: Options) -> None:
     for sigma, lam in zip(o.sigmas, o.lams, strict=True):
         lam_star = theory.critical_temperature(o.dim, sigma, o.seq_len)
         run = _train(o, sigma, lam, rho=0.0, init="manifold")
-        record[f"sigma={sigma}"] = {**_curve_record(run), "lambda_star": lam_star}
-        _band_plot(axes[0, 0], run, f"σ = {sigma}, λ = {lam}")
+        record[f"sigma={sigma}"] = {**_band_plot(axes[0, 0], run, f"σ = {sigma}, λ = {lam}"), "lambda_star": lam_star}
         final = percentile_band(run["final"])
         study.claim(
             f"Thm 3.4 / Fig. 1: init on M, ρ = 0, σ = {sigma}, λ = {lam} (λ* = {lam_star:.3f}); final distance",
@@ -115,10 +109,8 @@ def figure1(study: Study, o: Options) -> None:
             final["high"] < 0.1 * percentile_band(run["distance"][0])["median"] and lam <= lam_star,
         )
     study.results["figure1"] = record
-    axes[0, 0].set(
-        xlabel="PSGD iteration", ylabel="distance to the centroids (Eq. 11)", title="Fig. 1: init on M, ρ = 0"
-    )
-    axes[0, 0].legend()
+    title = "Fig. 1: init on M, ρ = 0"
+    set_axes(axes[0, 0], xlabel="PSGD iteration", ylabel="distance to the centroids (Eq. 11)", title=title)
 
 
 def figure2(study: Study, o: Options) -> None:
@@ -133,8 +125,7 @@ def figure2(study: Study, o: Options) -> None:
         axes[0, 0].fill_between(rhos, [b["low"] for b in bands], [b["high"] for b in bands], alpha=0.2)
         best = int(torch.tensor(medians).argmin())
         curve = _train(o, sigma, lam, rho=o.rho, init="sphere")
-        _band_plot(axes[0, 1], curve, f"σ = {sigma}")
-        record[f"sigma={sigma}"] = {"sweep": bands, "curve": _curve_record(curve)}
+        record[f"sigma={sigma}"] = {"sweep": bands, "curve": _band_plot(axes[0, 1], curve, f"σ = {sigma}")}
         final = percentile_band(curve["final"])
         study.claim(
             f"Fig. 2a: σ = {sigma}, median distance after {o.sweep_steps} steps at ρ = 0 / "
@@ -150,10 +141,8 @@ def figure2(study: Study, o: Options) -> None:
             final["high"] < 0.2,
         )
     study.results["figure2"] = record
-    axes[0, 0].set(xlabel="ρ", ylabel="distance after the sweep", title="Fig. 2a: ρ sweep (init on the sphere)")
-    axes[0, 1].set(xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=f"Fig. 2b: ρ = {o.rho}")
-    axes[0, 0].legend()
-    axes[0, 1].legend()
+    set_axes(axes[0, 0], xlabel="ρ", ylabel="distance after the sweep", title="Fig. 2a: ρ sweep (init on the sphere)")
+    set_axes(axes[0, 1], xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=f"Fig. 2b: ρ = {o.rho}")
 
 
 def _pca_2d(points: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
@@ -209,8 +198,8 @@ def theory_checks(study: Study, o: Options) -> None:
     Lemma C.1 (risk on M at several κ), Prop. 3.3 / C.2 (λ* and its limits), Props 4.1/4.2 and 5.1/5.2 (means,
     variances, risks), Prop. A.1 (the degenerate risk off M).
     """
-    dim, length, n = o.dim, o.seq_len, o.mc_sequences
-    centroids = canonical_centroids(max(dim, 4))
+    d4, length, n = max(o.dim, 4), o.seq_len, o.mc_sequences
+    centroids = canonical_centroids(d4)
     checks = []
 
     def check(name: str, paper: str, exact: float, mc: tuple[float, float]) -> None:
@@ -218,7 +207,6 @@ def theory_checks(study: Study, o: Options) -> None:
         checks.append({"quantity": name, "closed_form": exact, "monte_carlo": mc[0], "tolerance": mc[1]})
         study.claim(name, f"closed form {exact:.4f}, Monte Carlo {mc[0]:.4f} ± {mc[1]:.4f}", paper, holds)
 
-    d4 = max(dim, 4)
     for sigma, lam in zip(o.sigmas, o.lams, strict=True):
         for kappas in ((1.0, 1.0), (0.6, -0.3)):
             heads = heads_on_manifold(centroids, kappas)
@@ -229,33 +217,23 @@ def theory_checks(study: Study, o: Options) -> None:
                 theory.manifold_risk(*kappas, d4, sigma, length, lam),
                 monte_carlo_risk(predict, centroids, sigma, length, n, o.seed),
             )
+        # Props 4.1 / D.2 (T_lin at μ = μ*) and 5.1 / 5.2 (T_ctx), each at its unbiased λ: the mean, then the variance.
         lam_u = theory.unbiased_temperature(sigma, length)
-        moments = monte_carlo_conditional_moments(
-            lambda x, la=lam_u: linear_attention_predictor(x, centroids, la), centroids, sigma, length, n, o.seed
-        )
-        name = f"Prop. 4.1: ⟨E[T_lin(X)₁ | Z₁ = c], μ*_c⟩ at the unbiased λ = {lam_u:.3f}, σ = {sigma}"
-        check(name, "= 1", 1.0, moments["projection"])
-        first, own = moments["outputs"]
-        variance = (first - own).square().sum(-1)
-        check(
-            f"Prop. D.2 / 4.2: Var[T_lin(X)₁ | Z₁] at λ = {lam_u:.3f}, σ = {sigma}, L = {length}",
-            f"limit 2λ²σ²(1+2σ²)² = {theory.oracle_conditional_variance_limit(sigma, lam_u):.4f}",
-            theory.oracle_conditional_variance(d4, sigma, length, lam_u),
-            theory.monte_carlo_tolerance(variance),
-        )
         lam_c = theory.in_context_unbiased_temperature(d4, sigma, length)
-        moments = monte_carlo_conditional_moments(
-            lambda x, la=lam_c: in_context_quantizer(x, la), centroids, sigma, length, n, o.seed + 1
-        )
-        name = f"Prop. 5.1: ⟨E[T_ctx(X)₁ | Z₁ = c], μ*_c⟩ at the unbiased λ = {lam_c:.3f}, σ = {sigma}"
-        check(name, "= 1", 1.0, moments["projection"])
-        first, own = moments["outputs"]
-        check(
-            f"Prop. 5.2: Var[T_ctx(X)₁ | Z₁] at λ = {lam_c:.3f}, σ = {sigma}, L = {length} (exact finite L)",
-            f"limit 2λ²σ²(1+4σ²+2dσ⁴) = {theory.in_context_conditional_variance_limit(d4, sigma, lam_c):.4f}",
-            theory.in_context_conditional_variance(d4, sigma, length, lam_c),
-            theory.monte_carlo_tolerance((first - own).square().sum(-1)),
-        )
+        oracle = partial(linear_attention_predictor, heads=centroids, lam=lam_u)
+        for operator, props, lam_0, predict, seed, limit, variance in (
+            ("T_lin", ("4.1", "D.2 / 4.2"), lam_u, oracle, o.seed,
+             f"limit 2λ²σ²(1+2σ²)² = {theory.oracle_conditional_variance_limit(sigma, lam_u):.4f}",
+             theory.oracle_conditional_variance(d4, sigma, length, lam_u)),
+            ("T_ctx", ("5.1", "5.2"), lam_c, partial(in_context_quantizer, lam=lam_c), o.seed + 1,
+             f"limit 2λ²σ²(1+4σ²+2dσ⁴) = {theory.in_context_conditional_variance_limit(d4, sigma, lam_c):.4f}",
+             theory.in_context_conditional_variance(d4, sigma, length, lam_c)),
+        ):  # fmt: skip
+            moments = monte_carlo_conditional_moments(predict, centroids, sigma, length, n, seed)
+            name = f"Prop. {props[0]}: ⟨E[{operator}(X)₁ | Z₁ = c], μ*_c⟩ at the unbiased λ = {lam_0:.3f}, σ = {sigma}"
+            check(name, "= 1", 1.0, moments["projection"])
+            name = f"Prop. {props[1]}: Var[{operator}(X)₁ | Z₁] at λ = {lam_0:.3f}, σ = {sigma}, L = {length}"
+            check(name + (" (exact finite L)" if operator == "T_ctx" else ""), limit, variance, moments["variance"])
         lam_star = theory.critical_temperature(d4, sigma, length)
         limits = theory.critical_temperature_limits(sigma, length)
         study.claim(
@@ -284,11 +262,8 @@ def theory_checks(study: Study, o: Options) -> None:
     c5 = canonical_centroids(5)
     inner = heads @ c5.T  # κ₀ = ⟨μ₀*, μ₀⟩, η₁ = ⟨μ₀, μ₁*⟩, η₀ = ⟨μ₁, μ₀*⟩, κ₁ = ⟨μ₁*, μ₁⟩
     lam0 = (length + 1) / (length + 3)
-    tokens, _ = sample_gaussian_mixture(64, length, c5, 0.0, make_generator(o.seed))
     exact = theory.degenerate_risk(inner[0, 0], inner[1, 1], inner[1, 0], inner[0, 1], length, lam0)
-    mc = theory.monte_carlo_tolerance(
-        (tokens - linear_attention_predictor(tokens, heads, lam0)).square().sum(-1).mean(-1)
-    )
+    mc = monte_carlo_risk(lambda x: linear_attention_predictor(x, heads, lam0), c5, 0.0, length, 64, o.seed)
     check("Prop. A.1: degenerate risk off M (σ = 0), λ = λ₀*", "Eq. (14)", float(exact), mc)
     study.results["theory"] = checks
 
@@ -303,11 +278,10 @@ def appendix_a(study: Study, o: Options) -> None:
         ("fig6b", "sphere", 0.1, "Fig. 6b: init on the sphere, ρ = 0.1"),
     ):
         run = _train(o, 0.0, 0.6, rho=rho, init=init)
-        _band_plot(axes[0, 0], run, label)
-        record[key] = _curve_record(run)
+        record[key] = _band_plot(axes[0, 0], run, label)
     study.results["appendix_a"] = record
-    axes[0, 0].set(xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title="App. A: Dirac mixture (σ = 0), λ = 0.6")
-    axes[0, 0].legend(fontsize=7)
+    title = "App. A: Dirac mixture (σ = 0), λ = 0.6"
+    set_axes(axes[0, 0], fontsize=7, xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=title)
     study.claim(
         "Thm A.4 / Fig. 5a: σ = 0, init on M̃, ρ = 0; final distance (median)",
         f"{record['fig5a']['final']['median']:.1e}",
@@ -432,7 +406,7 @@ def high_dimension_curves(study: Study, o: Options) -> None:
             run = _train(o, sigma, lam, rho=rho if regularised else 0.0, **setting)
             curve = _rmse_record(run, setting["dim"])
             record[name][f"sigma={sigma}"] = {key: value for key, value in curve.items() if key != "rows"}
-            _band_plot(axes[row, column], {"steps": curve["steps"], "distance": curve["rows"]}, None)
+            _band_plot(axes[row, column], {**run, "distance": curve["rows"], "final": curve["rows"][-1]}, None)
             axes[row, column].set(title=f"{name.split('_')[0]}: d = {setting['dim']}, σ = {sigma}", xlabel="iteration")
         axes[row, 0].set(ylabel="minimal RMSE")
         finals = [record[name][f"sigma={sigma}"]["final"] for sigma, _, _ in panels]
@@ -483,8 +457,7 @@ def dimension_sweep(study: Study, o: Options) -> None:
                 None,
             )
     study.results["dimension"] = record
-    axes[0, 0].set(ylabel="minimal RMSE")
-    axes[0, 0].legend(fontsize=7)
+    set_axes(axes[0, 0], fontsize=7, ylabel="minimal RMSE")
 
 
 def euclidean_vs_riemannian(study: Study, o: Options) -> None:
@@ -496,11 +469,10 @@ def euclidean_vs_riemannian(study: Study, o: Options) -> None:
         for init, rho in (("manifold", 0.0), ("sphere", o.rho)):
             key = f"{'riemannian' if riemannian else 'euclidean'}/{init}/rho={rho}"
             run = _train(o, sigma, lam, rho=rho, init=init, riemannian=riemannian)
-            record[key] = _curve_record(run)
-            _band_plot(axes[0, 0], run, key)
+            record[key] = _band_plot(axes[0, 0], run, key)
     study.results["euclidean"] = record
-    axes[0, 0].set(xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=f"Fig. 13: σ = {sigma}")
-    axes[0, 0].legend(fontsize=7)
+    title = f"Fig. 13: σ = {sigma}"
+    set_axes(axes[0, 0], fontsize=7, xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=title)
     for init, rho in (("manifold", 0.0), ("sphere", o.rho)):
         r = record[f"riemannian/{init}/rho={rho}"]["final"]["median"]
         e = record[f"euclidean/{init}/rho={rho}"]["final"]["median"]
@@ -519,11 +491,9 @@ def three_centroids(study: Study, o: Options) -> None:
     sigma, lam = o.sigmas[0], o.lams[0]
     for kind in ("pairwise", "product"):
         run = _train(o, sigma, lam, dim=6, num_clusters=3, rho=o.rho, init="sphere", regulariser=kind)
-        record[kind] = _curve_record(run)
-        _band_plot(axes[0, 0], run, {"pairwise": "r⁽¹⁾", "product": "r⁽²⁾"}[kind])
+        record[kind] = _band_plot(axes[0, 0], run, {"pairwise": "r⁽¹⁾", "product": "r⁽²⁾"}[kind])
     study.results["k3"] = record
-    axes[0, 0].set(xlabel="PSGD iteration", ylabel="distance (K = 3)", title=f"Fig. 14: K = 3, σ = {sigma}")
-    axes[0, 0].legend()
+    set_axes(axes[0, 0], xlabel="PSGD iteration", ylabel="distance (K = 3)", title=f"Fig. 14: K = 3, σ = {sigma}")
     study.claim(
         f"Fig. 14: K = 3, ρ = {o.rho}, median final distance with r⁽¹⁾ / r⁽²⁾",
         f"{record['pairwise']['final']['median']:.1e} / {record['product']['final']['median']:.1e}",
@@ -544,10 +514,10 @@ def figure15(study: Study, o: Options) -> None:
         bands = _final_bands(o, sigma, 3.0, o.softmax_rhos, **common)
         axes[0, 0].plot(o.softmax_rhos, [b["median"] for b in bands], marker="o", label=f"σ = {sigma}")
         curve = _train(o, sigma, 3.0, rho=0.5, **common)
-        _band_plot(axes[0, 1], curve, f"σ = {sigma}")
         final = percentile_band(curve["final"])
         lam, psi = percentile_band(curve["lam"]), percentile_band(curve["psi"])
-        record[f"sigma={sigma}"] = {"sweep": bands, "curve": _curve_record(curve), "lam": lam, "psi": psi}
+        curve_record = _band_plot(axes[0, 1], curve, f"σ = {sigma}")
+        record[f"sigma={sigma}"] = {"sweep": bands, "curve": curve_record, "lam": lam, "psi": psi}
         study.claim(
             f"Fig. 15a: softmax heads, σ = {sigma}, median signed distance at ρ₀ = "
             + ", ".join(str(r) for r in o.softmax_rhos),
@@ -564,10 +534,8 @@ def figure15(study: Study, o: Options) -> None:
             final["median"] < 0.2 if sigma <= 0.3 else None,
         )
     study.results["figure15"] = record
-    axes[0, 0].set(xlabel="ρ₀", ylabel="signed distance (Eq. 36)", title="Fig. 15a")
-    axes[0, 1].set(xlabel="PSGD_soft iteration", ylabel="signed distance (Eq. 36)", title="Fig. 15b: ρ₀ = 0.5")
-    axes[0, 0].legend()
-    axes[0, 1].legend()
+    set_axes(axes[0, 0], xlabel="ρ₀", ylabel="signed distance (Eq. 36)", title="Fig. 15a")
+    set_axes(axes[0, 1], xlabel="PSGD_soft iteration", ylabel="signed distance (Eq. 36)", title="Fig. 15b: ρ₀ = 0.5")
 
 
 PART_FUNCTIONS = {
@@ -595,7 +563,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     o = Options.parse(options)
     if len(o.sigmas) != len(o.lams):
         raise ValueError(f"`sigmas` and `lams` must have equal lengths, got {o.sigmas} and {o.lams}.")
-    study = Study("clustering", TITLE, o, out)
+    study = Study("clustering", "Attention-based clustering (Maulen-Soto, Marion, Boyer)", o, out)
     for part in o.parts:
         PART_FUNCTIONS[part](study, o)
     study.note("Distance: Eq. (11) (signs and order ignored); Eq. (36) for softmax heads (signs count).")

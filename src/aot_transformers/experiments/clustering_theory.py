@@ -44,9 +44,14 @@ def monte_carlo_tolerance(per_sample: torch.Tensor, z: float = 4.0) -> tuple[flo
     return float(values.mean()), z * float(values.std() / math.sqrt(values.numel()))
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Section 3: the risk on the manifold M, λ*(σ, L).
-# --------------------------------------------------------------------------------------------------------------------
+# --- Section 3: the risk on the manifold M, λ*(σ, L).
+
+
+def _lemma_c1_factors(dim: int, sigma: float):
+    """σ² and Lemma C.1's c₁(n) = 1 + nσ², c₂(n) = 1 + σ²(d + n) (K = 2 centroids in R^d, noise σ)."""
+    _check_mixture(dim, 2, sigma)
+    s2 = sigma**2
+    return s2, lambda n: 1 + n * s2, lambda n: 1 + s2 * (dim + n)
 
 
 def manifold_risk_coefficients(dim: int, sigma: float, seq_len: int, lam: float) -> dict[str, float]:
@@ -55,17 +60,9 @@ def manifold_risk_coefficients(dim: int, sigma: float, seq_len: int, lam: float)
     On M (Eq. 9: ⟨μ₁*, μ₀⟩ = ⟨μ₀*, μ₁⟩ = ⟨μ₀, μ₁⟩ = 0) the risk is A(κ₀⁴ + κ₁⁴) + B(κ₀² + κ₁²) + Cκ₀²κ₁² + D with
     κ_k = ⟨μ_k*, μ_k⟩ (Eq. 10).
     """
-    _check_mixture(dim, 2, sigma)
-    length = check_int("seq_len", seq_len)
-    s2 = sigma**2
-
-    def c1(n: float) -> float:
-        return 1 + n * s2
-
-    def c2(n: float) -> float:
-        return 1 + s2 * (dim + n)
-
-    n, l1, l2 = length, length - 1, length - 2
+    s2, c1, c2 = _lemma_c1_factors(dim, sigma)
+    n = check_int("seq_len", seq_len)
+    l1, l2 = n - 1, n - 2
     a = (
         2 * lam**2 / n**2 * c2(8)
         + 2 * lam**2 * l1 / n**2 * c1(5)
@@ -106,16 +103,9 @@ def critical_temperature(dim: int, sigma: float, seq_len: int) -> float:
     λ* = (2L c₂(4) + L(L − 1) c₁(4)) / c₃(σ, L), the root of 2A + B + C (Lemma C.1's coefficients over λ), with
     c₂(n) = 1 + σ²(d + n): λ* depends on d through c₂, which the paper's notation λ*(σ, L) leaves implicit.
     """
-    _check_mixture(dim, 2, sigma)
+    s2, c1, c2 = _lemma_c1_factors(dim, sigma)
     length = check_int("seq_len", seq_len)
-    s2, l1, l2 = sigma**2, length - 1, length - 2
-
-    def c1(n: float) -> float:
-        return 1 + n * s2
-
-    def c2(n: float) -> float:
-        return 1 + s2 * (dim + n)
-
+    l1, l2 = length - 1, length - 2
     c3 = (
         16 * s2 * c2(6)
         + 8 * s2 * l1 * c1(6)
@@ -153,9 +143,7 @@ def critical_temperature_limits(sigma: float, seq_len: int) -> dict[str, float]:
     }
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Section 4: the oracle predictor T_lin at μ = μ*.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Section 4: the oracle predictor T_lin at μ = μ*.
 
 
 def unbiased_temperature(sigma: float, seq_len: int, num_clusters: int = 2, values: str = "identity") -> float:
@@ -239,18 +227,8 @@ def _second_moments(dim: int, sigma: float, num_clusters: int) -> dict[str, floa
     p1, p2, p3 = chi_moments(num_clusters)
     q1 = (dim - num_clusters) * s2  # E‖(I − P)X‖², independent of PX
     a = 1 / num_clusters + s2  # eigenvalue of C on the centroids' span
-    return {
-        "x1": x1,
-        "x2": x2,
-        "x3": x3,
-        "p1": p1,
-        "p2": p2,
-        "p3": p3,
-        "q1": q1,
-        "a": a,
-        "trC2": num_clusters * a**2 + (dim - num_clusters) * s2**2,
-        "trC3": num_clusters * a**3 + (dim - num_clusters) * s2**3,
-    }
+    traces = {f"trC{n}": num_clusters * a**n + (dim - num_clusters) * s2**n for n in (2, 3)}  # tr C², tr C³
+    return dict(x1=x1, x2=x2, x3=x3, p1=p1, p2=p2, p3=p3, q1=q1, a=a, **traces)
 
 
 def oracle_linear_attention_risk_exact(
@@ -275,9 +253,7 @@ def oracle_linear_attention_risk_exact(
     return m["x1"] - 2 * c * first + c**2 * second
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Section 5: the in-context quantizer T_ctx.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Section 5: the in-context quantizer T_ctx.
 
 
 def in_context_conditional_mean_factor(dim: int, sigma: float, seq_len: int, lam: float) -> float:
@@ -361,9 +337,7 @@ def in_context_quantization_risk_exact(
     return x1 - 2 * c * first + c**2 * second
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Appendix A: the degenerate mixture (P₀), σ = 0.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Appendix A: the degenerate mixture (P₀), σ = 0.
 
 
 def degenerate_risk(kappa0: float, kappa1: float, eta0: float, eta1: float, seq_len: int, lam: float) -> float:
@@ -396,9 +370,7 @@ def degenerate_is_minimiser(kappa0: float, kappa1: float, eta0: float, eta1: flo
     )
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Regulariser (Eq. 17 / Section 3.3).
-# --------------------------------------------------------------------------------------------------------------------
+# --- Regulariser (Eq. 17 / Section 3.3).
 
 
 def centroid_regulariser_closed_form(heads: torch.Tensor, centroids: torch.Tensor, sigma: float) -> torch.Tensor:

@@ -46,6 +46,7 @@ from .study import (
     check_int,
     check_real,
     make_generator,
+    set_axes,
 )
 from .subspace import subspace_attention
 
@@ -55,17 +56,7 @@ PHIS = ("softmax", "threshold")
 def orthogonal_subspaces(
     ambient_dim: int, num_subspaces: int, subspace_dim: int, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """K random, mutually orthogonal orthonormal bases.
-
-    Args:
-        ambient_dim: d, the token dimension; must be at least `num_subspaces * subspace_dim`.
-        num_subspaces: K.
-        subspace_dim: p.
-        generator: Random generator.
-
-    Returns:
-        Tensor (K, d, p) with `U_kᵀ U_j = 0` for k ≠ j and `U_kᵀ U_k = I_p`.
-    """
+    """K random, mutually orthogonal orthonormal bases (K, d, p) in R^d (d >= K·p): U_kᵀ U_j = 0, U_kᵀ U_k = I_p."""
     check_int("num_subspaces", num_subspaces)
     check_int("subspace_dim", subspace_dim)
     check_int("ambient_dim", ambient_dim)
@@ -82,16 +73,10 @@ def orthogonal_subspaces(
 def sample_noisy_subspace_mixture(
     num_tokens: int, subspaces: torch.Tensor, noise_level: float, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens from the mixture of noisy low-rank Gaussians of Definition 1, in K equal clusters.
+    """N tokens from the mixture of noisy low-rank Gaussians of Definition 1, in K equal clusters (N a multiple of K).
 
-    Args:
-        num_tokens: N; must be a multiple of K (the theorem's clusters have equal sizes).
-        subspaces: Bases (K, d, p) from `orthogonal_subspaces`.
-        noise_level: δ >= 0, the standard deviation of the components in the other subspaces.
-        generator: Random generator.
-
-    Returns:
-        `tokens` (N, d) (float64) and `labels` (N,), token i belonging to cluster `labels[i]`.
+    `subspaces` (K, d, p) from `orthogonal_subspaces`; `noise_level` δ >= 0 is the standard deviation of the
+    components in the other subspaces. Returns `tokens` (N, d) (float64) and their cluster `labels` (N,).
     """
     num_subspaces, _, subspace_dim = subspaces.shape
     check_int("num_tokens", num_tokens)
@@ -111,11 +96,8 @@ def sample_noisy_subspace_mixture(
 
 
 def per_cluster_snr(tokens: torch.Tensor, labels: torch.Tensor, subspaces: torch.Tensor) -> torch.Tensor:
-    """Eq. (6): for each cluster k, ‖U_k U_kᵀ Z_k‖_F / ‖(I − U_k U_kᵀ) Z_k‖_F over its tokens Z_k.
-
-    Returns:
-        Tensor (K,). A cluster with no noise gets +inf.
-    """
+    """Eq. (6): for each cluster k, ‖U_k U_kᵀ Z_k‖_F / ‖(I − U_k U_kᵀ) Z_k‖_F over its tokens Z_k; (K,), +inf without
+    noise."""
     snr = []
     for k in range(subspaces.shape[0]):
         cluster = tokens[labels == k]  # (N_k, d)
@@ -127,15 +109,10 @@ def per_cluster_snr(tokens: torch.Tensor, labels: torch.Tensor, subspaces: torch
 
 
 def hard_threshold(tau: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The φ of Theorem 1: softmax over the keys, then h(x) = τ·1{x > τ} on every weight.
+    """The φ of Theorem 1 for `subspace_attention(phi=...)`: softmax over the keys, then h(x) = τ·1{x > τ}.
 
-    Args:
-        tau: τ in (0, 1). Theorem 1 takes τ ∈ (1/2, 1/(1 + N·e^(−9p/32))]: a query's weights sum to 1, so with
-            τ > 1/2 at most one weight per query exceeds τ. Smaller τ are accepted (they may keep several keys);
-            `theorem1_hypotheses` reports whether a run's τ lies in the theorem's range.
-
-    Returns:
-        A callable for `subspace_attention(phi=...)`, mapping scores (B, K, N, N) to weights.
+    Any τ in (0, 1) is accepted (below 1/2 it may keep several keys); `theorem1_hypotheses` reports whether a run's τ
+    lies in the theorem's range.
     """
     tau = check_real("tau", tau, 0.0, 1.0, open_min=True, open_max=True)
 
@@ -144,12 +121,6 @@ def hard_threshold(tau: float) -> Callable[[torch.Tensor], torch.Tensor]:
         return tau * (weights > tau).to(weights.dtype)
 
     return phi
-
-
-def resolve_phi(phi: str, tau: float) -> str | Callable[[torch.Tensor], torch.Tensor]:
-    """`"softmax"` → the package's softmax φ; `"threshold"` → `hard_threshold(tau)`."""
-    check_choice("phi", phi, PHIS)
-    return "softmax" if phi == "softmax" else hard_threshold(tau)
 
 
 def mssa_step(
@@ -167,14 +138,8 @@ def mssa_step(
 def thresholding_pattern_holds(
     tokens: torch.Tensor, labels: torch.Tensor, subspaces: torch.Tensor, tau: float, scaling: float = 1.0
 ) -> torch.Tensor:
-    """Per token, whether the thresholded attention has the pattern the proof of Theorem 1 needs.
-
-    The pattern: in the token's own head its softmax weight on itself exceeds τ and no other weight does (for
-    τ > 1/2 the second part is automatic, the weights summing to 1); in every other head no weight exceeds τ (so h
-    zeroes the head).
-
-    Returns:
-        Boolean tensor (N,).
+    """Per token (N,), whether the thresholded attention has the pattern the proof of Theorem 1 needs: in the token's
+    own head its softmax weight on itself exceeds τ and no other weight does; in every other head no weight exceeds τ.
     """
     projected = torch.einsum("nd,kdp->knp", tokens, subspaces.to(tokens.dtype))  # (K, N, p)
     weights = torch.softmax(scaling * projected @ projected.transpose(-1, -2), dim=-1)  # (K, N, N)
@@ -226,27 +191,17 @@ def unroll(
     tau: float = 0.5,
     scaling: float = 1.0,
 ) -> dict[str, torch.Tensor]:
-    """Run `num_layers` denoising layers and record the per-cluster SNR after each.
+    """Run `num_layers` denoising layers of step size η from Z⁽⁰⁾ = `tokens` (N, d) and record the per-cluster SNR.
 
-    Args:
-        tokens: Z⁽⁰⁾ (N, d).
-        labels: Cluster of each token (N,).
-        subspaces: Bases (K, d, p).
-        num_layers: Number of layers.
-        step_size: η > 0.
-        phi: `"threshold"` (Theorem 1's h∘softmax) or `"softmax"`.
-        tau: τ of the threshold, in (0, 1) (also used to report the thresholding pattern for softmax runs).
-        scaling: Factor on the scores Zᵀ U_k U_kᵀ Z (the theorem uses 1).
-
-    Returns:
-        `snr` (num_layers + 1, K), `ratio` (num_layers, K) = SNR after / before each layer, and
-        `pattern_fraction` (num_layers,), the fraction of tokens for which the thresholding pattern held at the
-        input of each layer.
+    `phi` is `"threshold"` (Theorem 1's h∘softmax with τ = `tau`) or `"softmax"` (τ then only serves the thresholding
+    pattern's report); `scaling` multiplies the scores Zᵀ U_k U_kᵀ Z (the theorem uses 1). Returns `snr`
+    (num_layers + 1, K), `ratio` (num_layers, K) = SNR after / before each layer, `pattern_fraction` (num_layers,),
+    the fraction of tokens for which the thresholding pattern held at each layer's input, and the last `tokens`.
     """
     check_int("num_layers", num_layers)
     check_real("step_size", step_size, 0.0, open_min=True)
     check_real("scaling", scaling, 0.0, open_min=True)
-    phi_fn = resolve_phi(phi, tau)
+    phi_fn = "softmax" if check_choice("phi", phi, PHIS) == "softmax" else hard_threshold(tau)
     snr = [per_cluster_snr(tokens, labels, subspaces)]
     pattern = []
     for _ in range(num_layers):
@@ -277,9 +232,6 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-TITLE = "Denoising by unrolled MSSA (AoT Theorem 1, Fig. 4)"
-
-
 def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, generator, ax) -> None:
     """AoT Theorem 1 / Fig. 4 at one noise level δ: per-layer SNR with φ = h∘softmax and with softmax.
 
@@ -291,7 +243,6 @@ def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, 
     for phi in PHIS:
         result = unroll(tokens, labels, subspaces, num_layers, o.step_size, phi, tau, o.scaling)
         mean_snr = result["snr"].mean(dim=1)
-        in_regime = result["pattern_fraction"] == 1.0  # (num_layers,)
         ratios = result["ratio"]  # (num_layers, K)
         record = {
             "noise_level": delta,
@@ -301,7 +252,7 @@ def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, 
             "ratio_per_layer": ratios,
             "mean_ratio_per_layer": ratios.mean(dim=1),
             "pattern_fraction_per_layer": result["pattern_fraction"],
-            "layers_in_regime": int(in_regime.sum()),
+            "layers_in_regime": int((result["pattern_fraction"] == 1.0).sum()),
         }
         if phi == "threshold":
             hypotheses = theorem1_hypotheses(o.num_tokens, o.num_subspaces, o.subspace_dim, delta, tau)
@@ -336,13 +287,11 @@ def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, 
                 None,
             )
         study.results["runs"][f"delta={delta}/phi={phi}"] = record
-        ax.semilogy(
-            range(num_layers + 1), mean_snr, marker="o", label="h∘softmax (Thm 1)" if phi == "threshold" else "softmax"
-        )
+        label = "h∘softmax (Thm 1)" if phi == "threshold" else "softmax"
+        ax.semilogy(range(num_layers + 1), mean_snr, marker="o", label=label)
     first = study.results["runs"][f"delta={delta}/phi=threshold"]["mean_snr_per_layer"][0]
     ax.semilogy(range(num_layers + 1), first * target ** torch.arange(num_layers + 1), "k--", label="(1+ητ)^ℓ · SNR₀")
-    ax.set(title=f"δ = {delta}", xlabel="layer ℓ", ylabel="mean per-cluster SNR (Eq. 6)")
-    ax.legend()
+    set_axes(ax, title=f"δ = {delta}", xlabel="layer ℓ", ylabel="mean per-cluster SNR (Eq. 6)")
 
 
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
@@ -350,7 +299,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     o = Options.parse(options)
     o.ambient_dim = o.num_subspaces * o.subspace_dim if o.ambient_dim is None else o.ambient_dim
     o.scaling = o.subspace_dim**-0.5 if o.scaling is None else o.scaling
-    study = Study("denoising", TITLE, o, out)
+    study = Study("denoising", "Denoising by unrolled MSSA (AoT Theorem 1, Fig. 4)", o, out)
     generator = make_generator(o.seed)
     subspaces = orthogonal_subspaces(o.ambient_dim, o.num_subspaces, o.subspace_dim, generator)
     study.results.update(target_ratio=1.0 + o.step_size * o.tau, runs={})

@@ -15,7 +15,6 @@ projection, or MHSA's value projection (the part of the token the head passes on
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +24,12 @@ from torch import nn
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTForCausalLM, AoTForImageClassification
 from . import _vision
-from .study import (
-    Claim,
-    Stopwatch,
-    check_int,
-    check_real,
-    new_figure,
-    output_dir,
-    save_figure,
-    write_json,
-    write_summary,
-)
+from .study import Study, check_int, check_real, set_axes
 
 
 def coding_rate(tokens: torch.Tensor, eps: float = 0.5) -> torch.Tensor:
-    """½ log det(I + d/(n ε²) ZᵀZ) for tokens Z (n, d)."""
-    num, dim = tokens.shape
-    gram = tokens.double().T @ tokens.double()  # (d, d)
-    return 0.5 * torch.logdet(torch.eye(dim, dtype=torch.float64) + dim / (num * eps**2) * gram)
+    """½ log det(I + d/(n ε²) ZᵀZ) for tokens Z (n, d): `subspace_coding_rate` with the one subspace U = I."""
+    return subspace_coding_rate(tokens, torch.eye(tokens.shape[1], dtype=torch.float64)[None], eps)
 
 
 def subspace_coding_rate(tokens: torch.Tensor, subspaces: torch.Tensor, eps: float = 0.5) -> torch.Tensor:
@@ -138,21 +125,13 @@ def _image_inputs(model: AoTForImageClassification, num_samples: int) -> tuple[t
     images = images[torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:num_samples]]
     mean = torch.tensor(getattr(config, "image_mean", None) or [0.5] * config.num_channels)
     std = torch.tensor(getattr(config, "image_std", None) or [0.25] * config.num_channels)
-    pixels = _vision.normalise(images, mean, std)
-    if pixels.shape[-1] != config.image_size:
-        pixels = torch.nn.functional.interpolate(pixels, size=(config.image_size,) * 2, mode="bilinear")
-    return pixels, how
+    return _vision.normalise(images, mean, std, config.image_size), how
 
 
 @torch.no_grad()
 def layerwise_diagnostics(model: nn.Module, inputs: torch.Tensor, eps: float = 0.5) -> dict[str, Any]:
-    """Per layer: R, R_c, R − R_c (averaged over the inputs) and each head's energy share.
-
-    Args:
-        model: `AoTForCausalLM` (inputs are token ids (B, T)) or `AoTForImageClassification` (pixels (B, C, S, S)).
-        inputs: The batch.
-        eps: Precision ε of the coding rates.
-    """
+    """Per layer: R, R_c, R − R_c (precision `eps`, averaged over the inputs) and each head's energy share, for an
+    `AoTForCausalLM` (`inputs`: token ids (B, T)) or an `AoTForImageClassification` (pixels (B, C, S, S))."""
     check_real("eps", eps, 0.0, open_min=True)
     model.eval()
     backbone = model.model
@@ -160,10 +139,9 @@ def layerwise_diagnostics(model: nn.Module, inputs: torch.Tensor, eps: float = 0
         hidden = backbone(inputs, output_hidden_states=True, return_dict=True).hidden_states
     else:
         hidden = backbone(input_ids=inputs, output_hidden_states=True, use_cache=False, return_dict=True).hidden_states
-    layers = backbone.layers
-    rows: dict[str, list] = {key: [] for key in ("rate", "compressed_rate", "rate_gap", "head_energy")}
-    rows["random_subspace_share"] = []
-    for index, layer in enumerate(layers):
+    names = ("rate", "compressed_rate", "rate_gap", "head_energy", "random_subspace_share")
+    rows: dict[str, list] = {key: [] for key in names}
+    for index, layer in enumerate(backbone.layers):
         subspaces = head_subspaces(layer.attention).to(torch.float64)
         seen = layer.attention_norm(hidden[index]).double()  # (B, T, d): what the heads see
         rate = torch.stack([coding_rate(z, eps) for z in seen])
@@ -186,99 +164,59 @@ def run(
     eps: float = 0.5,
     knn_k: float | int | None = None,
 ) -> dict[str, Any]:
-    """`aot inspect MODEL`: layer-wise coding rates and head energy shares, as results.json, two PNGs and summary.md.
-    With `knn_k`, also KVT's Fig. 2 diagnostics per layer for dense attention against k-NN attention with that k
-    (`knn_evidence.layer_diagnostics`: token cosine similarity, spread of the attention weights, residual ratio).
-
-    Args:
-        model: Saved AoT folder or preset name (random weights).
-        out: Output folder (default `out/experiments/inspect`).
-        data: Text file for language models (default: the shared tinyshakespeare); images come from the shared
-            MNIST/CIFAR-10 files.
-        num_samples: Sequences or images.
-        seq_len: Tokens per sequence (language models).
-        eps: Precision ε of the coding rates.
-        knn_k: k of the k-NN comparison (an int, or a fraction of the keys in (0, 1]); None: no comparison.
+    """`aot inspect MODEL`: layer-wise coding rates (precision `eps`) and head energy shares of a saved AoT folder or a
+    preset (random weights), on `num_samples` images of the shared MNIST/CIFAR-10 files or sequences of `seq_len`
+    tokens of the text file `data` (default: the shared tinyshakespeare); results.json, PNGs and summary.md in `out`
+    (default `out/experiments/inspect`). With `knn_k` (an int, or a fraction of the keys in (0, 1]), also KVT's Fig. 2
+    diagnostics per layer, dense attention against k-NN attention with that k (`knn_evidence.layer_diagnostics`).
     """
     check_int("num_samples", num_samples)
     check_int("seq_len", seq_len, 2)
-    folder = output_dir(out, "inspect")
-    clock = Stopwatch()
+    command = f"aot inspect {model}" + (f" --data {data}" if data else "") + (f" --knn-k {knn_k}" if knn_k else "")
+    study = Study("inspect", f"Layer-wise diagnostics of {model}", None, out, command)
     network = load_model(model)
     if isinstance(network, AoTForImageClassification):
         inputs, source = _image_inputs(network, num_samples)
     else:
         inputs, source = _text_inputs(network, data, num_samples, seq_len, model)
     rows = layerwise_diagnostics(network, inputs, eps)
-    num_layers = len(rows["rate"])
-    fig, axes = new_figure(ncols=2)
-    layers = list(range(num_layers))
-    axes[0, 0].plot(layers, rows["rate"], marker="o", label="R(Z)")
-    axes[0, 0].plot(layers, rows["compressed_rate"], marker="o", label="R_c(Z; U)")
-    axes[0, 0].plot(layers, rows["rate_gap"], marker="o", label="R − R_c")
-    axes[0, 0].set(xlabel="layer", ylabel="nats", title=f"Coding rates (ε = {eps})")
-    axes[0, 0].legend()
+    axes = study.figure("layerwise.png", ncols=2)
+    layers = list(range(len(rows["rate"])))
+    for key, label in (("rate", "R(Z)"), ("compressed_rate", "R_c(Z; U)"), ("rate_gap", "R − R_c")):
+        axes[0, 0].plot(layers, rows[key], marker="o", label=label)
+    set_axes(axes[0, 0], xlabel="layer", ylabel="nats", title=f"Coding rates (ε = {eps})")
     energy = torch.tensor(rows["head_energy"])  # (layers, heads)
     image = axes[0, 1].imshow(energy.T.numpy(), aspect="auto", cmap="viridis")
-    axes[0, 1].set(
-        xlabel="layer", ylabel="head", title=f"energy share per head (random: {rows['random_subspace_share'][0]:.3f})"
-    )
-    fig.colorbar(image, ax=axes[0, 1])
-    figures = [save_figure(fig, folder / "layerwise.png")]
-    comparison = None
+    random_share = rows["random_subspace_share"][0]
+    axes[0, 1].set(xlabel="layer", ylabel="head", title=f"energy share per head (random: {random_share:.3f})")
+    axes[0, 1].figure.colorbar(image, ax=axes[0, 1])
+    study.results.update(model=str(model), inputs=source, num_inputs=int(inputs.shape[0]), eps=eps, layers=rows)
     if knn_k is not None:
-        comparison, figure = _knn_comparison(network, inputs, knn_k, folder)
-        figures.append(figure)
-    results = {
-        "study": "inspect",
-        "model": str(model),
-        "inputs": source,
-        "num_inputs": int(inputs.shape[0]),
-        "eps": eps,
-        "layers": rows,
-        "seconds": clock.seconds(),
-    }
-    if comparison is not None:
-        results["knn_comparison"] = comparison
-    claims = [
-        Claim(
-            "coding rate R(Z), first → last layer",
-            f"{rows['rate'][0]:.1f} → {rows['rate'][-1]:.1f}",
-            "compression: tokens move towards low-dimensional subspaces with depth",
-            None,
-        ),
-        Claim(
-            "R − R_c, first → last layer",
-            f"{rows['rate_gap'][0]:.1f} → {rows['rate_gap'][-1]:.1f}",
-            "grows when the tokens concentrate on the heads' subspaces",
-            None,
-        ),
-        Claim(
-            "mean head energy share, first → last layer",
-            f"{energy[0].mean():.3f} → {energy[-1].mean():.3f} (random {rows['random_subspace_share'][0]:.3f})",
-            "> random when heads capture the tokens",
-            None,
-        ),
-    ]
-    results["claims"] = [asdict(c) for c in claims]
-    write_json(folder / "results.json", results)
-    write_summary(
-        folder / "summary.md",
-        f"Layer-wise diagnostics of {model}",
-        claims,
-        command=f"aot inspect {model}" + (f" --data {data}" if data else "") + (f" --knn-k {knn_k}" if knn_k else ""),
-        figures=figures,
-        notes=[
-            f"Inputs: {inputs.shape[0]} × {source}.",
-            "Tokens measured after each layer's LayerNorm; head subspaces from the MSSA projection "
-            "(MHSA: value projection).",
-            f"Wall time {results['seconds']:.0f} s.",
-        ],
+        study.results["knn_comparison"] = _knn_comparison(study, network, inputs, knn_k)
+    study.claim(
+        "coding rate R(Z), first → last layer",
+        f"{rows['rate'][0]:.1f} → {rows['rate'][-1]:.1f}",
+        "compression: tokens move towards low-dimensional subspaces with depth",
     )
-    return results
+    study.claim(
+        "R − R_c, first → last layer",
+        f"{rows['rate_gap'][0]:.1f} → {rows['rate_gap'][-1]:.1f}",
+        "grows when the tokens concentrate on the heads' subspaces",
+    )
+    study.claim(
+        "mean head energy share, first → last layer",
+        f"{energy[0].mean():.3f} → {energy[-1].mean():.3f} (random {random_share:.3f})",
+        "> random when heads capture the tokens",
+    )
+    study.note(f"Inputs: {inputs.shape[0]} × {source}.")
+    study.note(
+        "Tokens measured after each layer's LayerNorm; head subspaces from the MSSA projection "
+        "(MHSA: value projection)."
+    )
+    return study.finish()
 
 
-def _knn_comparison(network, inputs: torch.Tensor, knn_k: float | int, folder: Path) -> tuple[dict, str]:
+def _knn_comparison(study: Study, network, inputs: torch.Tensor, knn_k: float | int) -> dict:
     """KVT Fig. 2's three metrics per layer with the model's dense attention and with k-NN attention (`knn_k`)."""
     from ..attention_aot import check_knn_k
     from .knn_evidence import layer_diagnostics, plot_layer_diagnostics, set_k
@@ -292,6 +230,5 @@ def _knn_comparison(network, inputs: torch.Tensor, knn_k: float | int, folder: P
             series[name] = layer_diagnostics(network, inputs)
     finally:
         set_k(network, original)
-    fig, axes = new_figure(ncols=3)
-    plot_layer_diagnostics(axes, series)
-    return series, save_figure(fig, folder / "knn_comparison.png")
+    plot_layer_diagnostics(study.figure("knn_comparison.png", ncols=3), series)
+    return series

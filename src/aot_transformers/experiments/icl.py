@@ -9,17 +9,15 @@ squared error at every prefix; the evaluation curve is that error, divided by th
 for linear, = sparsity for sparse tasks, as Garg et al. normalise), against the number of in-context examples, with
 least squares and Lasso as baselines.
 
-Two token layouts (`tokens=`): `"garg"` is Garg et al.'s, above. `"pairs"` (the default) gives every token one extra
-coordinate and lets the y token carry its x: x-token (x_i, 0), y-token (x_i, f(x_i)). The prompt, the causal order
-and what each prediction may see are the same; what changes is that the model no longer has to copy x_i into the
-next token before it can relate x_i to f(x_i). That copy needs a previous-token head, which MSSA's symmetric scores
-⟨u_i, u_j⟩ (query = key) make hard to learn: on the CPU budget AoT-MSSA does not learn in context with Garg's
-tokens (normalised error 0.68 at 2d examples, flat in the number of examples), and does with pairs (README).
+Two token layouts (`tokens=`): `"garg"` is Garg et al.'s, above; `"pairs"` (the default) lets the y token carry its
+x: x-token (x_i, 0), y-token (x_i, f(x_i)). What each prediction may see is the same, but the model no longer needs
+a previous-token head to copy x_i next to f(x_i), which MSSA's symmetric scores (query = key) make hard to learn.
 """
 
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,6 @@ from .study import (
     Count,
     Positive,
     Seed,
-    Stopwatch,
     Study,
     StudyOptions,
     arg,
@@ -42,6 +39,7 @@ from .study import (
     check_int,
     check_real,
     make_generator,
+    set_axes,
 )
 
 TASKS = ("linear", "sparse_linear")
@@ -58,18 +56,10 @@ def sample_prompts(
     sparsity: int = 3,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Regression prompts: inputs x ~ N(0, I_d), a task vector w per prompt, and targets wᵀx.
+    """B regression prompts of N examples: inputs x ~ N(0, I_d), a task vector w per prompt, and targets wᵀx.
 
-    Args:
-        batch_size: Number of prompts B.
-        num_points: Examples per prompt N.
-        dim: d.
-        task: `"linear"` or `"sparse_linear"` (w keeps `sparsity` random coordinates).
-        sparsity: Non-zero coordinates of sparse tasks, at most d.
-        generator: Random generator.
-
-    Returns:
-        `xs` (B, N, d), `ys` (B, N), `weights` (B, d).
+    `task` is `"linear"` or `"sparse_linear"` (w keeps `sparsity` <= d random coordinates). Returns `xs` (B, N, d),
+    `ys` (B, N) and `weights` (B, d).
     """
     check_int("batch_size", batch_size)
     check_int("num_points", num_points)
@@ -115,20 +105,14 @@ def interleave(xs: torch.Tensor, ys: torch.Tensor, tokens: str = "garg") -> torc
 def backbone_config(
     kind: str, hidden_size: int = 64, num_layers: int = 8, num_heads: int = 4, max_points: int = 41
 ) -> AoTConfig:
-    """The backbone of one of the compared models.
+    """The backbone of one of the compared models, for prompts of up to `max_points` examples (2 tokens each).
 
-    Args:
-        kind: `"aot-mssa"` (AoT: MSSA, no MLP, unit-norm queries as in the causal AoT), `"aot-mhsa"` (AoT with
-            standard attention, no MLP), `"transformer"` (MHSA with an MLP in every layer, GPT-2-style), or the
-            earlier version's Fig. 6 variants of AoT-MSSA with MLPs: `"aot-hybrid"` (MLP blocks in the first half
-            of the layers) and `"aot-full-mlp"` (an MLP in every layer).
-            AoT-MSSA starts from weights of standard deviation 0.1 instead of 0.02: with unit-norm queries the
-            scores are ⟨q/‖q‖, k⟩ ≈ ‖k‖, so small weights make every attention map uniform and, on this task, MSSA
-            then never leaves the predict-zero plateau (measured: loss flat at 1.0 for 3,000 steps at 0.02).
-        hidden_size: Width.
-        num_layers: Layers.
-        num_heads: Heads.
-        max_points: Longest prompt, in examples (2 tokens each).
+    `kind`: `"aot-mssa"` (AoT: MSSA, no MLP, unit-norm queries as in the causal AoT), `"aot-mhsa"` (AoT with standard
+    attention, no MLP), `"transformer"` (MHSA with an MLP in every layer, GPT-2-style), or the earlier version's Fig. 6
+    variants of AoT-MSSA with MLPs: `"aot-hybrid"` (MLP blocks in the first half of the layers) and `"aot-full-mlp"`
+    (an MLP in every layer). AoT-MSSA starts from weights of standard deviation 0.1 instead of 0.02: with unit-norm
+    queries the scores are ⟨q/‖q‖, k⟩ ≈ ‖k‖, so small weights make every attention map uniform and, on this task,
+    MSSA then never leaves the predict-zero plateau.
     """
     check_choice("kind", kind, MODELS)
     return AoTConfig(
@@ -197,23 +181,10 @@ def train_regressor(
     log_every: int = 100,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Train on fresh prompts with the squared error at every prefix (AdamW, linear warm-up, cosine decay).
-
-    Args:
-        model: The regressor.
-        task: `"linear"` or `"sparse_linear"`.
-        num_points: Examples per training prompt.
-        steps: Optimiser steps.
-        batch_size: Prompts per step.
-        lr: Peak learning rate.
-        warmup_steps: Linear warm-up steps.
-        sparsity: Non-zeros of sparse tasks.
-        time_limit: Stop early after this many seconds (the CPU-budget guard); None for no limit.
-        log_every: Record the loss (normalised by the zero estimator's error) every this many steps.
-        seed: Seed of the prompts.
-
-    Returns:
-        `steps`/`loss` history, `steps_done`, `seconds`.
+    """Train on fresh prompts with the squared error at every prefix (AdamW at peak `lr`, linear warm-up, cosine
+    decay), `steps` steps of `batch_size` prompts of `num_points` examples, stopping early after `time_limit` seconds
+    (the CPU-budget guard; None for no limit). The loss, normalised by the zero estimator's error, is recorded every
+    `log_every` steps; returns that `steps`/`loss` history, `steps_done` and `seconds`.
     """
     check_int("steps", steps)
     check_real("lr", lr, 0.0, open_min=True)
@@ -228,7 +199,7 @@ def train_regressor(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     normaliser = zero_estimator_error(model.dim, task, sparsity)
     history: dict[str, list[float]] = {"steps": [], "loss": []}
-    clock = Stopwatch()
+    start = time.perf_counter()
     model.train()
     running, count, step = 0.0, 0, 0
     for step in range(steps):
@@ -244,17 +215,10 @@ def train_regressor(
             history["steps"].append(step + 1)
             history["loss"].append(running / count / normaliser)
             running, count = 0.0, 0
-        if time_limit is not None and clock.seconds() > time_limit:
+        if time_limit is not None and time.perf_counter() - start > time_limit:
             break
     model.eval()
-    return {**history, "steps_done": step + 1, "seconds": clock.seconds()}
-
-
-@torch.no_grad()
-def model_errors(model: InContextRegressor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-    """Squared error (B, N) of the model's prediction of each y_i from the examples before it."""
-    model.eval()
-    return (model(xs, ys) - ys).square()
+    return {**history, "steps_done": step + 1, "seconds": time.perf_counter() - start}
 
 
 def least_squares_errors(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
@@ -319,9 +283,6 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-TITLE = "In-context regression (AoT Fig. 6, after Garg et al.)"
-
-
 def _layers(kind: str, o: Options) -> int:
     """Layers per model: the earlier version matches sizes by depth (transformer, Full MLP 16; Hybrid 24; AoT 16)."""
     return {
@@ -352,7 +313,8 @@ def task_curves(study: Study, o: Options, task: str, time_limit: float, ax) -> N
         history = train_regressor(
             model, task, num_points, o.steps, o.batch_size, o.lr, sparsity=sparsity, time_limit=time_limit, seed=o.seed
         )
-        curves[kind] = error_curve(model_errors(model, xs, ys), normaliser)
+        with torch.no_grad():  # `train_regressor` leaves the model in eval mode
+            curves[kind] = error_curve((model(xs, ys) - ys).square(), normaliser)
         training[kind] = {
             **history,
             "layers": layers,
@@ -363,13 +325,8 @@ def task_curves(study: Study, o: Options, task: str, time_limit: float, ax) -> N
         style = "--" if name == "least squares" or name.startswith("Lasso") else "-"
         ax.plot(range(num_points), curve, style, label=name)
     ax.axvline(dim, color="grey", lw=0.5)
-    ax.set(
-        title=f"{task.replace('_', ' ')} regression, d = {dim}",
-        xlabel="in-context examples",
-        ylabel="squared error / zero-estimator error",
-        ylim=(0, 1.25),
-    )
-    ax.legend(fontsize=7)
+    title, ylabel = f"{task.replace('_', ' ')} regression, d = {dim}", "squared error / zero-estimator error"
+    set_axes(ax, fontsize=7, title=title, xlabel="in-context examples", ylabel=ylabel, ylim=(0, 1.25))
     at = 2 * dim if task == "linear" else min(num_points - 1, 2 * dim)
     baseline = curves["least squares"] if task == "linear" else curves[f"Lasso (α={o.lasso_alpha})"]
     for kind in o.models:
@@ -402,7 +359,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     check_int("num_points", o.num_points, 2 * dim + 1)
     if "sparse_linear" in tasks:
         check_int("sparsity", o.sparsity, 1, dim)
-    study = Study("icl", TITLE, o, out)
+    study = Study("icl", "In-context regression (AoT Fig. 6, after Garg et al.)", o, out)
     study.results["tasks"] = {}
     seconds_per_model = o.time_budget * 0.9 / (len(tasks) * len(models))  # a tenth for evaluation, baselines
     axes = study.figure("icl_error_curves.png", ncols=len(tasks))

@@ -21,7 +21,7 @@ import torch
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
-from .study import Count, Range, Seed, Study, StudyOptions, arg, check_int, check_real, make_generator
+from .study import Count, Range, Seed, Study, StudyOptions, arg, check_int, check_real, make_generator, set_axes
 from .subspace import subspace_attention
 
 ARCHITECTURES = ("aot", "vit")
@@ -37,20 +37,10 @@ def sample_noisy_tokens(
     num_trials: int = 1,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens of the noise-distillation setting: relevant tokens around μ, noisy ones around other means.
-
-    Args:
-        num_tokens: n.
-        dim: d.
-        noise_ratio: r in [0, 1): the fraction of noisy tokens (rounded down; at least one token stays relevant).
-        num_noise_means: Number of other means the noisy tokens are drawn around.
-        mean_norm: Norm of every mean (μ and the others are independent random directions).
-        sigma: Standard deviation of each token around its mean.
-        num_trials: Independent sets of tokens B.
-        generator: Random generator.
-
-    Returns:
-        `tokens` (B, n, d), `relevant` boolean (B, n), `mu` (B, d).
+    """B = `num_trials` sets of n tokens in R^d of the noise-distillation setting: relevant tokens around μ, a fraction
+    r = `noise_ratio` in [0, 1) of noisy ones (rounded down; at least one token stays relevant) around
+    `num_noise_means` other means. Every mean has norm `mean_norm` (independent random directions); each token lies
+    `sigma` (standard deviation) around its mean. Returns `tokens` (B, n, d), `relevant` boolean (B, n), `mu` (B, d).
     """
     check_int("num_tokens", num_tokens, 2)
     check_int("dim", dim)
@@ -141,46 +131,6 @@ def vision_config(
     )
 
 
-def training_speed(
-    data_dir: str | Path | None = None,
-    per_class: int = 500,
-    epochs: int = 5,
-    batch_size: int = 64,
-    lr: float = 1e-3,
-    hidden_size: int = 96,
-    num_layers: int = 4,
-    knn_k: float = 0.5,
-    architectures: Sequence[str] = ARCHITECTURES,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Accuracy per epoch of each architecture, dense vs k-NN attention, on the same CIFAR-10 images and seed."""
-    images, labels = _vision.load_cifar10(data_dir, per_class)
-    data = _vision.split(images, labels, 0.2, seed)
-    mean, std = _vision.channel_stats(data["train_images"])
-    for part in ("train_images", "val_images"):
-        data[part] = _vision.normalise(data[part], mean, std)
-    runs = {}
-    for architecture in architectures:
-        for k in (None, knn_k):
-            torch.manual_seed(seed)
-            model = AoTForImageClassification(
-                vision_config(architecture, k, hidden_size=hidden_size, num_layers=num_layers)
-            )
-            history = _vision.train_classifier(model, data, epochs, batch_size, lr, seed=seed)
-            runs[f"{architecture}/{_k_label(k)}"] = {
-                **history,
-                "architecture": architecture,
-                "knn_k": k,
-                "parameters": sum(p.numel() for p in model.parameters()),
-            }
-    return {
-        "runs": runs,
-        "num_train": len(data["train_labels"]),
-        "num_val": len(data["val_labels"]),
-        "tokens_per_image": (32 // 4) ** 2 + 1,
-    }
-
-
 @dataclass
 class Options(StudyOptions):
     noise_ratios: list[Annotated[float, Range(0.0, 1.0, open_high=True)]] = arg(
@@ -198,9 +148,6 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-TITLE = "k-NN attention (KVT): noise distillation and training speed"
-
-
 def distillation(study: Study, o: Options) -> None:
     """KVT's noise-distillation lemma: ‖attention output − μ‖ of dense against top-k attention, per noise ratio."""
     ratios = o.noise_ratios
@@ -209,12 +156,10 @@ def distillation(study: Study, o: Options) -> None:
     axes = study.figure("noise_distillation.png")
     for label, curve in curves.items():
         axes[0, 0].plot(ratios, curve, marker="o", label=label)
-    axes[0, 0].set(
-        xlabel="noise ratio r (fraction of noisy tokens)",
-        ylabel="‖attention output − μ‖",
-        title=f"Noise distillation, n = {o.num_tokens}, d = {o.dim}",
+    title = f"Noise distillation, n = {o.num_tokens}, d = {o.dim}"
+    set_axes(
+        axes[0, 0], xlabel="noise ratio r (fraction of noisy tokens)", ylabel="‖attention output − μ‖", title=title
     )
-    axes[0, 0].legend()
     dense, half = curves["dense"], curves[_k_label(0.5)]
     high = [i for i, r in enumerate(ratios) if r >= 0.5]
     crossover = next((ratios[i] for i in range(len(ratios)) if half[i] < dense[i]), None)
@@ -234,30 +179,34 @@ def distillation(study: Study, o: Options) -> None:
 
 
 def speed(study: Study, o: Options) -> None:
-    """KVT's faster convergence: CIFAR-10 validation accuracy per epoch, dense against k = n/2, AoT and ViT."""
-    result = training_speed(
-        o.data_dir, o.per_class, o.epochs, hidden_size=o.hidden_size, num_layers=o.num_layers, seed=o.seed
-    )
-    study.results["training_speed"] = result
-    axes = study.figure("training_speed.png")
-    for name, record in result["runs"].items():
-        axes[0, 0].plot(
-            range(1, len(record["val_accuracy"]) + 1),
-            record["val_accuracy"],
-            marker="o",
-            linestyle="-" if record["knn_k"] is None else "--",
-            label=name,
-        )
-    axes[0, 0].set(
-        xlabel="epoch",
-        ylabel="validation accuracy",
-        title=f"CIFAR-10 ({result['num_train']} train images), {result['tokens_per_image']} tokens",
-    )
-    axes[0, 0].legend()
+    """KVT's faster convergence: CIFAR-10 validation accuracy per epoch, dense against k = n/2, AoT and ViT, with the
+    same images and seed."""
+    images, labels = _vision.load_cifar10(o.data_dir, o.per_class)
+    data = _vision.split(images, labels, 0.2, o.seed)
+    mean, std = _vision.channel_stats(data["train_images"])
+    for part in ("train_images", "val_images"):
+        data[part] = _vision.normalise(data[part], mean, std)
+    runs = {}
     for architecture in ARCHITECTURES:
-        dense, knn = result["runs"].get(f"{architecture}/dense"), result["runs"].get(f"{architecture}/k = 0.5·n")
-        if dense is None or knn is None:
-            continue
+        for k in (None, 0.5):
+            torch.manual_seed(o.seed)
+            config = vision_config(architecture, k, hidden_size=o.hidden_size, num_layers=o.num_layers)
+            model = AoTForImageClassification(config)
+            history = _vision.train_classifier(model, data, o.epochs, 64, 1e-3, seed=o.seed)
+            parameters = sum(p.numel() for p in model.parameters())
+            key = f"{architecture}/{_k_label(k)}"
+            runs[key] = dict(history, architecture=architecture, knn_k=k, parameters=parameters)
+    num_train, tokens = len(data["train_labels"]), (32 // 4) ** 2 + 1
+    record = {"runs": runs, "num_train": num_train, "num_val": len(data["val_labels"]), "tokens_per_image": tokens}
+    study.results["training_speed"] = record
+    axes = study.figure("training_speed.png")
+    for name, entry in runs.items():
+        style, accuracy = "-" if entry["knn_k"] is None else "--", entry["val_accuracy"]
+        axes[0, 0].plot(range(1, len(accuracy) + 1), accuracy, marker="o", linestyle=style, label=name)
+    title = f"CIFAR-10 ({num_train} train images), {tokens} tokens"
+    set_axes(axes[0, 0], xlabel="epoch", ylabel="validation accuracy", title=title)
+    for architecture in ARCHITECTURES:
+        dense, knn = runs[f"{architecture}/dense"], runs[f"{architecture}/k = 0.5·n"]
         first = min(len(dense["val_accuracy"]), len(knn["val_accuracy"]))
         early = sum(knn["val_accuracy"][:first]) / first - sum(dense["val_accuracy"][:first]) / first
         study.claim(
@@ -272,7 +221,7 @@ def speed(study: Study, o: Options) -> None:
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """Both k-NN studies (`Options`); `skip_training` runs the distillation part alone (seconds)."""
     o = Options.parse(options)
-    study = Study("knn", TITLE, o, out)
+    study = Study("knn", "k-NN attention (KVT): noise distillation and training speed", o, out)
     distillation(study, o)
     if not o.skip_training:
         speed(study, o)

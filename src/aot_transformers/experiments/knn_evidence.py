@@ -1,29 +1,22 @@
 """k-NN attention (KVT, Wang et al. 2022, https://arxiv.org/abs/2106.00515): the paper's evidence, measured here.
 
-1. **Slow vs fast definition** (Sec. 3.1, Eqs. 3–5; App. A.2, Table 3). The slow version picks each query's k
-   nearest keys by Euclidean distance; the fast one keeps the k largest scores q·k of each row. Since
-   ‖q − k‖² = ‖q‖² + ‖k‖² − 2 q·k, they select the same keys whenever the keys have equal norms, and may differ
-   otherwise. Measured: how often the selections agree, the largest output difference, and Table 3's timing ratio on
-   this CPU (a per-query PyTorch loop against the batched top-k).
-2. **Lemma 1** (Sec. 3.2, Eq. 6): the gradients of the attention output with respect to W_Q and W_K are
-   proportional to Var_a(x), the covariance of the tokens under a query's attention weights, so they shrink with k.
-   Measured on a trained classifier: the gradient norm of W_Q, W_K and the mean trace of Var_a(x) for several k.
+1. **Slow vs fast definition** (Sec. 3.1, Eqs. 3–5; App. A.2, Table 3): Euclidean k nearest keys against the k
+   largest scores q·k (the same keys when the keys have equal norms), and Table 3's timing ratio on this CPU.
+2. **Lemma 1** (Sec. 3.2, Eq. 6): the W_Q, W_K gradients are proportional to Var_a(x), so they shrink with k.
 3. **Lemma 3** (Sec. 3.2, Eq. 8): with k of order n·d^(−c), the k best-scoring keys contain every relevant one.
-   Measured on synthetic tokens where the relevant keys are known: the recall of relevant keys at
-   k = ceil(n·d^(−c)) as d grows.
-4. **Fig. 2**: per layer, dense vs k-NN, the cosine similarity between tokens (Eq. 9), the standard deviation of the
-   attention weights and the ratio ‖f_l(t)‖/‖t‖ of the residual branch to the main branch (also `aot inspect MODEL
-   --knn-k K`).
-5. **Fig. 1**: accuracy against k (several seeds, mean ± standard deviation) of a small ViT-shaped classifier on
-   MNIST digits, scaled to this CPU (the paper: DeiT-Tiny on ImageNet).
+4. **Fig. 2**: per layer, dense vs k-NN: token cosine similarity (Eq. 9), spread of the attention weights and the
+   residual-to-main-branch ratio (also `aot inspect MODEL --knn-k K`).
+5. **Fig. 1**: accuracy against k (several seeds) of a small ViT-shaped classifier on MNIST digits.
 6. **Figs 3–4**: the [CLS] attention maps of the dense and the k-NN model side by side.
+
+What each part measures and what held: README.md, section knn-evidence.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,9 +28,7 @@ from ..modeling_aot import AoTForImageClassification
 from . import _vision
 from .attention_maps import cls_attention_maps, layer_attentions
 from .knn import vision_config
-from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, make_generator
-
-TITLE = "KVT's evidence for k-NN attention: definitions, Lemmas 1 and 3, Figs 1–4"
+from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, make_generator, set_axes
 
 
 @dataclass
@@ -58,9 +49,7 @@ class Options(StudyOptions):
     data_dir: str | None = arg(None, "folder of the shared data (default: ../shared/data)")
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# 1. The two definitions (Sec. 3.1) and their cost (App. A.2).
-# --------------------------------------------------------------------------------------------------------------------
+# --- 1. The two definitions (Sec. 3.1) and their cost (App. A.2).
 
 
 def knn_slow(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k: int) -> torch.Tensor:
@@ -129,9 +118,7 @@ def slow_vs_fast(study: Study, o: Options) -> None:
     )
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# 3. Lemma 3 on planted data.
-# --------------------------------------------------------------------------------------------------------------------
+# --- 3. Lemma 3 on planted data.
 
 
 def relevant_recall(n: int, d: int, num_relevant: int, k: int, trials: int, generator: torch.Generator) -> dict:
@@ -164,8 +151,7 @@ def lemma3(study: Study, o: Options) -> None:
     axes[0, 0].set(xlabel="d", ylabel="recall of relevant keys", title=f"k = ceil(n d^-{c:g}), n = {n}")
     axes[0, 1].loglog(dims, [r["needed_k"] / n for r in rows], "o-", label="k needed / n")
     axes[0, 1].loglog(dims, [r["k"] / n for r in rows], "--", label=f"d^-{c:g}")
-    axes[0, 1].set(xlabel="d", ylabel="fraction of keys", title="smallest k keeping every relevant key")
-    axes[0, 1].legend()
+    set_axes(axes[0, 1], xlabel="d", ylabel="fraction of keys", title="smallest k keeping every relevant key")
     last = rows[-1]
     study.claim(
         f"Lemma 3: relevant keys kept at k = ceil(n d^-{c:g}) (n = {n}, {num_relevant} relevant)",
@@ -175,9 +161,7 @@ def lemma3(study: Study, o: Options) -> None:
     )
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Trained models: Fig. 1 (k sweep), Lemma 1, Fig. 2 and Figs 3–4 all read the same classifiers.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Trained models: Fig. 1 (k sweep), Lemma 1, Fig. 2 and Figs 3–4 all read the same classifiers.
 
 
 def _data(o: Options) -> dict[str, torch.Tensor]:
@@ -189,26 +173,22 @@ def _data(o: Options) -> dict[str, torch.Tensor]:
     return data
 
 
-def _classifier(o: Options, knn_k: float | None, seed: int) -> AoTForImageClassification:
-    torch.manual_seed(seed)
-    config = vision_config("vit", knn_k, image_size=28, patch_size=4, hidden_size=o.hidden_size,
-                           num_layers=o.num_layers, num_heads=4, num_channels=1)  # fmt: skip
-    return AoTForImageClassification(config)
-
-
 def k_sweep(study: Study, o: Options, data: dict) -> dict:
     """Fig. 1: validation accuracy for dense attention and every k, each trained with every seed."""
     models, table = {}, {}
     for k in [None, *o.k_fractions]:
         accuracies = []
         for seed in o.seeds:
-            model = _classifier(o, k, seed)
+            torch.manual_seed(seed)
+            config = vision_config("vit", k, image_size=28, patch_size=4, hidden_size=o.hidden_size,
+                                   num_layers=o.num_layers, num_heads=4, num_channels=1)  # fmt: skip
+            model = AoTForImageClassification(config)
             history = _vision.train_classifier(model, data, epochs=o.epochs, seed=seed, lr=o.lr, batch_size=32)
             accuracies.append(history["val_accuracy"][-1])
             models.setdefault(k, model)  # the first seed's model is inspected below
         table["dense" if k is None else f"{k:g}"] = accuracies
     study.results["k_sweep"] = {"val_accuracy": table, "tokens": 50}
-    stats = {name: (sum(a) / len(a), _std(a)) for name, a in table.items()}
+    stats = {name: (statistics.mean(a), statistics.stdev(a) if len(a) > 1 else 0.0) for name, a in table.items()}
     axes = study.figure("fig1_k_sweep.png")
     names = list(stats)
     axes[0, 0].errorbar(range(len(names)), [stats[n][0] for n in names], yerr=[stats[n][1] for n in names], fmt="o-",
@@ -224,11 +204,6 @@ def k_sweep(study: Study, o: Options, data: dict) -> dict:
         stats[best][0] - stats[best][1] > dense_mean + dense_std,  # separated by more than one std each
     )
     return models
-
-
-def _std(values: Sequence[float]) -> float:
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1))
 
 
 def set_k(model: AoTForImageClassification, knn_k: float | None) -> None:
@@ -247,15 +222,9 @@ def attention_variance_and_gradients(model: AoTForImageClassification, images) -
     Var_a(x) = Σ_j a_j x_j x_jᵀ − x̄ x̄ᵀ (x̄ = Σ_j a_j x_j) over heads and queries, with a a query's weights.
 
     Returns the norm of the gradients over all layers and the trace averaged over layers."""
-    tokens: list[torch.Tensor] = []
-    hooks = [layer.attention_norm.register_forward_hook(lambda m, i, out: tokens.append(out.detach()))
-             for layer in model.model.layers]  # fmt: skip
-    try:
-        with torch.no_grad():
-            model.model(images)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with torch.no_grad():  # each layer's input (the last hidden state is the output of the last layer), normalised
+        hidden = model.model(images, output_hidden_states=True, return_dict=True).hidden_states
+        tokens = [layer.attention_norm(x) for layer, x in zip(model.model.layers, hidden, strict=False)]
     generator = make_generator(11)
     squares, traces = 0.0, []
     for layer, x in zip(model.model.layers, tokens, strict=True):
@@ -340,12 +309,10 @@ def plot_layer_diagnostics(axes, series: dict[str, dict[str, list[float]]]) -> N
     for col, (metric, title) in enumerate(titles.items()):
         for name, values in series.items():
             axes[0, col].plot(range(len(values[metric])), values[metric], "o--", label=name)
-        axes[0, col].set(xlabel="layer", title=title)
-        axes[0, col].legend()
+        set_axes(axes[0, col], xlabel="layer", title=title)
 
 
-def fig2(study: Study, o: Options, models: dict, data: dict) -> None:
-    k = 0.5 if 0.5 in models else next(k for k in models if k is not None)
+def fig2(study: Study, models: dict, k: float, data: dict) -> None:
     images = data["val_images"][:128]
     series = {}
     for name, key in (("dense", None), (f"k={k:g}·n", k)):
@@ -370,9 +337,8 @@ def fig2(study: Study, o: Options, models: dict, data: dict) -> None:
     )
 
 
-def figs3_4(study: Study, models: dict, data: dict) -> None:
+def figs3_4(study: Study, models: dict, k: float, data: dict) -> None:
     """Dense and k-NN [CLS] attention (last layer, averaged over heads) of the same images, side by side."""
-    k = 0.5 if 0.5 in models else next(k for k in models if k is not None)
     images = data["val_images"][:6]
     axes = study.figure("figs3_4_attention_maps.png", ncols=len(images), nrows=3, size=(1.8, 1.8))
     for col in range(len(images)):
@@ -383,8 +349,7 @@ def figs3_4(study: Study, models: dict, data: dict) -> None:
         for col in range(len(images)):
             axes[row, col].imshow(maps[col], cmap="viridis")
     for ax in axes.flat:
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set(xticks=[], yticks=[])
     axes[1, 0].set_ylabel("dense")
     axes[2, 0].set_ylabel(f"k = {k:g}·n")
 
@@ -392,13 +357,14 @@ def figs3_4(study: Study, models: dict, data: dict) -> None:
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """Every claim of the module docstring (`Options`); the trained-model claims share one k sweep."""
     o = Options.parse(options)
-    study = Study("knn-evidence", TITLE, o, out)
+    study = Study("knn-evidence", "KVT's evidence for k-NN attention: definitions, Lemmas 1 and 3, Figs 1–4", o, out)
     slow_vs_fast(study, o)
     lemma3(study, o)
     data = _data(o)
     models = k_sweep(study, o, data)
     lemma1(study, o, models[None], data)
-    fig2(study, o, models, data)
-    figs3_4(study, models, data)
+    k = 0.5 if 0.5 in models else next(k for k in models if k is not None)  # the k-NN model compared with dense
+    fig2(study, models, k, data)
+    figs3_4(study, models, k, data)
     study.note("Models: ViT-shaped (MHSA + MLP), 28x28 MNIST in 4x4 patches (49 patches + [CLS]), trained here.")
     return study.finish()

@@ -2,11 +2,8 @@
 
 A study module declares `Options`, a dataclass of typed fields checked when it is built; `HfArgumentParser` turns it
 into the `aot experiment NAME` flags, so the Python API and the command read one declaration. Its
-`run(out=None, **options)` opens a
-`Study`, calls one function per figure or claim, each adding claims, figures and numbers to the record, and returns
-`study.finish()`, which writes the same three kinds of artifact into the output folder: `results.json` (every
-measured number and the options that produced it), PNG figures, and `summary.md`, a table that puts each measured
-value beside the paper's claim.
+`run(out=None, **options)` opens a `Study`, calls one function per figure or claim, each adding claims, figures and
+numbers to the record, and returns `study.finish()`, which writes `results.json`, the PNG figures and `summary.md`.
 """
 
 from __future__ import annotations
@@ -27,9 +24,7 @@ from .. import _io
 DEFAULT_OUTPUT_ROOT = Path("out") / "experiments"
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Argument checks: a bad option raises ValueError naming the argument, the value and what is allowed.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Argument checks: a bad option raises ValueError naming the argument, the value and what is allowed.
 
 
 def check_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
@@ -76,9 +71,7 @@ def make_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Artifacts.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Artifacts.
 
 
 def output_dir(out: str | Path | None, study: str) -> Path:
@@ -97,19 +90,6 @@ def output_dir(out: str | Path | None, study: str) -> Path:
     return path
 
 
-def require_matplotlib(command: str) -> None:
-    """Say which extra to install when matplotlib is missing, before any work (every study writes figures)."""
-    import importlib.util
-
-    from ..errors import UsageError
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError(
-            f"{command} draws its figures with matplotlib, which is not installed: "
-            "pip install 'aot-transformers[experiments]'"
-        )
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return _jsonable(value.detach().cpu().tolist())
@@ -126,11 +106,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> Path:
-    """Write `payload` (tensors, paths and numpy scalars converted) as indented JSON, atomically, keys in order."""
-    return _io.write_json(path, _jsonable(payload), indent=2, sort_keys=False)
-
-
 @dataclass
 class Claim:
     """One row of a study's summary: a measured quantity beside what the paper states."""
@@ -141,32 +116,10 @@ class Claim:
     holds: bool | None = None  # None: reported only, no pass/fail criterion
 
 
-def write_summary(
-    path: Path,
-    title: str,
-    claims: Iterable[Claim],
-    *,
-    command: str,
-    notes: Sequence[str] = (),
-    figures: Sequence[str] = (),
-) -> Path:
-    """Write the markdown summary: the command, a measured-vs-paper table, figures and notes."""
-    lines = [
-        f"# {title}",
-        "",
-        f"Command: `{command}`",
-        "",
-        "| quantity | measured | paper | matches |",
-        "|---|---|---|---|",
-    ]
-    verdicts = {True: "yes", False: "**no**", None: "—"}
-    lines += [f"| {c.quantity} | {c.measured} | {c.paper} | {verdicts[c.holds]} |" for c in claims]
-    if figures:
-        lines += ["", "Figures: " + ", ".join(f"[{name}]({name})" for name in figures)]
-    if notes:
-        lines += ["", *[f"- {note}" for note in notes]]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def set_axes(ax, fontsize: float | None = None, **labels: Any) -> None:
+    """`ax.set(**labels)` (title, axis labels, limits) and a legend of the plotted lines in font size `fontsize`."""
+    ax.set(**labels)
+    ax.legend(fontsize=fontsize)
 
 
 def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 3.6)):
@@ -178,25 +131,7 @@ def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0,
     return fig, axes
 
 
-def save_figure(fig, path: Path) -> str:
-    """Save `fig` as PNG and return its file name (for the summary's figure list)."""
-    fig.savefig(path, dpi=120)
-    return path.name
-
-
-class Stopwatch:
-    """Wall-clock seconds since creation, for the time budgets written into results.json."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-
-    def seconds(self) -> float:
-        return time.perf_counter() - self.start
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Options: one dataclass per study, parsed by `HfArgumentParser` on the command line and checked on construction.
-# --------------------------------------------------------------------------------------------------------------------
+# --- Options: one dataclass per study, parsed by `HfArgumentParser` on the command line and checked on construction.
 
 
 @dataclass(frozen=True)
@@ -291,19 +226,21 @@ class StudyOptions:
         return " ".join(parts)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# The study record.
-# --------------------------------------------------------------------------------------------------------------------
+# --- The study record.
 
 
 @dataclass
 class Study:
-    """The record a study fills: numbers (`results`), claims, figures and notes; `finish` writes the artifacts."""
+    """The record a study fills: numbers (`results`), claims, figures and notes; `finish` writes the artifacts.
+
+    `command` is the line written into the summary, by default `options.command(name)`; `aot inspect` has no options.
+    """
 
     name: str
     title: str
-    options: StudyOptions
+    options: StudyOptions | None
     out: str | Path | None = None
+    command: str | None = None
     results: dict[str, Any] = field(default_factory=dict)
     claims: list[Claim] = field(default_factory=list)
     figures: list[str] = field(default_factory=list)
@@ -311,7 +248,7 @@ class Study:
 
     def __post_init__(self) -> None:
         self.folder = output_dir(self.out, self.name)
-        self.clock = Stopwatch()
+        self.start = time.perf_counter()
         self._drawn: list[tuple[Any, str]] = []
 
     def claim(self, quantity: str, measured: str, paper: str, holds: bool | None = None) -> Claim:
@@ -331,23 +268,21 @@ class Study:
         self.notes.append(text)
 
     def finish(self) -> dict[str, Any]:
-        """Write results.json and summary.md; return the results (options, numbers, claims, seconds)."""
+        """Write the PNGs, results.json (every number, the options and the claims) and summary.md, a table that puts
+        each measured value beside the paper's claim; return the results."""
         for fig, filename in self._drawn:
-            save_figure(fig, self.folder / filename)
-        results = {
-            "study": self.name,
-            "options": asdict(self.options),
-            **self.results,
-            "seconds": self.clock.seconds(),
-            "claims": [asdict(claim) for claim in self.claims],
-        }
-        write_json(self.folder / "results.json", results)
-        write_summary(
-            self.folder / "summary.md",
-            self.title,
-            self.claims,
-            command=self.options.command(self.name),
-            figures=self.figures,
-            notes=[*self.notes, f"Wall time {results['seconds']:.0f} s."],
-        )
+            fig.savefig(self.folder / filename, dpi=120)
+        options = {} if self.options is None else {"options": asdict(self.options)}
+        results = {"study": self.name, **options, **self.results, "seconds": time.perf_counter() - self.start}
+        results["claims"] = [asdict(claim) for claim in self.claims]
+        _io.write_json(self.folder / "results.json", _jsonable(results), indent=2, sort_keys=False)
+        verdicts = {True: "yes", False: "**no**", None: "—"}
+        lines = [f"# {self.title}", "", f"Command: `{self.command or self.options.command(self.name)}`", ""]
+        lines += ["| quantity | measured | paper | matches |", "|---|---|---|---|"]
+        lines += [f"| {c.quantity} | {c.measured} | {c.paper} | {verdicts[c.holds]} |" for c in self.claims]
+        if self.figures:
+            lines += ["", "Figures: " + ", ".join(f"[{name}]({name})" for name in self.figures)]
+        notes = [*self.notes, f"Wall time {results['seconds']:.0f} s."]
+        lines += ["", *[f"- {note}" for note in notes]]
+        (self.folder / "summary.md").write_text("\n".join(lines) + "\n")
         return results

@@ -8,18 +8,19 @@ from collections.abc import Callable
 
 import torch
 
-from ..attention_aot import _knn_keep, _max_knn_k
+from ..attention_aot import _knn_threshold, _max_knn_k
 
 
 def _apply_phi(
     scores: torch.Tensor, phi: str | Callable[[torch.Tensor], torch.Tensor], mask: torch.Tensor | None
 ) -> torch.Tensor:
-    if callable(phi):
-        return phi(scores if mask is None else scores.masked_fill(~mask, float("-inf")))
-    if phi == "softmax":
-        return torch.softmax(scores if mask is None else scores.masked_fill(~mask, float("-inf")), dim=-1)
     if phi == "linear":
         return scores if mask is None else scores.masked_fill(~mask, 0.0)
+    masked = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+    if callable(phi):
+        return phi(masked)
+    if phi == "softmax":
+        return torch.softmax(masked, dim=-1)
     raise ValueError(f"`phi` must be 'softmax', 'linear' or a callable, got {phi!r}.")
 
 
@@ -41,16 +42,13 @@ def subspace_attention(
     projection instead of `[U_1 … U_K]` and, in the causal LM, normalises the queries.
 
     Args:
-        hidden_states: Tokens `X` of shape (B, N, d).
+        hidden_states: Tokens `X` of shape (B, N, d), the shape of the output.
         subspaces: Bases `U_k` of shape (K, d, p) (K heads of rank p).
         phi: `"softmax"` over the keys, `"linear"` (scores used as weights), or a callable applied to the
             (B, K, N, N) score tensor (masked entries set to -inf) returning weights of the same shape.
         scaling: Factor on the scores.
         attention_mask: Boolean (B or 1, 1 or K, N, N), True where a query may attend to a key.
         knn_k: Keep only the top-k scores per query before φ (dropped scores become -inf for softmax, 0 for linear).
-
-    Returns:
-        Tensor of shape (B, N, d).
     """
     if hidden_states.dim() != 3 or subspaces.dim() != 3 or hidden_states.shape[-1] != subspaces.shape[1]:
         raise ValueError(
@@ -64,7 +62,7 @@ def subspace_attention(
         full_mask = None if mask is None else mask.expand_as(scores)
         masked = scores if mask is None else scores.masked_fill(~full_mask, float("-inf"))
         with torch.no_grad():
-            rejected = _knn_keep(masked.detach(), full_mask, knn_k, _max_knn_k(knn_k, scores.shape[-1]))[0]
+            rejected = _knn_threshold(masked.detach(), full_mask, knn_k, _max_knn_k(knn_k, scores.shape[-1]))[2] == 0
         mask = ~rejected
     weights = _apply_phi(scores, phi, mask)
     mixed = torch.matmul(weights.to(projected.dtype), projected)  # (B, K, N, p)
