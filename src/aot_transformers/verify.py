@@ -156,12 +156,8 @@ def _auto_map_entries(auto_map: Any) -> list[tuple[str, Any]]:
     """(key, reference) pairs of an `auto_map` (a tokenizer maps a key to a [slow, fast] pair)."""
     if not isinstance(auto_map, dict):
         return [("auto_map", auto_map)]
-    pairs = []
-    for key, value in auto_map.items():
-        for reference in value if isinstance(value, (list, tuple)) else [value]:
-            if reference is not None:
-                pairs.append((key, reference))
-    return pairs
+    references = {key: value if isinstance(value, (list, tuple)) else [value] for key, value in auto_map.items()}
+    return [(key, reference) for key, values in references.items() for reference in values if reference is not None]
 
 
 def _check_auto_map(folder: Path, path: Path, report: VerifyReport) -> None:

@@ -108,8 +108,7 @@ class ClozeExample:
         return stripped, context[len(stripped) :] + candidate + after
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Documents from lines (shared by the local parsers and the Hub loaders, so both give identical documents)
+# --- Documents from lines (shared by the local parsers and the Hub loaders, so both give identical documents).
 
 
 def wikitext_documents(lines: Iterable[str], source: str | Path = "<wikitext>") -> list[str]:
@@ -218,8 +217,7 @@ def cloze_example(
     return ClozeExample(tuple(sentences), question, answer, candidates)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Local files
+# --- Local files.
 
 
 def _read_lines(path: str | Path) -> list[str]:

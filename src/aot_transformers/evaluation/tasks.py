@@ -182,8 +182,7 @@ def parse_task_names(tasks: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Data sources
+# --- Data sources.
 
 
 @dataclass(frozen=True)
@@ -295,8 +294,7 @@ def load_source(source: DataSource) -> list:
     return spec.from_rows(rows, hub.describe())
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Running the tasks
+# --- Running the tasks.
 
 
 def count_words(text: str) -> int:
