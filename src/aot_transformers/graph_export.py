@@ -119,16 +119,21 @@ def export_spec(model: AoTPreTrainedModel, batch_size: int = 2, sequence_length:
             f"{sequence_length}."
         )
     sequence = torch.export.Dim("sequence", max=limit)
-    input_ids = torch.randint(0, config.vocab_size, (batch_size, sequence_length), generator=generator)
-    input_ids = input_ids.to(parameter.device)
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[0, : sequence_length // 2] = 0  # left padding in the example, so the mask is not all ones
+    example = _text_inputs(config, batch_size, sequence_length, generator, padded_row=0)  # a mask not all ones
     return ExportSpec(
         module=CausalLMLogits(model).eval(),
-        example_inputs={"input_ids": input_ids, "attention_mask": attention_mask},
+        example_inputs={name: tensor.to(parameter.device) for name, tensor in example.items()},
         dynamic_shapes={"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: sequence}},
         output_name="logits" if isinstance(model, AoTForCausalLM) else "last_hidden_state",
     )
+
+
+def _text_inputs(config, batch: int, length: int, generator: torch.Generator, padded_row: int) -> dict:
+    """Random `input_ids` (batch, length) and an `attention_mask` that left-pads half of row `padded_row`, if any."""
+    input_ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[padded_row : padded_row + 1, : length // 2] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 def _first_line(error: Exception) -> str:
@@ -214,14 +219,8 @@ def _check_inputs(spec: ExportSpec, model: AoTPreTrainedModel) -> list[dict[str,
     if "pixel_values" in spec.example_inputs:
         size = (config.num_channels, config.image_size, config.image_size)
         return [{"pixel_values": torch.randn(batch, *size, generator=generator)} for batch in (1, 3)]
-    checks = []
-    for batch, length in ((3, min(5, config.max_position_embeddings)), (1, min(13, config.max_position_embeddings))):
-        input_ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator)
-        attention_mask = torch.ones_like(input_ids)
-        if batch > 1:
-            attention_mask[1, : length // 2] = 0
-        checks.append({"input_ids": input_ids, "attention_mask": attention_mask})
-    return checks
+    shapes = ((3, min(5, config.max_position_embeddings)), (1, min(13, config.max_position_embeddings)))
+    return [_text_inputs(config, batch, length, generator, padded_row=1) for batch, length in shapes]
 
 
 def _check_written(path: Path, spec: ExportSpec, model: AoTPreTrainedModel, opset_version: int | None) -> None:
