@@ -6,8 +6,6 @@ Importing the package registers `AoTConfig` and the model classes with transform
 `trust_remote_code=True`.
 """
 
-import importlib.util
-
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -17,7 +15,7 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
-from . import shared_projection  # noqa: F401  (registers MSSA's CPU training backend)
+from . import peft_defaults, shared_projection  # noqa: F401  (shared_projection registers MSSA's CPU training backend)
 from .attention_aot import knn_attention_forward
 from .configuration_aot import AoTConfig
 from .hub import export_model
@@ -52,19 +50,9 @@ AoTForTokenClassification.register_for_auto_class("AutoModelForTokenClassificati
 AoTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
 
 
-def _peft_installed() -> bool:
-    try:
-        return importlib.util.find_spec("peft") is not None
-    except (ImportError, ValueError):  # a parent package that fails, or a module set to None in sys.modules
-        return False
-
-
 # PEFT's default LoRA targets for model_type "aot" (`LoraConfig(task_type=...)` without `target_modules`); peft is
-# an optional dependency: without it nothing is imported.
-if _peft_installed():
-    from .peft_defaults import register as _register_peft_defaults
-
-    _register_peft_defaults()
+# an optional dependency: without it nothing is registered.
+peft_defaults.register()
 
 __all__ = [
     "AoTConfig",

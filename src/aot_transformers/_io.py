@@ -16,11 +16,12 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from .modeling_aot import CODE_FILES, PICKLE_SUFFIXES
+from .errors import UsageError
+from .modeling_aot import PICKLE_SUFFIXES
 
 EVAL_RESULTS_DIR = ".eval_results"  # the Hub's folder of evaluation results, the one hidden folder a push uploads
 LOCK_FILE = ".aot.lock"
@@ -62,24 +63,12 @@ def process_alive(pid: int) -> bool:
 
 
 def fsync_directory(folder: Path) -> None:
-    try:
+    with suppress(OSError):  # a platform without directory handles (Windows): the rename itself is still atomic
         descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:  # a platform without directory handles (Windows): the rename itself is still atomic
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
-
-
-def _fsync_tree(folder: Path) -> None:
-    for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    fsync_directory(folder)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 def temporary_prefix(path: Path) -> str:
@@ -126,6 +115,17 @@ def write_json(path: str | os.PathLike, data: Any, indent: int = 1, sort_keys: b
     return Path(path)
 
 
+def load_json(path: str | os.PathLike, what: str = "") -> Any:
+    """The JSON in `path`, or a `UsageError` naming the file (and the line) and then `what`."""
+    what = f"; {what}" if what else ""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{path}, line {error.lineno}: not JSON ({error.msg}){what}.") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{path} cannot be read ({type(error).__name__}: {error}){what}.") from None
+
+
 def read_json(path: str | os.PathLike) -> Any | None:
     """The JSON in `path`, or None when it is missing, empty, truncated or not JSON (treated as absent)."""
     try:
@@ -151,7 +151,11 @@ def atomic_folder(target: str | os.PathLike, overwrite: bool = True) -> Iterator
         (staging / STAGING_MARKER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
         yield staging
         (staging / STAGING_MARKER).unlink()
-        _fsync_tree(staging)
+        for path in staging.rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+        fsync_directory(staging)
         backup = None
         if target.exists():
             backup = target.with_name(f".{target.name}.old")
@@ -213,24 +217,3 @@ def lock_folder(lock_path: str | os.PathLike):
     except OSError as error:
         raise FolderLockedError(Path(lock_path), error) from None
     return lock
-
-
-__all__ = [
-    "CODE_FILES",
-    "EVAL_RESULTS_DIR",
-    "LOCK_FILE",
-    "PICKLE_SUFFIXES",
-    "STAGING_MARKER",
-    "FolderLockedError",
-    "atomic_folder",
-    "atomic_write_text",
-    "is_hub_id",
-    "is_pickle_name",
-    "lock_folder",
-    "looks_like_path",
-    "read_json",
-    "remove_stale_staging",
-    "remove_stale_temporaries",
-    "temporary_prefix",
-    "write_json",
-]

@@ -78,7 +78,7 @@ def _subcommand_registrars():
     """`register(subcommands)` of each command group: training (`train`, `push`, `demo`), `eval`, `experiment`."""
     import importlib
 
-    optional = ("datasets", "evaluate", "lm_eval", "matplotlib", "accelerate", "tokenizers", "sklearn")
+    optional = ("datasets", "lm_eval", "matplotlib", "accelerate", "tokenizers", "sklearn")
     for group in ("training", "evaluation", "experiments"):
         module = f"{__package__}.{group}.cli"
         try:

@@ -15,10 +15,8 @@ graph serves every length up to `max_position_embeddings`. The ONNX dependencies
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ._io import remove_stale_temporaries, temporary_prefix
+from ._io import load_json, remove_stale_temporaries, temporary_prefix
+from .errors import run_command
 from .modeling_aot import AoTForCausalLM, AoTForImageClassification, AoTModel, AoTPreTrainedModel
 
 # What a saved folder's `architectures[0]` must be for `aot export onnx`, and the class that loads it.
@@ -120,16 +119,21 @@ def export_spec(model: AoTPreTrainedModel, batch_size: int = 2, sequence_length:
             f"{sequence_length}."
         )
     sequence = torch.export.Dim("sequence", max=limit)
-    input_ids = torch.randint(0, config.vocab_size, (batch_size, sequence_length), generator=generator)
-    input_ids = input_ids.to(parameter.device)
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[0, : sequence_length // 2] = 0  # left padding in the example, so the mask is not all ones
+    example = _text_inputs(config, batch_size, sequence_length, generator, padded_row=0)  # a mask not all ones
     return ExportSpec(
         module=CausalLMLogits(model).eval(),
-        example_inputs={"input_ids": input_ids, "attention_mask": attention_mask},
+        example_inputs={name: tensor.to(parameter.device) for name, tensor in example.items()},
         dynamic_shapes={"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: sequence}},
         output_name="logits" if isinstance(model, AoTForCausalLM) else "last_hidden_state",
     )
+
+
+def _text_inputs(config, batch: int, length: int, generator: torch.Generator, padded_row: int) -> dict:
+    """Random `input_ids` (batch, length) and an `attention_mask` that left-pads half of row `padded_row`, if any."""
+    input_ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[padded_row : padded_row + 1, : length // 2] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 def _first_line(error: Exception) -> str:
@@ -215,24 +219,25 @@ def _check_inputs(spec: ExportSpec, model: AoTPreTrainedModel) -> list[dict[str,
     if "pixel_values" in spec.example_inputs:
         size = (config.num_channels, config.image_size, config.image_size)
         return [{"pixel_values": torch.randn(batch, *size, generator=generator)} for batch in (1, 3)]
-    checks = []
-    for batch, length in ((3, min(5, config.max_position_embeddings)), (1, min(13, config.max_position_embeddings))):
-        input_ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator)
-        attention_mask = torch.ones_like(input_ids)
-        if batch > 1:
-            attention_mask[1, : length // 2] = 0
-        checks.append({"input_ids": input_ids, "attention_mask": attention_mask})
-    return checks
+    shapes = ((3, min(5, config.max_position_embeddings)), (1, min(13, config.max_position_embeddings)))
+    return [_text_inputs(config, batch, length, generator, padded_row=1) for batch, length in shapes]
 
 
-def _check_dynamic_axes(path: Path, spec: ExportSpec, model: AoTPreTrainedModel) -> None:
-    """Refuse a file whose dynamic axes came out fixed: the exporter falls back to the example's shapes (with only a
-    warning) when the model specialises on them."""
+def _check_written(path: Path, spec: ExportSpec, model: AoTPreTrainedModel, opset_version: int | None) -> None:
+    """Refuse a file that is not what was asked, where the exporter gives only a warning or a logged traceback: an
+    opset other than `opset_version` (a failed conversion keeps the exporter's own), or dynamic axes that came out
+    fixed (the exporter falls back to the example's shapes when the model specialises on them)."""
     import onnx
 
-    graph = onnx.load(str(path), load_external_data=False).graph
+    written_model = onnx.load(str(path), load_external_data=False)
+    written = [entry.version for entry in written_model.opset_import if entry.domain in ("", "ai.onnx")]
+    if opset_version is not None and written != [opset_version]:
+        raise GraphExportError(
+            f"--opset {opset_version}: the exporter could not convert the model to it (it wrote opset "
+            f"{written[0] if written else '?'}); nothing was exported. Leave --opset out for the exporter's default."
+        )
     fixed = []
-    for graph_input in graph.input:
+    for graph_input in written_model.graph.input:
         dims = graph_input.type.tensor_type.shape.dim
         for axis in spec.dynamic_shapes.get(graph_input.name, {}):
             if not dims[axis].dim_param:
@@ -308,21 +313,6 @@ def _compare_with_onnxruntime(path: Path, spec: ExportSpec, model: AoTPreTrained
     return worst
 
 
-def _check_opset_written(path: Path, opset_version: int | None) -> None:
-    """The exporter keeps its own opset when a conversion fails (with only a logged traceback): refuse that file."""
-    if opset_version is None:
-        return
-    import onnx
-
-    imports = onnx.load(str(path), load_external_data=False).opset_import
-    written = [entry.version for entry in imports if entry.domain in ("", "ai.onnx")]
-    if written != [opset_version]:
-        raise GraphExportError(
-            f"--opset {opset_version}: the exporter could not convert the model to it (it wrote opset "
-            f"{written[0] if written else '?'}); nothing was exported. Leave --opset out for the exporter's default."
-        )
-
-
 def export_onnx(
     model: AoTPreTrainedModel, path: str | os.PathLike, check: bool = True, opset_version: int | None = None
 ) -> OnnxExportReport:
@@ -371,8 +361,7 @@ def export_onnx(
             verbose=False,
         )
         program.save(staged)
-        _check_opset_written(staged, opset_version)
-        _check_dynamic_axes(staged, spec, model)
+        _check_written(staged, spec, model, opset_version)
         max_abs_diff = _compare_with_onnxruntime(staged, spec, model, onnxruntime) if check else None
         files = []
         # External data first, the .onnx file last: a failure part way never leaves a new .onnx beside old data.
@@ -398,10 +387,7 @@ def load_exportable(folder: str | os.PathLike) -> AoTPreTrainedModel:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise GraphExportError(f"{folder} has no config.json: it is not a saved model folder.")
-    try:
-        config = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise GraphExportError(f"{config_file} is not valid JSON ({error}).") from error
+    config = load_json(config_file)  # UsageError (one line, exit code 2) when it is not JSON
     if not isinstance(config, dict) or config.get("model_type") != "aot":
         model_type = config.get("model_type") if isinstance(config, dict) else None
         raise GraphExportError(
@@ -418,7 +404,7 @@ def load_exportable(folder: str | os.PathLike) -> AoTPreTrainedModel:
             folder, dtype=torch.float32, output_loading_info=True
         )
     except (OSError, ValueError) as error:
-        raise GraphExportError(f"Cannot load {folder}: {str(error).strip().splitlines()[0]}") from error
+        raise GraphExportError(f"Cannot load {folder}: {_first_line(error)}") from error
     if info.get("missing_keys"):
         missing = sorted(info["missing_keys"])
         raise GraphExportError(f"{folder} lacks weights of its {architecture}: {', '.join(missing[:5])}.")
@@ -433,16 +419,14 @@ def _export_onnx_command(args: argparse.Namespace) -> int:
     transformers_logging.disable_progress_bar()  # the command prints its own report
     # The exporter logs a warning per torchvision operator it cannot register when torchvision is absent.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    try:
+
+    def export() -> None:
         check_opset(args.opset)  # before anything is loaded or converted
         _import_onnx()  # before loading the model: a missing extra is the most likely error
         model = load_exportable(args.folder)
-        report = export_onnx(model, args.out, check=not args.no_check, opset_version=args.opset)
-    except GraphExportError as error:
-        print(f"aot export onnx: error: {error}", file=sys.stderr)
-        return 2
-    print("\n".join(report.lines()))
-    return 0
+        print("\n".join(export_onnx(model, args.out, check=not args.no_check, opset_version=args.opset).lines()))
+
+    return run_command(export, prog="aot export onnx")  # a GraphExportError: one line, exit code 2
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._io import CODE_FILES, EVAL_RESULTS_DIR, STAGING_MARKER, atomic_folder, is_pickle_name
+from ._io import EVAL_RESULTS_DIR, LOCK_FILE, STAGING_MARKER, atomic_folder, is_pickle_name
 from .errors import RunError, UsageError
 from .model_card import card_for_folder
-from .modeling_aot import AoTPreTrainedModel
+from .modeling_aot import CODE_FILES, AoTPreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -61,18 +61,20 @@ def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathL
         UsageError: `target` cannot be replaced without losing files (exit code 2); nothing is touched.
     """
     target = Path(target)
+
+    def refused(message: str) -> UsageError:
+        return UsageError(message, argument="final model folder", value=str(target))
+
     resolved = target.resolve()
     for folder in protected:
         folder = Path(folder).resolve()
         if resolved == folder or resolved in folder.parents:
             what = "the run's output folder" if resolved == folder else f"a parent of the run's output folder {folder}"
-            raise UsageError(
-                f"is {what}; exporting there would delete it", argument="final model folder", value=str(target)
-            )
+            raise refused(f"is {what}; exporting there would delete it")
     if not target.exists():
         return target
     if not target.is_dir():
-        raise UsageError("is a file, not a folder", argument="final model folder", value=str(target))
+        raise refused("is a file, not a folder")
     present = {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file() or p.is_symlink()}
     if not present:
         return target
@@ -80,24 +82,20 @@ def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathL
     try:
         written = set(json.loads(manifest.read_text(encoding="utf-8"))["files"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise UsageError(
-            "holds files that no earlier aot export wrote (no readable " + EXPORT_MANIFEST + "); refusing to replace "
-            "it. Choose an empty or new folder, or move the files away",
-            argument="final model folder",
-            value=str(target),
+        raise refused(
+            f"holds files that no earlier aot export wrote (no readable {EXPORT_MANIFEST}); refusing to replace it. "
+            "Choose an empty or new folder, or move the files away"
         ) from None
     extra = sorted(
         name
-        for name in present - written - {EXPORT_MANIFEST, ".aot.lock"}
+        for name in present - written - {EXPORT_MANIFEST, LOCK_FILE}
         if not name.startswith(EVAL_RESULTS_DIR + "/")
     )
     if extra:
         shown = ", ".join(extra[:5]) + (", ..." if len(extra) > 5 else "")
-        raise UsageError(
-            f"is an earlier export with files added since ({shown}); refusing to replace it. Move them away or "
-            "choose another folder",
-            argument="final model folder",
-            value=str(target),
+        raise refused(
+            f"is an earlier export with files added since ({shown}); refusing to replace it. Move them away or choose "
+            "another folder"
         )
     return target
 
@@ -149,10 +147,8 @@ def export_model(
     protected: tuple[str | os.PathLike, ...] = (),
 ) -> Path:
     """Write `model` (safetensors, config with a complete `auto_map`, code files) and its tokenizer or image
-    processor to `save_directory`, atomically.
-
-    Everything is written to a temporary folder beside the target and renamed into place only once complete, so
-    an interrupted export never leaves a half-written folder, and an existing folder survives a failed export.
+    processor to `save_directory`, atomically (`_io.atomic_folder`: an interrupted export leaves no half-written
+    folder, and an existing folder survives a failed export).
 
     Args:
         model: Any AoT model.
@@ -250,11 +246,9 @@ def _walk(folder: Path) -> tuple[list[str], list[str]]:
             relative = path.relative_to(folder).as_posix()
             if path.is_symlink():
                 target = path.resolve()
-                if not target.exists() or not target.is_relative_to(root):
+                # out of the folder, to nothing, or to a folder (walked by some uploads and not others): refused
+                if not target.exists() or target.is_dir() or not target.is_relative_to(root):
                     escaping.append(relative)
-                    continue
-                if target.is_dir():
-                    escaping.append(relative)  # a linked folder is walked by some uploads and not others: refused
                     continue
             if name in names:
                 files.append(relative)

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ._io import EVAL_RESULTS_DIR, atomic_write_text, is_hub_id
+from ._io import EVAL_RESULTS_DIR, atomic_write_text, is_hub_id, load_json
 from .errors import UsageError
 
 CARD_TEMPLATE = "model_card_template.md"
@@ -46,28 +46,6 @@ SUITE = {
 }
 
 
-def _base_model_text(base_model: str | None, description: str | None, is_adapter: bool) -> str | None:
-    what = "a LoRA adapter for" if is_adapter else "fine-tuned from"
-    if base_model:
-        return f"This model is {what} [{base_model}](https://huggingface.co/{base_model})."
-    if description:
-        return (
-            f"This model is {what} a local checkpoint (`{Path(description).name}`), not published on the Hub; "
-            "load that checkpoint as the base model."
-        )
-    return None
-
-
-def _adapter_usage(task: str, repo_id: str, base: str | None) -> str:
-    auto = "AutoModelForCausalLM" if task == TEXT_TASK else "AutoModelForImageClassification"
-    return (
-        f"from peft import PeftModel\nfrom transformers import {auto}\n\n"
-        f'base = {auto}.from_pretrained("{base or "<base model folder or id>"}", trust_remote_code=True)\n'
-        f'model = PeftModel.from_pretrained(base, "{repo_id}")\n'
-        "model = model.merge_and_unload()  # optional: a plain model with the adapters merged in"
-    )
-
-
 def card_template() -> str:
     """The text of the card template, package data of `aot_transformers` (read through `importlib.resources`)."""
     return resources.files(__package__).joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
@@ -79,12 +57,6 @@ def _format(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
         return f"{value:,}"
     return "`None`" if value is None else str(value)
-
-
-def infer_task(config) -> str:
-    """`"image-classification"` for a config saved by an image classifier, else `"text-generation"`."""
-    architectures = getattr(config, "architectures", None) or []
-    return IMAGE_TASK if any("ImageClassification" in name for name in architectures) else TEXT_TASK
 
 
 def architecture_rows(config, num_parameters: int | None = None, is_text: bool = True) -> list[tuple[str, str]]:
@@ -113,26 +85,6 @@ def architecture_rows(config, num_parameters: int | None = None, is_text: bool =
     if num_parameters is not None:
         rows.append(("parameters", num_parameters))
     return [(name, _format(value)) for name, value in rows]
-
-
-def _usage(task: str, repo_id: str, is_text: bool) -> str:
-    if is_text:
-        return (
-            "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-            f'repo_id = "{repo_id}"\n'
-            'revision = "main"  # replace with the commit hash you reviewed\n'
-            "tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision, trust_remote_code=True)\n"
-            "model = AutoModelForCausalLM.from_pretrained(repo_id, revision=revision, trust_remote_code=True)\n"
-            'inputs = tokenizer("The ", return_tensors="pt")\n'
-            "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40, do_sample=True)[0]))"
-        )
-    return (
-        "from transformers import pipeline\n\n"
-        f'repo_id = "{repo_id}"\n'
-        'revision = "main"  # replace with the commit hash you reviewed\n'
-        f'classifier = pipeline("{task}", model=repo_id, revision=revision, trust_remote_code=True)\n'
-        'print(classifier("image.png"))'
-    )
 
 
 def render_model_card(
@@ -193,21 +145,22 @@ def render_model_card(
             f"base_model {base_model!r} is not a Hub repository id (namespace/name); the Hub rejects such metadata. "
             "Pass a local base as base_model_description instead."
         )
-    task = task or infer_task(config)
+    if task is None:  # a config saved by an image classifier names it in `architectures`
+        image = any("ImageClassification" in name for name in getattr(config, "architectures", None) or [])
+        task = IMAGE_TASK if image else TEXT_TASK
     is_text = task == TEXT_TASK
     repo_id = repo_id or model_name
-    eval_results = []
-    for result in results or []:
-        eval_results.append(
-            EvalResult(
-                task_type=task,
-                dataset_type=result.get("dataset_type") or result.get("dataset") or "custom",
-                dataset_name=result.get("dataset") or "custom",
-                dataset_split=result.get("split"),
-                metric_type=result["metric"],
-                metric_value=float(result["value"]),
-            )
+    eval_results = [
+        EvalResult(
+            task_type=task,
+            dataset_type=result.get("dataset_type") or result.get("dataset") or "custom",
+            dataset_name=result.get("dataset") or "custom",
+            dataset_split=result.get("split"),
+            metric_type=result["metric"],
+            metric_value=float(result["value"]),
         )
+        for result in results or []
+    ]
     all_tags = ["aot", "attention-only", "custom_code", task]
     all_tags += [tag for tag in tags or [] if tag not in all_tags]
     card_data = ModelCardData(
@@ -220,12 +173,6 @@ def render_model_card(
         model_name=model_name,
         eval_results=eval_results or None,
     )
-    knn_note = None
-    if config.knn_k is not None:
-        knn_note = (
-            f"Attention is k-NN attention (knn_k={config.knn_k}): each query keeps only its highest-scoring keys "
-            "(Wang et al., KVT, https://arxiv.org/abs/2106.00515)."
-        )
     default_summary = (
         f"A causal language model ({config.num_hidden_layers} layers, width {config.hidden_size})."
         if is_text
@@ -237,16 +184,19 @@ def render_model_card(
         template_str=card_template(),
         model_name=model_name,
         summary=summary or default_summary,
-        knn_note=knn_note,
+        knn_k=config.knn_k,
         architecture=architecture_rows(config, num_parameters, is_text),
-        usage=_adapter_usage(task, repo_id, base_model or base_model_description)
-        if adapter
-        else _usage(task, repo_id, is_text),
+        repo_id=repo_id,  # the loading snippet: of the adapter (on `base`) or of the model (a text model or not)
+        task=task,
+        is_text=is_text,
+        base=base_model or base_model_description,
         training=[(name, _format(value)) for name, value in (training or {}).items()],
         datasets_text=dataset_description or (", ".join(datasets) if datasets else None),
         results=[(r.get("split") or "", r["metric"], _format(float(r["value"]))) for r in results or []],
         curves_file=curves_file,
-        base_model_text=_base_model_text(base_model, base_model_description, adapter is not None),
+        base_model=base_model,  # the sentence naming the base model, a Hub id or a local checkpoint
+        base_model_description=Path(base_model_description).name if base_model_description else None,
+        is_adapter=adapter is not None,
         adapter=[(name, _format(value)) for name, value in (adapter or {}).items()],
         limitations=limitations
         or "A research model: small, trained briefly, and not evaluated for safety or bias. Use it to study "
@@ -269,7 +219,6 @@ def card_for_folder(folder: str | os.PathLike, repo_id: str | None = None):
         config,
         model_name=(repo_id or folder.name).split("/")[-1],
         repo_id=repo_id,
-        task=infer_task(config),
         results=card_results(report) if report else [],
         curves_file="training_curves.png" if (folder / "training_curves.png").is_file() else None,
     )
@@ -285,12 +234,7 @@ def read_results_file(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"results file not found: {path}")
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{path}, line {error.lineno}: not JSON ({error.msg}).") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path} cannot be read ({type(error).__name__}: {error}).") from None
+    payload = load_json(path)
     results = payload.get("results") if isinstance(payload, dict) else None
     if not isinstance(results, Mapping) or not isinstance(payload.get("settings", {}), Mapping):
         raise UsageError(f"{path}: not an `aot eval` results file: no 'results' and 'settings' mappings.")
@@ -382,8 +326,9 @@ def _suite_numbers(report):
     the suite; absent and non-finite numbers are left out (a NaN is never written into a card)."""
     for task_name, result in report.results.items():
         for key, metric_type, metric_name in _CARD_METRICS[SUITE[task_name][0]] if task_name in SUITE else ():
-            if _finite(result.get(key)):
-                yield task_name, result.get("source", {}), metric_type, metric_name, round(float(result[key]), 6)
+            value = result.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                yield task_name, result.get("source", {}), metric_type, metric_name, round(float(value), 6)
 
 
 def _dataset_fields(task_name: str, source: Mapping) -> dict[str, Any]:
@@ -417,10 +362,6 @@ def eval_results(report) -> list:
         )
         for task_name, source, metric_type, metric_name, value in _suite_numbers(report)
     ]
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def load_card(path: Path):
@@ -473,7 +414,8 @@ def add_eval_results(
     `table(name in the card)` between `SECTION_START` and `SECTION_END`, and beside a `README.md` the Hub's
     `.eval_results/` file. The caller checks that every metric is finite. Returns the card's path; raises
     `UsageError` when the card cannot be read or its folder does not exist."""
-    from huggingface_hub import ModelCard, ModelCardData
+    import yaml
+    from huggingface_hub import ModelCard, ModelCardData, eval_result_entries_to_yaml
 
     path = card_file(card_path)
     if not path.parent.is_dir():
@@ -497,7 +439,8 @@ def add_eval_results(
     atomic_write_text(path, str(card))
     entries = eval_result_entries(report)
     if entries and path.name == "README.md":
-        atomic_write_text(path.parent / EVAL_RESULTS_DIR / EVAL_RESULTS_FILE, eval_results_yaml(entries))
+        yaml_text = yaml.safe_dump(eval_result_entries_to_yaml(entries), sort_keys=False)
+        atomic_write_text(path.parent / EVAL_RESULTS_DIR / EVAL_RESULTS_FILE, yaml_text)
     return path
 
 
@@ -524,14 +467,6 @@ def eval_result_entries(report) -> list:
     ]
 
 
-def eval_results_yaml(entries: list) -> str:
-    """`.eval_results/*.yaml` text of `EvalResultEntry`s."""
-    import yaml
-    from huggingface_hub import eval_result_entries_to_yaml
-
-    return yaml.safe_dump(eval_result_entries_to_yaml(entries), sort_keys=False)
-
-
 __all__ = [
     "SECTION_END",
     "SECTION_START",
@@ -543,8 +478,6 @@ __all__ = [
     "card_template",
     "eval_result_entries",
     "eval_results",
-    "eval_results_yaml",
-    "infer_task",
     "load_card",
     "read_results_file",
     "render_model_card",

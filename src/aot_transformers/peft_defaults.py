@@ -17,7 +17,9 @@ LORA_TARGET_MODULES = ["subspace_proj", "q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def register() -> None:
-    """Add AoT's default target modules to PEFT's LoRA table (an entry already there is kept)."""
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
-
+    """Add AoT's default target modules to PEFT's LoRA table (an entry already there is kept; without peft: none)."""
+    try:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+    except ImportError:  # not installed, or set to None in sys.modules
+        return
     TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.setdefault(MODEL_TYPE, list(LORA_TARGET_MODULES))

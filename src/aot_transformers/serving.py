@@ -1,23 +1,18 @@
 """`aot serve`: transformers' own OpenAI-compatible server (`transformers serve`) for AoT folders.
 
-This module runs transformers' serving stack unchanged — its typer options, FastAPI app, request handlers and
-continuous-batching engine — and changes three things at its boundary, by subclassing the classes `Serve` builds:
+transformers' serving stack runs unchanged (typer options, FastAPI app, handlers, continuous batching); subclasses of
+the classes `Serve` builds change three things at its boundary:
 
-- **Loading.** transformers' model manager picks the class with `getattr(transformers, config.architectures[0])`,
-  which a remote-code class (every AoT folder) never is. The model is loaded through `AutoModelForCausalLM` instead,
-  so `--trust-remote-code` runs the folder's own code and, without it, the classes this package registers.
-- **Start-up checks.** A k-NN model (`knn_k` set) under `--continuous-batching` is refused with one line before
-  anything loads (transformers' paged kernels attend to every key); a folder without a chat template is named at
-  start-up, and refused when chat options (`--chat-template-kwargs`, `--reasoning on|off`) are given.
-- **Requests.** A malformed request gets a 4xx naming the field (OpenAI's error shape: `error.message`,
-  `error.param`), never a 500: `max_tokens` / `max_completion_tokens` / `max_output_tokens` (positive integers
-  that fit the context), `model` (404 for a model this server does not serve), `prompt` / `messages` / `input` (not
-  empty), `temperature`, `top_p`, `stream`, `seed`; a chat request to a model with no chat template gets a 400. A
-  request without a token limit generates up to the end of the model's context (`max_position_embeddings`),
-  where transformers' default (1024 new tokens) would run past learned position embeddings.
+- **Loading** goes through `AutoModelForCausalLM` when `config.architectures[0]` is not a transformers class (a
+  remote-code folder), so `--trust-remote-code` runs the folder's own code and, without it, this package's classes.
+- **Start-up checks**: a k-NN model (`knn_k` set) under `--continuous-batching` is refused (transformers' paged
+  kernels attend to every key); a folder without a chat template is named, and refused with chat options.
+- **Requests**: a malformed field (token limits, `model`, the prompt, sampling options) gets a 4xx naming it in
+  OpenAI's error shape (`error.message`, `error.param`), never a 500. A request without a token limit generates up
+  to the end of the context (`max_position_embeddings`), where transformers' default (1024 new tokens) would run
+  past the learned position embeddings.
 
-Nothing here is specific to AoT except the k-NN check: any causal LM a folder maps with `auto_map` serves the same
-way.
+Nothing here is specific to AoT but the k-NN check: any causal LM a folder maps with `auto_map` serves the same way.
 """
 
 from __future__ import annotations
@@ -147,15 +142,17 @@ def _install() -> None:
     from transformers.cli.serving import chat_completion, completion, model_manager, response
     from transformers.cli.serving.utils import split_revision
 
-    # The classes as transformers defines them (this runs once: the module attributes are swapped at the end).
-    ModelManager = getattr(model_manager.ModelManager, "_aot_original", model_manager.ModelManager)
-    CompletionHandler = getattr(completion.CompletionHandler, "_aot_original", completion.CompletionHandler)
-    ChatCompletionHandler = getattr(
-        chat_completion.ChatCompletionHandler, "_aot_original", chat_completion.ChatCompletionHandler
-    )
-    ResponseHandler = getattr(response.ResponseHandler, "_aot_original", response.ResponseHandler)
+    # The classes as transformers defines them (`_install` may run again: the module attributes are swapped below).
+    swapped = {
+        model_manager: "ModelManager",
+        completion: "CompletionHandler",
+        chat_completion: "ChatCompletionHandler",
+        response: "ResponseHandler",
+    }
+    original = {name: getattr(module, name) for module, name in swapped.items()}
+    original = {name: getattr(cls, "_aot_original", cls) for name, cls in original.items()}
 
-    class AoTModelManager(ModelManager):
+    class AoTModelManager(original["ModelManager"]):
         """transformers' `ModelManager`, loading through `AutoModelForCausalLM` when the architecture is not a
         transformers class (a remote-code model), and refusing a k-NN model under continuous batching."""
 
@@ -241,31 +238,49 @@ def _install() -> None:
                     400, f"{field}[{index}]", f"{field}[{index}]: a message needs a `role` and a `content`"
                 )
 
-    async def guarded(handler, body: dict, request_id: str, check, parent):
-        if handler.model_manager.force_model is None:  # not started by `aot serve`: transformers' behaviour
-            return await parent.handle_request(handler, body, request_id)
-        try:
-            check(body)
-        except RequestError as error:
-            return error.response()
-        return await parent.handle_request(handler, body, request_id)
+    def check_completion(handler, body: dict, model, processor, served: str) -> None:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise RequestError(400, "prompt", f"prompt: {prompt!r} is not allowed (allowed: a non-empty string)")
+        tokens = len(_tokenizer(processor)(prompt)["input_ids"])
+        fit_to_context(body, ("max_tokens",), tokens, _context_length(model), "prompt")
 
-    class AoTCompletionHandler(CompletionHandler):
+    def check_chat(handler, body: dict, model, processor, served: str) -> None:
+        check_messages(body.get("messages"), "messages")
+        if not isinstance(body.get("chat_template_kwargs") or {}, dict):
+            raise RequestError(400, "chat_template_kwargs", "chat_template_kwargs: not a JSON object")
+        if _chat_template_missing(processor):
+            raise RequestError(400, "messages", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
+        tokens = chat_prompt_tokens(handler, processor, body["messages"], body)
+        # transformers reads `max_completion_tokens` first, then `max_tokens`: both are checked
+        fit_to_context(body, ("max_completion_tokens", "max_tokens"), tokens, _context_length(model), "messages")
+
+    def check_response(handler, body: dict, model, processor, served: str) -> None:
+        if body.get("input") in (None, "", []):
+            raise RequestError(400, "input", f"input: {body.get('input')!r} is not allowed (allowed: text)")
+        if _chat_template_missing(processor):
+            raise RequestError(400, "input", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
+        messages = handler._normalize_input(dict(body))
+        tokens = chat_prompt_tokens(handler, processor, messages, {**body, "tools": None})
+        fit_to_context(body, ("max_output_tokens",), tokens, _context_length(model), "input")
+
+    def guarded(name: str, check):
+        """transformers' handler `name`, whose requests pass `check_common_fields` and `check` first."""
+        parent = original[name]
+
         async def handle_request(self, body: dict, request_id: str):
-            def check(body):
-                served, model, processor = served_model(self)
-                check_common_fields(body, served)
-                prompt = body.get("prompt")
-                if not isinstance(prompt, str) or not prompt:
-                    raise RequestError(
-                        400, "prompt", f"prompt: {prompt!r} is not allowed (allowed: a non-empty string)"
-                    )
-                tokens = len(_tokenizer(processor)(prompt)["input_ids"])
-                fit_to_context(body, ("max_tokens",), tokens, _context_length(model), "prompt")
+            if self.model_manager.force_model is not None:  # else not started by `aot serve`: transformers' behaviour
+                try:
+                    served, model, processor = served_model(self)
+                    check_common_fields(body, served)
+                    check(self, body, model, processor, served)
+                except RequestError as error:
+                    return error.response()
+            return await parent.handle_request(self, body, request_id)
 
-            return await guarded(self, body, request_id, check, CompletionHandler)
+        return type(f"AoT{name}", (parent,), {"handle_request": handle_request})
 
-    class AoTChatCompletionHandler(ChatCompletionHandler):
+    class AoTChatCompletionHandler(guarded("ChatCompletionHandler", check_chat)):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             manager = self.model_manager
@@ -274,48 +289,15 @@ def _install() -> None:
                 if _chat_template_missing(processor):
                     raise UsageError(NO_CHAT_TEMPLATE.format(name=manager.force_model), argument="chat options")
 
-        async def handle_request(self, body: dict, request_id: str):
-            def check(body):
-                served, model, processor = served_model(self)
-                check_common_fields(body, served)
-                check_messages(body.get("messages"), "messages")
-                if not isinstance(body.get("chat_template_kwargs") or {}, dict):
-                    raise RequestError(400, "chat_template_kwargs", "chat_template_kwargs: not a JSON object")
-                if _chat_template_missing(processor):
-                    raise RequestError(400, "messages", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
-                tokens = chat_prompt_tokens(self, processor, body["messages"], body)
-                # transformers reads `max_completion_tokens` first, then `max_tokens`: both are checked
-                fields = ("max_completion_tokens", "max_tokens")
-                fit_to_context(body, fields, tokens, _context_length(model), "messages")
-
-            return await guarded(self, body, request_id, check, ChatCompletionHandler)
-
-    class AoTResponseHandler(ResponseHandler):
-        async def handle_request(self, body: dict, request_id: str):
-            def check(body):
-                served, model, processor = served_model(self)
-                check_common_fields(body, served)
-                if body.get("input") in (None, "", []):
-                    raise RequestError(400, "input", f"input: {body.get('input')!r} is not allowed (allowed: text)")
-                if _chat_template_missing(processor):
-                    raise RequestError(400, "input", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
-                messages = self._normalize_input(dict(body))
-                tokens = chat_prompt_tokens(self, processor, messages, {**body, "tools": None})
-                fit_to_context(body, ("max_output_tokens",), tokens, _context_length(model), "input")
-
-            return await guarded(self, body, request_id, check, ResponseHandler)
-
-    for subclass, original in (
-        (AoTModelManager, ModelManager),
-        (AoTCompletionHandler, CompletionHandler),
-        (AoTChatCompletionHandler, ChatCompletionHandler),
-        (AoTResponseHandler, ResponseHandler),
-    ):
-        subclass._aot_original = original
-    model_manager.ModelManager = AoTModelManager
-    completion.CompletionHandler = AoTCompletionHandler
-    chat_completion.ChatCompletionHandler = AoTChatCompletionHandler
-    response.ResponseHandler = AoTResponseHandler
+    replacements = {
+        "ModelManager": AoTModelManager,
+        "CompletionHandler": guarded("CompletionHandler", check_completion),
+        "ChatCompletionHandler": AoTChatCompletionHandler,
+        "ResponseHandler": guarded("ResponseHandler", check_response),
+    }
+    for module, name in swapped.items():
+        replacements[name]._aot_original = original[name]
+        setattr(module, name, replacements[name])
 
 
 def serve(model: str, options: list[str]) -> int:

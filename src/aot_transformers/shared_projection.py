@@ -13,16 +13,8 @@ import torch
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-
-def _module_is_causal(module: torch.nn.Module | None, is_causal: bool | None) -> bool:
-    if is_causal is not None:
-        return bool(is_causal)
-    return module is not None and bool(getattr(module, "is_causal", True))
-
-
 # Longest sequence, by `is_causal`, for which MSSA training on CPU uses the shared-projection kernel below instead
-# of SDPA: where it was faster on a training step (forward + backward, heads of 64, 1 and 2 threads) and keeps at
-# most ~1.7x SDPA's saved bytes; `python -m benchmarks.bench_attention` measures both. Set both to 0 for SDPA only.
+# of SDPA (where `python -m benchmarks.bench_attention` finds it faster on a training step). Set both to 0 for SDPA.
 SHARED_KERNEL_MAX_LENGTH: dict[bool, int] = {True: 256, False: 128}
 # Queries per block of the causal shared-projection kernel: each block scores only the keys up to its last query.
 _SHARED_KERNEL_BLOCK = 64
@@ -35,7 +27,7 @@ class _SharedProjectionAttention(torch.autograd.Function):
     short sequences it is faster to keep the probabilities P and use batched matmuls. With query = key = value the
     three input gradients fold into two matmuls: dU = (dS + dSᵀ) U + Pᵀ dO, with dS the softmax backward of
     P ∘ (dO Uᵀ) times s. Causal attention runs in blocks of `_SHARED_KERNEL_BLOCK` queries that score only the keys
-    up to their last query (about half of the T × T products). Saved for the backward: U and P (T² / 2 floats per
+    up to their last query. Saved for the backward: U and P (T² / 2 floats per
     head when causal, T² when not) — which is why this kernel is used only up to `SHARED_KERNEL_MAX_LENGTH`.
     """
 
@@ -91,9 +83,8 @@ class _SharedProjectionAttention(torch.autograd.Function):
 
 def shared_projection_applies(query, key, value, attention_mask, dropout: float, is_causal: bool) -> bool:
     """Whether `_SharedProjectionAttention` can and should run a call: one tensor as query, key and value (MSSA
-    without cache and without query normalisation), no mask, no dropout, fp32 on CPU, a step that will be
-    differentiated, and a sequence no longer than `SHARED_KERNEL_MAX_LENGTH` (inference keeps SDPA, which saves
-    nothing for a backward)."""
+    without cache and without query normalisation), no mask, no dropout, a CPU fp32 step that will be differentiated
+    (inference keeps SDPA, which saves nothing for a backward), and at most `SHARED_KERNEL_MAX_LENGTH` tokens."""
     return (
         query is key
         and key is value
@@ -120,13 +111,13 @@ def shared_projection_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """The `"shared_projection"` backend: MSSA's kernel where it pays, transformers' SDPA everywhere else.
 
-    `_SharedProjectionAttention` runs when `shared_projection_applies` (one tensor as query, key and value, a CPU
-    training step of at most `SHARED_KERNEL_MAX_LENGTH` tokens, no mask, no dropout); every other call (a cache, a
-    mask, inference, MHSA, longer sequences) is exactly the `"sdpa"` backend. Select it with
+    `_SharedProjectionAttention` runs when `shared_projection_applies`; every other call (a cache, a mask, inference,
+    MHSA, longer sequences) is exactly the `"sdpa"` backend. Select it with
     `attn_implementation="shared_projection"` (`aot train` does for MSSA on CPU). Continuous batching accepts only
     the `"sdpa"`, `"paged|eager"` and flash backends.
     """
-    is_causal = _module_is_causal(module, is_causal)
+    if is_causal is None:
+        is_causal = module is not None and bool(getattr(module, "is_causal", True))
     if shared_projection_applies(query, key, value, attention_mask, dropout, is_causal):
         output = _SharedProjectionAttention.apply(query, scaling, is_causal)  # (B, H, T, D)
         return output.transpose(1, 2).contiguous(), None

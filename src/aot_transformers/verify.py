@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import __version__
-from ._io import PICKLE_SUFFIXES, is_pickle_name
+from ._io import is_pickle_name, load_json, looks_like_path
 from .errors import UsageError
 from .modeling_aot import CODE_FILES, code_file_hashes
 
@@ -44,15 +43,6 @@ def pickle_note(name: str) -> str:
             "delete it (or move it out of the folder) to pass"
         )
     return "can run arbitrary code when loaded"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def installed_code_hashes() -> dict[str, str]:
-    """SHA-256 of the installed package's own code files (what a trustworthy folder must hold)."""
-    return code_file_hashes(Path(__file__).parent)
 
 
 @dataclass
@@ -156,12 +146,7 @@ class VerifyReport:
 
 def read_config(path: Path, what: str) -> dict:
     """The JSON object in `path`, or a `UsageError` naming the file, what is wrong with it, and then `what`."""
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{path} is not valid JSON (line {error.lineno}): {error.msg}; {what}.") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path} cannot be read ({type(error).__name__}: {error}); {what}.") from None
+    config = load_json(path, what)
     if not isinstance(config, dict):
         raise UsageError(f"{path} holds a JSON {type(config).__name__}, not an object: not a model config.")
     return config
@@ -171,12 +156,8 @@ def _auto_map_entries(auto_map: Any) -> list[tuple[str, Any]]:
     """(key, reference) pairs of an `auto_map` (a tokenizer maps a key to a [slow, fast] pair)."""
     if not isinstance(auto_map, dict):
         return [("auto_map", auto_map)]
-    pairs = []
-    for key, value in auto_map.items():
-        for reference in value if isinstance(value, (list, tuple)) else [value]:
-            if reference is not None:
-                pairs.append((key, reference))
-    return pairs
+    references = {key: value if isinstance(value, (list, tuple)) else [value] for key, value in auto_map.items()}
+    return [(key, reference) for key, values in references.items() for reference in values if reference is not None]
 
 
 def _check_auto_map(folder: Path, path: Path, report: VerifyReport) -> None:
@@ -206,11 +187,6 @@ def _check_auto_map(folder: Path, path: Path, report: VerifyReport) -> None:
                 missing = (path.parent / file_name).relative_to(folder).as_posix()
                 if missing not in report.missing:
                     report.missing.append(missing)
-
-
-def _is_local_path(name: str) -> bool:
-    """Whether a base model name is meant as a local folder, not a Hub id (`name` or `namespace/name`)."""
-    return bool(name) and (name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name)
 
 
 def verify_folder(folder: str | Path) -> VerifyReport:
@@ -244,12 +220,12 @@ def verify_folder(folder: str | Path) -> VerifyReport:
     report = VerifyReport(folder=folder)
     if adapter:
         report.adapter_base = str(config.get("base_model_name_or_path") or "")
-        report.adapter_base_missing = _is_local_path(report.adapter_base) and not Path(report.adapter_base).exists()
+        report.adapter_base_missing = looks_like_path(report.adapter_base) and not Path(report.adapter_base).exists()
     try:
         files = sorted(path for path in folder.rglob("*") if path.is_file())
     except OSError as error:
         raise UsageError(f"{folder} cannot be listed ({type(error).__name__}: {error}).") from None
-    installed = installed_code_hashes()
+    installed = code_file_hashes(Path(__file__).parent)  # what a trustworthy folder must hold
     for path in files:
         relative = path.relative_to(folder).as_posix()
         if is_pickle_name(path.name):
@@ -259,7 +235,7 @@ def verify_folder(folder: str | Path) -> VerifyReport:
         if path.suffix.lower() == ".py":
             if path.name not in CODE_FILES or adapter:
                 report.unknown_code.append(relative)
-            elif path.parent != folder and _sha256(path) != installed[path.name]:
+            elif path.parent != folder and hashlib.sha256(path.read_bytes()).hexdigest() != installed[path.name]:
                 report.differs_from_installed.append(relative)  # a copy below the top level: must be exact too
 
     if adapter:
@@ -279,4 +255,4 @@ def verify_folder(folder: str | Path) -> VerifyReport:
     return report
 
 
-__all__ = ["PICKLE_SUFFIXES", "VerifyReport", "installed_code_hashes", "is_pickle_name", "verify_folder"]
+__all__ = ["VerifyReport", "verify_folder"]

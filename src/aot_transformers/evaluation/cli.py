@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 
 from .._io import LOCK_FILE, FolderLockedError, lock_folder
-from ..errors import RunError, UsageError, report_error
-from .data import EvaluationError, EvaluationFailed
+from ..errors import RunError, run_command
+from .data import EvaluationError
 
 
 def _data_overrides(values: list[str]) -> dict[str, str]:
@@ -26,11 +26,6 @@ def _data_overrides(values: list[str]) -> dict[str, str]:
             raise EvaluationError(f"--data expects TASK=PATH or TASK=hub:REPO_ID[:CONFIG[:SPLIT]], got {value!r}.")
         overrides[task.strip()] = spec.strip()
     return overrides
-
-
-def _default_output_dir(model: str) -> Path:
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model.rstrip("/")).name or model) or "model"
-    return Path("eval_results") / name
 
 
 def _card_target(args: argparse.Namespace) -> Path | None:
@@ -96,11 +91,12 @@ def run_lm(args: argparse.Namespace) -> int:
     Every argument is checked before the model runs (device, output folder, card, lock on the card's folder); the
     files are written only once every task has finished with finite numbers.
     """
-    from .results import check_finite, update_model_card, write_results
+    from .results import update_model_card, write_results
     from .runner import check_device, evaluate_model
 
     check_device(args.device)
-    output_dir = Path(args.output_dir) if args.output_dir else _default_output_dir(args.model)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model.rstrip("/")).name or args.model) or "model"
+    output_dir = Path(args.output_dir) if args.output_dir else Path("eval_results") / name
     _check_output_dir(output_dir)
     card = _card_target(args)
     lock = _lock(card.parent) if card is not None else None
@@ -120,8 +116,7 @@ def run_lm(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             trust_remote_code=args.trust_remote_code,
         )
-        check_finite(report)  # a NaN model: exit 1 naming the metrics, nothing written
-        try:
+        try:  # a NaN metric: NonFiniteMetricError (exit 1 naming the metrics), nothing written
             json_path, markdown_path = write_results(report, output_dir)
         except OSError as error:
             raise RunError(
@@ -157,14 +152,6 @@ def run_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_lm_eval_path(args: argparse.Namespace) -> int:
-    """`aot eval lm-eval-path`: print the lm-evaluation-harness task folder."""
-    from . import lm_eval_tasks_path
-
-    print(lm_eval_tasks_path())
-    return 0
-
-
 def run_table(args: argparse.Namespace) -> int:
     """`aot eval table`: one markdown table (Table 3 layout) for several results files."""
     from .results import markdown_table, read_results
@@ -180,24 +167,12 @@ def _guard(function):
     """Run an `aot eval` command under the error contract of `aot_transformers.errors`, with `aot eval` as the
     name in messages: user errors are one line and exit code 2; a task that crashes while scoring is one line naming
     the task and what is unchanged on disk, exit code 1 (its traceback behind `aot --debug` or in a log file)."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return function(args)
-        except EvaluationFailed as failure:
-            error = RunError(
-                f"{failure}. Nothing was written: earlier results files and the model card are unchanged."
-            )
-            error.__cause__ = failure
-            return report_error(error, prog="aot eval")
-        except (UsageError, RunError) as error:
-            return report_error(error, prog="aot eval")
-
-    return run
+    return lambda args: run_command(lambda: function(args), prog="aot eval")
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
     """Add `eval` (with `lm`, `tasks`, `lm-eval-path`, `table`) to the `aot` parser's subcommands."""
+    from . import lm_eval_tasks_path
     from .tasks import TASKS
 
     evaluation = subcommands.add_parser("eval", help="zero-shot evaluation of language models")
@@ -251,12 +226,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     commands.add_parser("tasks", help="list the tasks and their data sources").set_defaults(func=_guard(run_tasks))
     commands.add_parser(
         "lm-eval-path", help="print the lm-evaluation-harness task folder (for --include_path)"
-    ).set_defaults(func=_guard(run_lm_eval_path))
+    ).set_defaults(func=_guard(lambda args: print(lm_eval_tasks_path())))
 
     table = commands.add_parser("table", help="markdown table of several results.json files")
     table.add_argument("results", nargs="+", help="results.json files")
     table.add_argument("--names", nargs="+", help="row labels, one per file")
     table.set_defaults(func=_guard(run_table))
-
-
-__all__ = ["register"]

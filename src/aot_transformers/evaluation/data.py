@@ -54,7 +54,8 @@ class EvaluationFailed(RunError):
         self.task, self.finished = task, finished
         done = ", ".join(finished) if finished else "none"
         super().__init__(
-            f"task {task!r} failed with {type(error).__name__}: {error} (tasks finished before it: {done})"
+            f"task {task!r} failed with {type(error).__name__}: {error} (tasks finished before it: {done}). Nothing "
+            "was written: earlier results files and the model card are unchanged."
         )
 
 
@@ -107,8 +108,7 @@ class ClozeExample:
         return stripped, context[len(stripped) :] + candidate + after
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Documents from lines (shared by the local parsers and the Hub loaders, so both give identical documents)
+# --- Documents from lines (shared by the local parsers and the Hub loaders, so both give identical documents).
 
 
 def wikitext_documents(lines: Iterable[str], source: str | Path = "<wikitext>") -> list[str]:
@@ -217,8 +217,7 @@ def cloze_example(
     return ClozeExample(tuple(sentences), question, answer, candidates)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Local files
+# --- Local files.
 
 
 def _read_lines(path: str | Path) -> list[str]:
@@ -251,7 +250,7 @@ def read_ptb(path: str | Path) -> list[str]:
 
 def read_lambada(path: str | Path) -> list[str]:
     """Passages of a LAMBADA jsonl file, one `{"text": ...}` object a line (blank lines are skipped)."""
-    texts = []
+    texts = {}  # line number -> passage
     for number, line in enumerate(_read_lines(path), start=1):
         if not line.strip():
             continue
@@ -261,12 +260,10 @@ def read_lambada(path: str | Path) -> list[str]:
             raise DataFormatError(path, number, f'not JSON ({error.msg}); LAMBADA expects {{"text": ...}}') from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataFormatError(path, number, 'expected a JSON object with a string field "text"')
-        texts.append((number, record["text"]))
-    if not texts:
-        raise DataFormatError(path, None, "no passage found")
-    for number, text in texts:
+        texts[number] = record["text"]
+    for number, text in texts.items():  # every line is JSON: now each passage is checked
         lambada_passages([text], source=path, first_line=number)
-    return [text for _, text in texts]
+    return lambada_passages(list(texts.values()), source=path)  # "no passage found" for a file without one
 
 
 def read_cbt(path: str | Path) -> list[ClozeExample]:
@@ -311,19 +308,3 @@ def read_cbt(path: str | Path) -> list[ClozeExample]:
     if not examples:
         raise DataFormatError(path, None, "no CBT question found")
     return examples
-
-
-__all__ = [
-    "CLOZE_BLANK",
-    "ClozeExample",
-    "DataFormatError",
-    "EvaluationError",
-    "cloze_example",
-    "lambada_passages",
-    "ptb_documents",
-    "read_cbt",
-    "read_lambada",
-    "read_ptb",
-    "read_wikitext",
-    "wikitext_documents",
-]

@@ -2,9 +2,6 @@
 
 One `results.json` format for every folder the package writes: `aot eval lm` writes an `EvaluationReport`, and a
 training run writes the same keys (`aot_transformers.model_card.training_results_json`); `read_results` reads both.
-
-Files are written to a temporary name and renamed into place, so an interrupted run never leaves a partial file
-and an earlier results file survives a failed one.
 """
 
 from __future__ import annotations
@@ -94,19 +91,14 @@ class NonFiniteMetricError(RunError):
     or a model card (exit code 1)."""
 
 
-def non_finite_metrics(report: EvaluationReport) -> list[str]:
-    """`task.metric=value` for every metric of `report` that is a NaN or an infinity."""
-    found = []
-    for task, result in report.results.items():
-        for metric, value in result.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                found.append(f"{task}.{metric}={value}")
-    return found
-
-
 def check_finite(report: EvaluationReport) -> None:
-    """Raise `NonFiniteMetricError` naming every non-finite metric of `report`."""
-    found = non_finite_metrics(report)
+    """Raise `NonFiniteMetricError` naming every metric of `report` that is a NaN or an infinity."""
+    found = [
+        f"{task}.{metric}={value}"
+        for task, result in report.results.items()
+        for metric, value in result.items()
+        if isinstance(value, float) and not math.isfinite(value)
+    ]
     if found:
         raise NonFiniteMetricError(
             f"the evaluation of {report.model} gave non-finite metrics ({', '.join(found)}): the model's outputs are "
@@ -154,15 +146,3 @@ def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, mo
     """
     check_finite(report)
     return add_eval_results(card_path, report, lambda name: markdown_table([report], names=[name]), model_name)
-
-
-__all__ = [
-    "TABLE_COLUMNS",
-    "NonFiniteMetricError",
-    "check_finite",
-    "markdown_table",
-    "non_finite_metrics",
-    "read_results",
-    "update_model_card",
-    "write_results",
-]

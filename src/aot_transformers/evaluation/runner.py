@@ -7,16 +7,17 @@ the tokenizer, the window settings — so a mistake costs seconds, not a partial
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 
-from .._io import is_hub_id
+from .. import __version__
+from .._io import is_hub_id, read_json
 from .data import EvaluationError, EvaluationFailed
 from .scoring import LanguageModelScorer
 from .tasks import TASKS, TaskResult, load_source, parse_task_names, resolve_sources, run_task
@@ -31,53 +32,41 @@ class EvaluationReport:
 
     Attributes:
         model: Folder or Hub id of the model (or a name given by the caller).
-        results: Task name → metrics, counts, data source and timing (see `TaskResult.to_dict`).
-        settings: Window, stride, batch size, precision, device and prefix token used.
         model_info: Model type and parameter count.
+        settings: Window, stride, batch size, precision, device and prefix token used.
+        results: Task name → metrics, counts, data source and timing (see `TaskResult.to_dict`).
         versions: Library versions.
         date: UTC time of the run.
     """
 
-    model: str
-    results: dict[str, dict[str, Any]]
-    settings: dict[str, Any] = field(default_factory=dict)
+    model: str  # the fields in the order `results.json` lists them
     model_info: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     date: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "model_info": self.model_info,
-            "settings": self.settings,
-            "results": self.results,
-            "versions": self.versions,
-            "date": self.date,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, payload: Mapping[str, Any]) -> EvaluationReport:
-        """Inverse of `to_dict` (for reading a `results.json` back).
+        """Inverse of `to_dict`, for a payload that `model_card.read_results_file` accepted (its results, their
+        sources and its settings are mappings).
 
         Raises:
             EvaluationError: `payload` is not in the layout of `to_dict` (naming the first key that is not).
         """
-        if not isinstance(payload, Mapping) or not isinstance(payload.get("results"), Mapping):
-            raise EvaluationError("not an `aot eval` results file: no 'results' mapping.")
-        for key in ("settings", "model_info", "versions"):
+        for key in ("model_info", "versions"):
             if not isinstance(payload.get(key, {}), Mapping):
                 raise EvaluationError(f"not an `aot eval` results file: {key!r} is not a mapping.")
         for task, result in payload["results"].items():
-            if not isinstance(result, Mapping):
-                raise EvaluationError(f"not an `aot eval` results file: results[{task!r}] is not a mapping.")
             for metric in _NUMERIC_FIELDS:
                 value = result.get(metric)
                 if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                     raise EvaluationError(
                         f"not an `aot eval` results file: results[{task!r}][{metric!r}] is {value!r}, not a number."
                     )
-            if not isinstance(result.get("source", {}), Mapping):
-                raise EvaluationError(f"not an `aot eval` results file: results[{task!r}]['source'] is not a mapping.")
         return cls(
             model=str(payload.get("model", "")),
             results={str(k): dict(v) for k, v in payload["results"].items()},
@@ -86,20 +75,6 @@ class EvaluationReport:
             versions=dict(payload.get("versions", {})),
             date=str(payload.get("date", "")),
         )
-
-
-def runs_own_code(folder: Path) -> list[str]:
-    """The top-level `*config.json` files of `folder` whose `auto_map` makes loading it with
-    `trust_remote_code=True` import code from the folder (empty for a plain transformers folder)."""
-    found = []
-    for path in sorted(folder.glob("*config.json")):
-        try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue  # the loader reports an unreadable config itself
-        if isinstance(payload, dict) and payload.get("auto_map"):
-            found.append(path.name)
-    return found
 
 
 def remote_code_allowed(model: str | os.PathLike, trust_remote_code: bool = False) -> bool:
@@ -118,7 +93,10 @@ def remote_code_allowed(model: str | os.PathLike, trust_remote_code: bool = Fals
     local = Path(os.fspath(model)).expanduser()
     if not local.is_dir():
         return False  # a Hub id: transformers refuses its code (clear error below) unless the caller trusts it
-    mapped = runs_own_code(local)
+    # The top-level `*config.json` files whose `auto_map` imports code from the folder (an unreadable one is left to
+    # the loader to report).
+    configs = {path.name: read_json(path) for path in sorted(local.glob("*config.json"))}
+    mapped = [name for name, config in configs.items() if isinstance(config, dict) and config.get("auto_map")]
     if not mapped:
         return False  # nothing of the folder's would run
     from ..verify import verify_folder
@@ -161,8 +139,7 @@ def load_model_and_tokenizer(
     tokenizer_name = os.fspath(tokenizer) if tokenizer is not None else name
     try:
         # No remote code unless the caller asked for it: AoT tokenizers are plain `PreTrainedTokenizerFast`, and an
-        # explicit False also keeps transformers from asking interactively (a 15 s prompt) about config.json's
-        # auto_map for a folder of an unregistered model type.
+        # explicit False keeps transformers from prompting about the auto_map of an unregistered model type.
         tok = AutoTokenizer.from_pretrained(tokenizer_name, trust_remote_code=bool(trust_remote_code))
     except Exception as error:  # transformers raises OSError, ValueError or KeyError depending on what is missing
         raise EvaluationError(
@@ -222,14 +199,6 @@ def check_device(device: str | torch.device | None) -> torch.device | None:
     if parsed.type not in ("cpu", "cuda", "mps", "xpu"):
         raise EvaluationError("cannot evaluate there", argument="--device", value=device, allowed="cpu, cuda, mps")
     return parsed
-
-
-def _versions() -> dict[str, str]:
-    import transformers
-
-    from .. import __version__
-
-    return {"aot_transformers": __version__, "transformers": transformers.__version__, "torch": torch.__version__}
 
 
 def evaluate_model(
@@ -330,16 +299,10 @@ def evaluate_model(
             "class": type(lm).__name__,
             "num_parameters": sum(p.numel() for p in {id(p): p for p in lm.parameters()}.values()),
         },
-        versions=_versions(),
+        versions={
+            "aot_transformers": __version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        },
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
-
-
-__all__ = [
-    "EvaluationReport",
-    "check_device",
-    "evaluate_model",
-    "load_model_and_tokenizer",
-    "remote_code_allowed",
-    "runs_own_code",
-]

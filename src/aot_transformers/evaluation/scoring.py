@@ -273,6 +273,3 @@ def _target_logprobs(logits: torch.Tensor, targets: torch.Tensor, greedy: bool, 
         if greedy:
             hits.append(part.argmax(dim=-1) == target)
     return torch.cat(logprobs).view_as(targets), torch.cat(hits).view_as(targets) if greedy else None
-
-
-__all__ = ["LanguageModelScorer", "Score", "Window", "model_context_window", "rolling_windows"]

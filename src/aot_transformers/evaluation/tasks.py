@@ -182,8 +182,7 @@ def parse_task_names(tasks: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Data sources
+# --- Data sources.
 
 
 @dataclass(frozen=True)
@@ -295,8 +294,7 @@ def load_source(source: DataSource) -> list:
     return spec.from_rows(rows, hub.describe())
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Running the tasks
+# --- Running the tasks.
 
 
 def count_words(text: str) -> int:
@@ -401,24 +399,3 @@ def run_task(scorer: LanguageModelScorer, task: str, data: Sequence, source: Dat
     metrics, counts, details = _RUNNERS[spec.kind](scorer, data, task)
     seconds = time.perf_counter() - start
     return TaskResult(task, metrics, counts, source.to_dict() if source else {}, seconds, details)
-
-
-__all__ = [
-    "CBT_RULE",
-    "DATASETS",
-    "LAMBADA_RULE",
-    "TASKS",
-    "DataSource",
-    "Dataset",
-    "HubSource",
-    "Task",
-    "TaskResult",
-    "count_words",
-    "find_data_file",
-    "lambada_split",
-    "load_source",
-    "parse_source",
-    "parse_task_names",
-    "resolve_sources",
-    "run_task",
-]

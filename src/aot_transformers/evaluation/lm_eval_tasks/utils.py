@@ -31,58 +31,39 @@ def _load(task: str, metadata: dict) -> list:
     return load_source(source)
 
 
-def _split(rows: list[dict]) -> dict[str, datasets.Dataset]:
-    return {"test": datasets.Dataset.from_list(rows)}
+def _loader(task: str, row=lambda document: {"text": document}):
+    """The `custom_dataset` of `task`'s YAML: its data, one `row(item)` each, as lm-eval's test split."""
+
+    def load(**metadata) -> dict[str, datasets.Dataset]:
+        return {"test": datasets.Dataset.from_list([row(item) for item in _load(task, metadata)])}
+
+    return load
 
 
-def load_wikitext(**metadata) -> dict[str, datasets.Dataset]:
-    """WikiText articles, one document each."""
-    return _split([{"text": doc} for doc in _load("wikitext", metadata)])
+def _lambada_row(passage: str) -> dict:
+    """A LAMBADA passage split into context and ' ' + last word."""
+    context, target = lambada_split(passage)
+    return {"text": passage, "context": context, "target": target}
 
 
-def load_ptb(**metadata) -> dict[str, datasets.Dataset]:
-    """The PTB split as one document."""
-    return _split([{"text": doc} for doc in _load("ptb", metadata)])
+def _cbt_row(example) -> dict:
+    """A CBT question: context = story + question up to the blank; choices = candidate + rest of question."""
+    pairs = [example.scoring_pair(candidate) for candidate in example.candidates]
+    return {
+        "context": pairs[0][0],
+        "choices": [continuation for _, continuation in pairs],
+        "label": example.label,
+        "question": example.question,
+        "answer": example.answer,
+    }
 
 
-def load_lambada_text(**metadata) -> dict[str, datasets.Dataset]:
-    """LAMBADA passages as documents (language-modelling loss)."""
-    return _split([{"text": doc} for doc in _load("lambada", metadata)])
-
-
-def load_lambada(**metadata) -> dict[str, datasets.Dataset]:
-    """LAMBADA passages split into context and ' ' + last word."""
-    rows = []
-    for passage in _load("lambada_acc", metadata):
-        context, target = lambada_split(passage)
-        rows.append({"text": passage, "context": context, "target": target})
-    return _split(rows)
-
-
-def _load_cbt(task: str, metadata: dict) -> dict[str, datasets.Dataset]:
-    rows = []
-    for example in _load(task, metadata):
-        pairs = [example.scoring_pair(candidate) for candidate in example.candidates]
-        rows.append(
-            {
-                "context": pairs[0][0],
-                "choices": [continuation for _, continuation in pairs],
-                "label": example.label,
-                "question": example.question,
-                "answer": example.answer,
-            }
-        )
-    return _split(rows)
-
-
-def load_cbt_cn(**metadata) -> dict[str, datasets.Dataset]:
-    """CBT common nouns: context = story + question up to the blank; choices = candidate + rest of question."""
-    return _load_cbt("cbt_cn", metadata)
-
-
-def load_cbt_ne(**metadata) -> dict[str, datasets.Dataset]:
-    """CBT named entities (as `load_cbt_cn`)."""
-    return _load_cbt("cbt_ne", metadata)
+load_wikitext = _loader("wikitext")  # WikiText articles, one document each
+load_ptb = _loader("ptb")  # the PTB split as one document
+load_lambada_text = _loader("lambada")  # LAMBADA passages as documents (language-modelling loss)
+load_lambada = _loader("lambada_acc", _lambada_row)
+load_cbt_cn = _loader("cbt_cn", _cbt_row)  # common nouns
+load_cbt_ne = _loader("cbt_ne", _cbt_row)  # named entities
 
 
 def process_rolling_results(doc: dict, results: tuple[float]) -> dict:
