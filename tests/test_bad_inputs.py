@@ -277,6 +277,34 @@ def test_fsdp_config_without_fsdp_is_refused(corpus, tmp_path, capsys):
     refused(lm(corpus, tmp_path / "out", "--fsdp_config", config), capsys, "--fsdp_config", "without --fsdp")
 
 
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("{bad", "is not valid JSON"),
+        ("[1, 2]", "no such file"),
+        ("missing.json", "no such file"),
+        ("list.json", "is not a JSON object"),
+        ("broken.json", "is not valid JSON"),
+    ],
+)
+def test_a_malformed_fsdp_config_is_refused_naming_the_flag(corpus, tmp_path, capsys, value, needle):
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "broken.json").write_text("{bad")
+    value = str(tmp_path / value) if value.endswith(".json") else value
+    refused(
+        lm(corpus, tmp_path / "out", "--fsdp", "full_shard", "--fsdp_config", value), capsys, "--fsdp_config", needle
+    )
+
+
+@pytest.mark.parametrize(
+    "override", ["vocab_size=1000000000000", "mlp_ratio=1e9,mlp_layers=all", "max_position_embeddings=10000000000000"]
+)
+def test_a_model_larger_than_the_machine_is_refused_before_any_data_is_read(corpus, tmp_path, capsys, override):
+    # Without the check, a vocabulary of 10**12 aborted the process inside the tokenizer trainer (a Rust panic).
+    argv = lm(corpus, tmp_path / "out", "--config_overrides", override)
+    refused(argv, capsys, "parameters", "GiB of float32 weights alone", "of memory", override.split("=")[0])
+
+
 def test_a_lora_rank_larger_than_the_adapted_layers_is_refused(saved, corpus, tmp_path, capsys):
     pytest.importorskip("peft")
     argv = lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved), "--lora_r", "100000")

@@ -285,3 +285,14 @@ def test_committed_results_name_the_command_that_regenerates_them(folder):
     # the run is absent from its record and must keep its default, the behaviour the run had).
     options = study_module(args.study).Options
     assert asdict(options(**given)) == {**asdict(options()), **recorded["options"]}
+
+
+def test_the_one_rule_for_close_is_a_factor_2_either_way():
+    """The experiments README's rule for "close" / "matches" / "reproduces", pinned on the cases it decided."""
+    from aot_transformers.experiments.study import close
+
+    assert close(8.3e-4, 1e-3) and close(2e-3, 1e-3) and close(5e-4, 1e-3)  # Fig. 2b, σ = 0.3: near 10⁻³
+    assert not close(3.6e-3, 1e-1) and not close(3.1e-2, 1e-1)  # Fig. 2b, σ = 1: every position / first token
+    assert close(0.065, 0.045) and not close(0.230, 0.106)  # ICL: d = 5 (1.44x), d = 20 (2.2x) at 2d examples
+    assert close(0.27999, 0.28057) and not close(0.22, 0.54)  # KVT r = 0.3: a tie, not a win; r = 0.5: a win
+    assert not close(0.0, 1e-2) and not close(1e-3, 0.0)

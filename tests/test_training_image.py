@@ -13,14 +13,18 @@ import pytest
 import torch
 
 pytest.importorskip("datasets")
-pytest.importorskip("evaluate")
+pytest.importorskip("sklearn")
 
 from PIL import Image  # noqa: E402
-from transformers import AutoImageProcessor, TrainingArguments, pipeline  # noqa: E402
+from transformers import AutoImageProcessor, EvalPrediction, TrainingArguments, pipeline  # noqa: E402
 
 from aot_transformers.training.arguments import PublishArguments, TrainingSetupError  # noqa: E402
-from aot_transformers.training.image import ImageModelArguments, prepare_image_training, train_image  # noqa: E402
-from aot_transformers.training.metrics import load_metric, metric_path  # noqa: E402
+from aot_transformers.training.image import (  # noqa: E402
+    ImageModelArguments,
+    accuracy_metrics,
+    prepare_image_training,
+    train_image,
+)
 from aot_transformers.training.vision_data import (  # noqa: E402
     ImageBatchCollator,
     ImageDataArguments,
@@ -232,11 +236,10 @@ def test_random_crop_flip():
     assert (padded == 0).any()  # some crops reach into the zero padding
 
 
-def test_local_accuracy_metric_loads_by_path():
-    assert metric_path("accuracy").endswith("accuracy.py")
-    assert load_metric("accuracy").compute(predictions=[0, 1, 2, 2], references=[0, 1, 1, 2]) == {"accuracy": 0.75}
-    with pytest.raises(ValueError, match="No local metric"):
-        metric_path("bleu-from-the-hub")
+def test_accuracy_of_logits():
+    logits = np.eye(3)[[0, 1, 2, 2]]
+    prediction = EvalPrediction(predictions=(logits,), label_ids=np.array([0, 1, 1, 2]))
+    assert accuracy_metrics()(prediction) == {"accuracy": 0.75}
 
 
 # --------------------------------------------------------------------------------------------------------------

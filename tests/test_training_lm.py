@@ -23,6 +23,7 @@ from aot_transformers.training.lm import (  # noqa: E402
     LMModelArguments,
     prepare_lm_training,
     run_lm_training,
+    train_bpe_tokenizer,
     train_lm,
     unigram_perplexity,
 )
@@ -33,7 +34,6 @@ from aot_transformers.training.text_data import (  # noqa: E402
     load_text_source,
     tokenize_and_pack,
 )
-from aot_transformers.training.tokenizer import train_bpe_tokenizer  # noqa: E402
 
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,vocab_size=320,max_position_embeddings=64"
 REPO_ROOT = Path(__file__).resolve().parents[1]

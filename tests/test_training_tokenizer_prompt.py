@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from aot_transformers import AoTForCausalLM, export_model  # noqa: E402
-from aot_transformers.training.tokenizer import train_bpe_tokenizer  # noqa: E402
+from aot_transformers.training.lm import train_bpe_tokenizer  # noqa: E402
 from conftest import tiny_config  # noqa: E402
 
 PROMPT = "Do you wish to run the custom code"
@@ -62,7 +62,7 @@ def test_training_and_evaluation_tokenizer_loads_never_ask(folders, which):
     folder = str(folders[0] if which == "own" else folders[1])
     done = run_fresh(
         f"""
-        from aot_transformers.training.tokenizer import load_tokenizer
+        from aot_transformers.training.lm import load_tokenizer
         from aot_transformers.evaluation.runner import load_model_and_tokenizer
         assert len(load_tokenizer({folder!r})) >= 256
         if {which!r} == "own":

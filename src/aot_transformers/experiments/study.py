@@ -106,6 +106,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def close(measured: float, reference: float, factor: float = 2.0) -> bool:
+    """The one rule for "close" / "matches" / "reproduces" (experiments README): within a factor 2, either way."""
+    return reference > 0 and reference / factor <= measured <= reference * factor
+
+
 @dataclass
 class Claim:
     """One row of a study's summary: a measured quantity beside what the paper states."""

@@ -15,32 +15,19 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {
-    "TrainingRun": ".run",
-    "run_training": ".run",
-    "LMModelArguments": ".lm",
-    "prepare_lm_training": ".lm",
-    "run_lm_training": ".lm",
-    "train_lm": ".lm",
-    "unigram_perplexity": ".lm",
-    "ImageModelArguments": ".image",
-    "prepare_image_training": ".image",
-    "run_image_training": ".image",
-    "train_image": ".image",
-    "TextDataArguments": ".text_data",
-    "load_text_source": ".text_data",
-    "tokenize_and_pack": ".text_data",
-    "ImageDataArguments": ".vision_data",
-    "load_image_source": ".vision_data",
-    "ModelArguments": ".arguments",
-    "PublishArguments": ".arguments",
-    "TrainingSetupError": ".arguments",
-    "LoraArguments": ".lora",
-    "last_complete_checkpoint": ".run_state",
-    "plot_training_curves": ".finish",
-    "train_bpe_tokenizer": ".tokenizer",
-    "run_demo": ".demo",
+_MODULES = {
+    ".run": "TrainingRun run_training",
+    ".lm": "LMModelArguments prepare_lm_training run_lm_training train_bpe_tokenizer train_lm unigram_perplexity",
+    ".image": "ImageModelArguments prepare_image_training run_image_training train_image",
+    ".text_data": "TextDataArguments load_text_source tokenize_and_pack",
+    ".vision_data": "ImageDataArguments load_image_source",
+    ".arguments": "ModelArguments PublishArguments TrainingSetupError",
+    ".lora": "LoraArguments",
+    ".run_state": "last_complete_checkpoint",
+    ".finish": "plot_training_curves",
+    ".demo": "run_demo",
 }
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names.split()}
 
 
 def __getattr__(name: str):

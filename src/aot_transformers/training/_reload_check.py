@@ -27,7 +27,7 @@ def main() -> int:
 
     import numpy as np
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageClassification, AutoTokenizer, pipeline
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
     report = {}
     if args.lm:
@@ -49,9 +49,9 @@ def main() -> int:
     if args.image:
         from PIL import Image
 
-        model = AutoModelForImageClassification.from_pretrained(args.image, trust_remote_code=True)
-        report["image_class"] = f"{type(model).__module__}.{type(model).__name__}"
         classifier = pipeline("image-classification", model=args.image, trust_remote_code=True)
+        model = classifier.model  # AutoModelForImageClassification's class, from the folder's code
+        report["image_class"] = f"{type(model).__module__}.{type(model).__name__}"
         if args.test_images:
             data = np.load(args.test_images, allow_pickle=False)
             images = [Image.fromarray(array) for array in data["images"]]

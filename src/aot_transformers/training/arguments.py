@@ -92,6 +92,7 @@ def parse_dataclasses(classes: tuple[type, ...], argv: list[str] | None = None) 
     parser.error = one_line_error
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        check_fsdp_config(argv)
         if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
             parsed = parser.parse_dict(read_arguments_file(argv[0]))
         elif len(argv) > 1 and argv[0].endswith((".yaml", ".yml", ".json")) and not argv[0].startswith("-"):
@@ -114,14 +115,9 @@ def parse_dataclasses(classes: tuple[type, ...], argv: list[str] | None = None) 
 
 # Our own fields that count something: None means "the default", any given value must be at least 1.
 POSITIVE_FIELDS = (
-    "tokenizer_vocab_size",
-    "block_size",
-    "max_train_samples",
-    "max_eval_samples",
-    "preprocessing_num_workers",
-    "streaming_validation_examples",
-    "image_size",
-)
+    "tokenizer_vocab_size block_size max_train_samples max_eval_samples preprocessing_num_workers "
+    "streaming_validation_examples image_size"
+).split()
 
 
 def check_positive_fields(values: Any) -> None:
@@ -139,42 +135,67 @@ def check_training_arguments(args) -> None:
     silently mean something else: one line naming the flag, exit code 2."""
     import math
 
-    def bad(name: str, allowed: str) -> TrainingSetupError:
-        return TrainingSetupError("is not allowed", argument=f"--{name}", value=getattr(args, name), allowed=allowed)
+    def finite(low: float):
+        return lambda value: math.isfinite(value) and value >= low
 
-    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
-        if getattr(args, name) < 1:
-            raise bad(name, "an integer >= 1")
-    if args.max_steps == 0 or args.max_steps < -1:
-        raise bad("max_steps", "an integer >= 1, or -1 to train --num_train_epochs")
-    epochs = args.num_train_epochs
-    if not math.isfinite(epochs) or epochs < 0 or (epochs == 0 and args.max_steps == -1):
-        raise bad("num_train_epochs", "a finite number > 0")
-    for name in ("learning_rate", "weight_decay", "adam_epsilon"):
-        value = getattr(args, name)
-        if not math.isfinite(value) or value < 0:
-            raise bad(name, "a finite number >= 0")
-    if not (math.isfinite(args.max_grad_norm) and args.max_grad_norm >= 0):
-        raise bad("max_grad_norm", "a finite number >= 0 (0: no clipping)")
-    for name in ("adam_beta1", "adam_beta2"):
-        if not 0 <= getattr(args, name) < 1:
-            raise bad(name, "a number in [0, 1)")
-    if not 0 <= args.seed < 2**32:
-        raise bad("seed", "an integer in [0, 2**32 - 1]")
-    if args.data_seed is not None and not 0 <= args.data_seed < 2**32:
-        raise bad("data_seed", "an integer in [0, 2**32 - 1]")
-    if args.warmup_steps is not None and args.warmup_steps < 0:
-        raise bad("warmup_steps", "a number >= 0")
-    for name in ("save_steps", "logging_steps", "eval_steps"):
+    steps, seeds = "a number > 0 (steps, or a fraction of the run below 1)", "an integer in [0, 2**32 - 1]"
+    at_least_1 = (lambda value: value >= 1, "an integer >= 1")
+    rules = {  # flag: (test of a given value, what is allowed), checked in this order
+        "per_device_train_batch_size": at_least_1,
+        "per_device_eval_batch_size": at_least_1,
+        "gradient_accumulation_steps": at_least_1,
+        "max_steps": (lambda value: value >= 1 or value == -1, "an integer >= 1, or -1 to train --num_train_epochs"),
+        "num_train_epochs": (
+            lambda value: finite(0)(value) and (value > 0 or args.max_steps != -1),
+            "a finite number > 0",
+        ),
+        "learning_rate": (finite(0), "a finite number >= 0"),
+        "weight_decay": (finite(0), "a finite number >= 0"),
+        "adam_epsilon": (finite(0), "a finite number >= 0"),
+        "max_grad_norm": (finite(0), "a finite number >= 0 (0: no clipping)"),
+        "adam_beta1": (lambda value: 0 <= value < 1, "a number in [0, 1)"),
+        "adam_beta2": (lambda value: 0 <= value < 1, "a number in [0, 1)"),
+        "seed": (lambda value: 0 <= value < 2**32, seeds),
+        "data_seed": (lambda value: 0 <= value < 2**32, seeds),  # None: the seed
+        "warmup_steps": (lambda value: not value < 0, "a number >= 0"),
+        "save_steps": (lambda value: math.isfinite(value) and value > 0, steps),
+        "logging_steps": (lambda value: math.isfinite(value) and value > 0, steps),
+        "eval_steps": (lambda value: math.isfinite(value) and value > 0, steps),
+        "save_total_limit": (lambda value: value >= 1, "an integer >= 1, or leave it out to keep every checkpoint"),
+    }
+    for name, (test, allowed) in rules.items():
         value = getattr(args, name, None)
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise bad(name, "a number > 0 (steps, or a fraction of the run below 1)")
-    if args.save_total_limit is not None and args.save_total_limit < 1:
-        raise bad("save_total_limit", "an integer >= 1, or leave it out to keep every checkpoint")
+        if value is not None and not test(value):
+            raise TrainingSetupError("is not allowed", argument=f"--{name}", value=value, allowed=allowed)
     if args.fsdp_config and not args.fsdp:
         raise TrainingSetupError(
             "is ignored without --fsdp", argument="--fsdp_config", allowed="with --fsdp, e.g. --fsdp full_shard"
         )
+
+
+def check_fsdp_config(argv: list[str]) -> None:
+    """`--fsdp_config` (on the command line or in an arguments file) must be a JSON object or the path of a JSON file
+    holding one, as `TrainingArguments` reads it; else a `TrainingSetupError` naming the flag, before parsing."""
+    import argparse
+
+    reader = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    reader.add_argument("--fsdp_config")
+    value = reader.parse_known_args(argv)[0].fsdp_config
+    if argv and argv[0].endswith((".json", ".yaml", ".yml")) and not argv[0].startswith("-") and value is None:
+        value = read_arguments_file(argv[0]).get("fsdp_config")
+    if value is None or isinstance(value, dict):
+        return
+    allowed, text = "a JSON object, or the path of a JSON file holding one", str(value)
+    if not text.lstrip().startswith("{"):
+        if not Path(text).is_file():
+            raise TrainingSetupError("no such file", argument="--fsdp_config", value=text, allowed=allowed)
+        text = Path(text).read_text(encoding="utf-8", errors="replace")
+    try:
+        loaded = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise TrainingSetupError(f"is not valid JSON ({error})", argument="--fsdp_config", value=value) from None
+    if not isinstance(loaded, dict):
+        raise TrainingSetupError("is not a JSON object", argument="--fsdp_config", value=value, allowed=allowed)
 
 
 def read_arguments_file(path: str) -> dict[str, Any]:

@@ -6,8 +6,6 @@ classifier on data every machine has, with no download.
 3. both written as hub-ready folders (weights, code files, tokenizer / image processor, model card, training
    curves) and reloaded in a fresh interpreter through the Auto classes with `trust_remote_code=True`, where the LM
    generates a sample and the classifier is scored on the held-out test digits through `pipeline`.
-
-About 3–5 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -23,6 +21,14 @@ from typing import Any
 LM_FOLDER = "aot-mssa-l-tiny-pydoc"
 IMAGE_FOLDER = "aot-v-tiny-digits"
 REPORT_PREFIX = "AOT_RELOAD_REPORT "  # as printed by _reload_check.py
+REPORT = (  # the closing summary, formatted with `rule` and the summary's fields
+    "\n{rule}\nLanguage model:  {lm_folder}\n"
+    "  validation perplexity {lm_validation_perplexity:.2f} (unigram baseline {lm_unigram_perplexity:.2f})\n"
+    "  sample (fresh process, trust_remote_code=True): {sample!r}\nImage classifier: {image_folder}\n"
+    "  test accuracy {reloaded_test_accuracy:.3f} on {test_images} held-out digits "
+    "(fresh process, pipeline('image-classification'))\n"
+    "Model cards: README.md in each folder; training curves: training_curves.png. Total {total_seconds:.0f} s.\n{rule}"
+)
 
 
 def idle_cores() -> int:
@@ -47,10 +53,8 @@ def _training_arguments(output_dir: Path, epochs: float, seed: int, batch: int, 
         output_dir=str(output_dir),
         save_strategy="no",
         eval_strategy="epoch",
-        logging_strategy="steps",
         report_to="none",
         use_cpu=True,
-        dataloader_num_workers=0,
         lr_scheduler_type="cosine",
         weight_decay=0.01,
         num_train_epochs=epochs,
@@ -165,22 +169,5 @@ def run_demo(
         "total_seconds": round(time.perf_counter() - start, 1),
     }
     (output_dir / "demo_results.json").write_text(json.dumps(summary, indent=2))
-    print()
-    print("=" * 80)
-    print(f"Language model:  {summary['lm_folder']}")
-    print(
-        f"  validation perplexity {summary['lm_validation_perplexity']:.2f} "
-        f"(unigram baseline {summary['lm_unigram_perplexity']:.2f})"
-    )
-    print(f"  sample (fresh process, trust_remote_code=True): {summary['sample']!r}")
-    print(f"Image classifier: {summary['image_folder']}")
-    print(
-        f"  test accuracy {summary['reloaded_test_accuracy']:.3f} on {summary['test_images']} held-out digits "
-        f"(fresh process, pipeline('image-classification'))"
-    )
-    print(
-        f"Model cards: README.md in each folder; training curves: training_curves.png. "
-        f"Total {summary['total_seconds']:.0f} s."
-    )
-    print("=" * 80)
+    print(REPORT.format(rule="=" * 80, **summary))
     return summary

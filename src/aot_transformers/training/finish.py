@@ -9,13 +9,10 @@ Trainer's hub options are honoured as Trainer documents them (`--hub_strategy`):
 - `all_checkpoints`: at every save, the whole checkpoint to `checkpoint-<step>/`;
 with `--hub_private_repo` (repository visibility), `--hub_revision` (the branch committed to) and `--hub_token`.
 
-Why not Trainer's own push (checked against transformers 5.24, `Trainer.init_hf_repo`, `_push_from_checkpoint` and
-`push_to_hub`), although checkpoints now carry the code files: it uploads `--output_dir`, not the final folder — the
-run's lock, run record, tokenizer cache, `training_args.bin` (a pickle) and, at every save, a root holding only
-`config.json` and the weights copied from the checkpoint (no code files: `trust_remote_code` loading fails); it
-has no endpoint argument (`--hub_endpoint`), commits to `--hub_revision` without creating the branch, creates the
-repository when the Trainer is built, and pushes in the background, so a failed checkpoint push neither stops the
-run nor is reported before the end. Its card hook (`create_model_card`) would only replace the card of that folder.
+Why not Trainer's own push (transformers 5.24): it uploads `--output_dir`, not the final folder (the run's lock and
+record, the tokenizer cache, the pickled `training_args.bin`, and at every save a root without the code files that
+`trust_remote_code` needs); it has no endpoint argument, commits to `--hub_revision` without creating the branch, and
+pushes in the background, so a failed checkpoint push neither stops the run nor is reported before the end.
 """
 
 from __future__ import annotations
@@ -60,10 +57,10 @@ def take_over_hub_options(training_args, publish_args: PublishArguments) -> HubP
     push = bool(training_args.push_to_hub)
     training_args.push_to_hub = False
     repo_id = training_args.hub_model_id
-    if push and not repo_id:
-        repo_id = publish_args.final_dir(training_args).resolve().parent.name
     if push:
         from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        repo_id = repo_id or publish_args.final_dir(training_args).resolve().parent.name
 
         try:
             validate_repo_id(repo_id)
@@ -87,10 +84,8 @@ def hub_checkpoint_callback(plan: HubPlan):
         checkpoint is on disk, and `--resume_from_checkpoint latest` continues after the cause is fixed)."""
 
         def on_save(self, args, state, control, **kwargs):
-            if not state.is_world_process_zero:
-                return
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if not folder.is_dir():
+            if not state.is_world_process_zero or not folder.is_dir():
                 return
             path_in_repo, ignore, delete = {
                 "every_save": (None, TRAINER_STATE_PATTERNS, None),
@@ -135,28 +130,23 @@ def plot_training_curves(log_history: list[dict[str, Any]], path: str | os.PathL
         return None
     train = [(e["step"], e["loss"]) for e in log_history if "loss" in e and "step" in e]
     evals = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e]
-    metric_name = "eval_accuracy" if any("eval_accuracy" in e for e in log_history) else None
-    metric = [(e["step"], e[metric_name]) for e in log_history if metric_name and metric_name in e]
-    if metric_name is None and evals:  # language models: the perplexity of each evaluation
-        metric_name, metric = "eval_perplexity", [(step, perplexity(loss)) for step, loss in evals]
+    metric_name, metric = "accuracy", [(e["step"], e["eval_accuracy"]) for e in log_history if "eval_accuracy" in e]
+    if not metric:  # language models: the perplexity of each evaluation
+        metric_name, metric = "perplexity", [(step, perplexity(loss)) for step, loss in evals]
     if not train and not evals:
         return None
     columns = 2 if metric else 1
     figure, axes = plt.subplots(1, columns, figsize=(5.5 * columns, 4), squeeze=False)
-    ax = axes[0][0]
     if train:
-        ax.plot(*zip(*train, strict=True), label="train loss")
+        axes[0][0].plot(*zip(*train, strict=True), label="train loss")
     if evals:
-        ax.plot(*zip(*evals, strict=True), "o-", label="validation loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy")
-    ax.legend()
-    ax.grid(alpha=0.3)
+        axes[0][0].plot(*zip(*evals, strict=True), "o-", label="validation loss")
+    axes[0][0].legend()
     if metric:
-        ax = axes[0][1]
-        ax.plot(*zip(*metric, strict=True), "o-", color="tab:green")
+        axes[0][1].plot(*zip(*metric, strict=True), "o-", color="tab:green")
+    for ax, ylabel in zip(axes[0], ("cross-entropy", metric_name), strict=False):
         ax.set_xlabel("step")
-        ax.set_ylabel(metric_name.removeprefix("eval_"))
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     figure.suptitle(title)
     figure.tight_layout()
@@ -169,20 +159,23 @@ def plot_training_curves(log_history: list[dict[str, Any]], path: str | os.PathL
 def training_summary(training_args, trainer, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The training settings shown in the model card."""
     world = max(1, training_args.world_size)
+    batch = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps * world
     summary = {
         "steps": trainer.state.global_step,
         "epochs": round(trainer.state.epoch or 0.0, 2),
-        "global batch size": training_args.per_device_train_batch_size
-        * training_args.gradient_accumulation_steps
-        * world,
+        "global batch size": batch,
         "processes": world,
         "learning rate": training_args.learning_rate,
         "schedule": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
         "warmup": training_args.warmup_steps or 0,
         "weight decay": training_args.weight_decay,
-        "optimizer": _optimizer_name(training_args, trainer),
+        "optimizer": str(getattr(training_args.optim, "value", training_args.optim)),
         "seed": training_args.seed,
     }
+    if getattr(trainer, "optimizer_cls_and_kwargs", None):  # ours (Lion), not Trainer's --optim
+        cls, kwargs = trainer.optimizer_cls_and_kwargs
+        betas = f", betas {tuple(kwargs['betas'])}" if kwargs.get("betas") else ""
+        summary["optimizer"] = f"{cls.__name__} ({cls.__module__.split('.')[0]}{betas})"
     if getattr(training_args, "fsdp", None):
         config = getattr(training_args, "fsdp_config", None) or {}
         version = config.get("version", config.get("fsdp_version", 2))
@@ -191,15 +184,6 @@ def training_summary(training_args, trainer, extra: dict[str, Any] | None = None
         summary["parallelism"] = "DDP"
     summary.update(extra or {})
     return summary
-
-
-def _optimizer_name(training_args, trainer) -> str:
-    custom = getattr(trainer, "optimizer_cls_and_kwargs", None)
-    if custom:
-        cls, kwargs = custom
-        betas = kwargs.get("betas")
-        return f"{cls.__name__} ({cls.__module__.split('.')[0]}" + (f", betas {tuple(betas)})" if betas else ")")
-    return str(getattr(training_args.optim, "value", training_args.optim))
 
 
 def _full_state_model(trainer):
@@ -238,91 +222,81 @@ def finish_run(
     """Write the final hub-ready folder of `run` (a `run.TrainingRun`) atomically (model or LoRA adapter, tokenizer
     or image processor, code files, model card with `results` and the `training` summary, `results.json`, training
     curves), push it if asked, and save the metrics. Every process must call it (FSDP gathers its shards here); only
-    the main process writes. Returns `metrics` with `final_model_dir`."""
+    the main process writes. Returns `metrics` with `final_model_dir` (None off the main process)."""
     from ..hub import export_model, push_to_hub
     from ..model_card import render_model_card, training_results_json
+    from .run_state import check_finite_model
 
     trainer, training_args, publish_args, plan = run.trainer, run.training_args, run.publish_args, run.hub
     task, processor, lora, base_model = run.task, run.processor, run.lora, run.model_args.model_name_or_path
     final_dir = publish_args.final_dir(training_args)
     model, _ = _full_state_model(trainer)
-    written = None
-    if trainer.is_world_process_zero():
-        from .run_state import check_finite_model
-
-        check_finite_model(model)
-        model_name = publish_args.model_name or training_args.hub_model_id or final_dir.name
-        num_parameters = sum(p.numel() for p in model.parameters())
-        extra_files: dict[str, Any] = {
-            RESULTS_FILE: training_results_json(
-                model_name, task=task, results=results, training=training, metrics=metrics,
-                num_parameters=num_parameters,
-            )
-        }  # fmt: skip
-        curves = None
-        if publish_args.make_plots:
-            curves = plot_training_curves(
-                trainer.state.log_history, Path(training_args.output_dir) / CURVES_FILE, title=final_dir.name
-            )
-            if curves is not None:
-                extra_files[CURVES_FILE] = curves
-        hub_base = base_model if is_hub_id(base_model) else None
-        local_base = base_model if base_model and hub_base is None else None
-        card_kwargs = dict(
-            model_name=model_name.split("/")[-1],
-            repo_id=plan.repo_id or model_name,
-            task=task,
-            datasets=run.source.hub_ids,
-            dataset_description=run.source.description,
-            results=results,
-            training=training,
-            num_parameters=num_parameters,
-            curves_file=CURVES_FILE if curves is not None else None,
-            base_model=hub_base,
-            base_model_description=local_base,
+    if not trainer.is_world_process_zero():
+        metrics["final_model_dir"] = None
+        return metrics
+    check_finite_model(model)
+    model_name = publish_args.model_name or training_args.hub_model_id or final_dir.name
+    num_parameters = sum(p.numel() for p in model.parameters())
+    files: dict[str, Any] = {
+        RESULTS_FILE: training_results_json(
+            model_name, task=task, results=results, training=training, metrics=metrics, num_parameters=num_parameters
         )
-        if lora is not None and not lora.merge_lora:
-            from .lora import export_adapter
+    }
+    curves = None
+    if publish_args.make_plots:
+        curves = plot_training_curves(
+            trainer.state.log_history, Path(training_args.output_dir) / CURVES_FILE, title=final_dir.name
+        )
+        if curves is not None:
+            files[CURVES_FILE] = curves
+    hub_base = base_model if is_hub_id(base_model) else None
+    card_kwargs = dict(
+        model_name=model_name.split("/")[-1],
+        repo_id=plan.repo_id or model_name,
+        task=task,
+        datasets=run.source.hub_ids,
+        dataset_description=run.source.description,
+        results=results,
+        training=training,
+        num_parameters=num_parameters,
+        curves_file=CURVES_FILE if curves is not None else None,
+        base_model=hub_base,
+        base_model_description=base_model if base_model and hub_base is None else None,
+    )
+    protected = (training_args.output_dir,)
+    if lora is not None and not lora.merge_lora:
+        from .lora import export_adapter
 
-            export_adapter(
-                model,
-                final_dir,
-                lora,
-                processor=processor,
-                card_kwargs=card_kwargs,
-                files=extra_files,
-                protected=(training_args.output_dir,),
-            )
-        else:
-            if lora is not None:  # the base model with the adapters merged in: no PEFT needed to load it
-                model = model.merge_and_unload()
-                card_kwargs["tags"] = ["lora-merged"]
-            card = render_model_card(model.config, **card_kwargs)
-            export_model(
-                model,
-                final_dir,
-                tokenizer=processor if task == "text-generation" else None,
-                image_processor=processor if task != "text-generation" else None,
-                model_card=card,
-                extra_files=extra_files,
-                protected=(training_args.output_dir,),
-            )
-        logger.info("Final model written to %s", final_dir)
-        written = final_dir
-        if plan.push:
-            result = push_to_hub(
-                final_dir,
-                plan.repo_id,
-                token=training_args.hub_token,
-                endpoint=plan.endpoint,
-                private=training_args.hub_private_repo,
-                revision=training_args.hub_revision,
-                commit_message="End of training",
-            )
-            print(f"Pushed {final_dir} to {result.repo_url} (commit {result.commit_oid}).")
-    metrics["final_model_dir"] = str(written) if written else None
-    if trainer.is_world_process_zero():
-        trainer.save_metrics("all", {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+        export_adapter(
+            model, final_dir, lora, processor=processor, card_kwargs=card_kwargs, files=files, protected=protected
+        )
+    else:
+        if lora is not None:  # the base model with the adapters merged in: no PEFT needed to load it
+            model = model.merge_and_unload()
+            card_kwargs["tags"] = ["lora-merged"]
+        export_model(
+            model,
+            final_dir,
+            tokenizer=processor if task == "text-generation" else None,
+            image_processor=processor if task != "text-generation" else None,
+            model_card=render_model_card(model.config, **card_kwargs),
+            extra_files=files,
+            protected=protected,
+        )
+    logger.info("Final model written to %s", final_dir)
+    if plan.push:
+        result = push_to_hub(
+            final_dir,
+            plan.repo_id,
+            token=training_args.hub_token,
+            endpoint=plan.endpoint,
+            private=training_args.hub_private_repo,
+            revision=training_args.hub_revision,
+            commit_message="End of training",
+        )
+        print(f"Pushed {final_dir} to {result.repo_url} (commit {result.commit_oid}).")
+    metrics["final_model_dir"] = str(final_dir)
+    trainer.save_metrics("all", {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     return metrics
 
 

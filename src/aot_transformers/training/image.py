@@ -2,8 +2,7 @@
 
 Runs as `aot train image …`, `python -m aot_transformers.training.image …`, and under `torchrun` / `accelerate
 launch -m aot_transformers.training.image …`. The image processor is saved with the model, so
-`pipeline("image-classification", model=folder, trust_remote_code=True)` works on the result. Accuracy comes from
-the local `evaluate` metric module in `training/metrics`.
+`pipeline("image-classification", model=folder, trust_remote_code=True)` works on the result.
 """
 
 from __future__ import annotations
@@ -50,9 +49,7 @@ def _augmenting_trainer_class():
         train_data_collator = None
 
         def get_train_dataloader(self):
-            if self.train_data_collator is None:
-                return super().get_train_dataloader()
-            plain, self.data_collator = self.data_collator, self.train_data_collator
+            plain, self.data_collator = self.data_collator, self.train_data_collator or self.data_collator
             try:
                 return super().get_train_dataloader()
             finally:
@@ -62,17 +59,14 @@ def _augmenting_trainer_class():
 
 
 def accuracy_metrics():
-    """`compute_metrics` for `Trainer`: accuracy through the local `evaluate` accuracy module."""
+    """`compute_metrics` for `Trainer`: scikit-learn's `accuracy_score` (what `evaluate`'s accuracy metric runs)."""
     import numpy as np
-
-    from .metrics import load_metric
-
-    metric = load_metric("accuracy")
+    from sklearn.metrics import accuracy_score
 
     def compute(eval_prediction) -> dict[str, float]:
         logits = eval_prediction.predictions
         logits = logits[0] if isinstance(logits, tuple) else logits
-        return metric.compute(predictions=np.argmax(logits, axis=-1), references=eval_prediction.label_ids)
+        return {"accuracy": float(accuracy_score(eval_prediction.label_ids, np.argmax(logits, axis=-1)))}
 
     return compute
 
@@ -109,26 +103,24 @@ def prepare_image_training(
     with training_args.main_process_first(desc="loading images"):
         run.source = source = load_image_source(data_args, seed=training_args.seed)
     id2label = dict(enumerate(source.class_names))
-    reinitialise_head = False
-    if model_args.model_name_or_path:
-        old = [config.id2label[i] for i in sorted(config.id2label)]
-        if old != source.class_names:
-            logger.warning(
-                "The checkpoint's classes %s differ from the data's: the classification head is re-initialised.",
-                old[:10],
-            )
-            reinitialise_head = True
+    old = [config.id2label[i] for i in sorted(config.id2label)]
+    reinitialise_head = bool(model_args.model_name_or_path) and old != source.class_names
+    if reinitialise_head:
+        logger.warning(
+            "The checkpoint's classes %s differ from the data's: the classification head is re-initialised.", old[:10]
+        )
     config.id2label = id2label
     config.label2id = {name: i for i, name in id2label.items()}
     processor = make_image_processor(config.image_size, config.num_channels)
     augment = data_args.augment == "yes" or (data_args.augment == "auto" and source.kind == "cifar10-archives")
+
+    def prepare(split, desc: str):
+        return None if split is None else preprocess_images(split, processor, config.num_channels, desc)
+
     with training_args.main_process_first(desc="preparing images"):
-        train = preprocess_images(source.train, processor, config.num_channels, "training images")
-        validation = None
-        if source.validation is not None:
-            validation = preprocess_images(source.validation, processor, config.num_channels, "validation images")
+        train, validation = prepare(source.train, "training images"), prepare(source.validation, "validation images")
     if source.test is not None:
-        run.test = lambda: preprocess_images(source.test, processor, config.num_channels, "test images")
+        run.test = lambda: prepare(source.test, "test images")
     crop = f"random crop (padding {data_args.crop_padding}) + horizontal flip"
     run.summary = {
         "image size": f"{config.image_size} px, patch {config.patch_size}",

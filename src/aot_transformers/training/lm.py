@@ -2,16 +2,18 @@
 
 Runs as `aot train lm …`, `python -m aot_transformers.training.lm …`, `torchrun --nproc_per_node N -m
 aot_transformers.training.lm …` and `accelerate launch --multi_gpu -m aot_transformers.training.lm …` (plus `--use_cpu`
-without GPUs) with the same arguments:
-the three dataclasses below plus every `TrainingArguments` flag. All input is checked (data, columns, preset,
-tokenizer against the model, block size) before the first training step.
+without GPUs) with the same arguments: those of `LM_ARGUMENTS` plus every `TrainingArguments` flag. All input is
+checked (data, columns, preset, tokenizer against the model, block size) before the first training step. Without a
+tokenizer, a byte-level BPE is trained with `tokenizers` and wrapped as a `transformers` fast tokenizer.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ DEFAULT_LM_PRESET = "aot-mssa-l-tiny"
 TOKENIZER_SUBDIR = "tokenizer"
 TOKENIZER_STREAM_EXAMPLES = 100_000
 TOKENIZER_RECORD = "aot_tokenizer.json"  # what the cached tokenizer was trained on
+END_OF_TEXT = "<|endoftext|>"  # the BOS, EOS and padding token of the byte-level BPE trained here
 
 
 @dataclass
@@ -46,28 +49,85 @@ class LMModelArguments(ModelArguments):
     )
 
 
+def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
+    """`AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)`: never the remote-code prompt.
+
+    `AutoTokenizer` reads the folder's `config.json`, whose `auto_map` (the model is remote code) would make
+    transformers ask on the terminal unless `trust_remote_code` is explicit. This package registers `aot`, so its own
+    folders need no remote code for the tokenizer; one that does fails with a clear error instead of asking.
+    """
+    from transformers import AutoTokenizer, GPT2TokenizerFast
+
+    from .. import configuration_aot  # noqa: F401 - the `aot` model type is registered on package import
+
+    folder = Path(name_or_path)
+    if (
+        folder.is_dir()
+        and not any((folder / name).is_file() for name in ("tokenizer_config.json", "tokenizer.json"))
+        and all((folder / name).is_file() for name in ("vocab.json", "merges.txt"))
+    ):  # the GPT-2 tokenizer as OpenAI published it (vocabulary and merges only), e.g. ../shared/data/tokenizer-gpt2
+        return GPT2TokenizerFast.from_pretrained(folder, **kwargs)
+    return AutoTokenizer.from_pretrained(os.fspath(name_or_path), trust_remote_code=False, **kwargs)
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int,
+    min_frequency: int = 2,
+    show_progress: bool = True,
+    length: int | None = None,
+):
+    """Train a GPT-2-style byte-level BPE tokenizer on `texts` (an iterable of strings, consumed once; `length`, if
+    known, for the progress bar). Deterministic for a given input.
+
+    Every byte is in the initial alphabet, so any text encodes without unknown tokens; `<|endoftext|>` (id 0) is
+    the BOS, EOS and padding token. `vocab_size` counts it and must be at least 257 (256 bytes + `<|endoftext|>`);
+    pairs seen fewer than `min_frequency` times are not merged. Returns a `transformers.PreTrainedTokenizerFast`
+    with exactly `vocab_size` tokens (fewer if the text is too short to learn that many merges).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 257:
+        raise ValueError(
+            f"`vocab_size` of a byte-level BPE must be >= 257 (256 bytes + {END_OF_TEXT}), got {vocab_size}."
+        )
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
+    )
+    tokenizer.train_from_iterator((text for text in texts if text), trainer=trainer, length=length)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=END_OF_TEXT,
+        eos_token=END_OF_TEXT,
+        pad_token=END_OF_TEXT,
+        unk_token=END_OF_TEXT,
+        model_max_length=1_000_000,
+    )
+
+
 def load_or_train_tokenizer(
     model_args: LMModelArguments, config, source, training_args, resume: str | None, data_args: TextDataArguments
 ):
     """The tokenizer of the run: given, the checkpoint's, the resumed run's, or a byte-level BPE trained on the
     training text (by the main process; saved under `<output_dir>/tokenizer` for the others and for resuming)."""
-    from .tokenizer import load_tokenizer
-
-    candidates = [model_args.tokenizer_name_or_path]
-    if not model_args.tokenizer_name_or_path:
-        candidates += [resume, model_args.model_name_or_path]
-    for candidate in candidates:
-        if not candidate:
-            continue
-        if candidate == model_args.tokenizer_name_or_path or (Path(candidate) / "tokenizer_config.json").is_file():
-            if looks_like_path(candidate) and not Path(candidate).exists():
-                raise TrainingSetupError(f"--tokenizer_name_or_path {candidate}: no such folder.")
-            try:
-                return load_tokenizer(candidate)
-            except Exception as error:
-                raise TrainingSetupError(f"Could not load the tokenizer {candidate!r}: {error}") from error
-    from .tokenizer import train_bpe_tokenizer
-
+    given = model_args.tokenizer_name_or_path
+    if given and looks_like_path(given) and not Path(given).exists():
+        raise TrainingSetupError(f"--tokenizer_name_or_path {given}: no such folder.")
+    found = [c for c in (resume, model_args.model_name_or_path) if c and (Path(c) / "tokenizer_config.json").is_file()]
+    if given or found:
+        try:
+            return load_tokenizer(given or found[0])
+        except Exception as error:
+            raise TrainingSetupError(f"Could not load the tokenizer {given or found[0]!r}: {error}") from error
     text_column = data_args.text_column
     saved = Path(training_args.output_dir) / TOKENIZER_SUBDIR
     vocab_size = model_args.tokenizer_vocab_size or config.vocab_size
@@ -98,28 +158,12 @@ def load_or_train_tokenizer(
                 )
         # A stream is sampled: its first examples teach the merges.
         texts = source.train.take(TOKENIZER_STREAM_EXAMPLES) if dataset_length(source.train) is None else source.train
-        tokenizer = train_bpe_tokenizer(
-            (row[text_column] for row in texts),
-            vocab_size=vocab_size,
-            length=dataset_length(texts),
-            show_progress=True,
-        )
+        tokenizer = train_bpe_tokenizer((row[text_column] for row in texts), vocab_size, length=dataset_length(texts))
         if training_args.process_index == 0:
             with atomic_folder(saved) as staging:
                 tokenizer.save_pretrained(staging)
                 write_json(staging / TOKENIZER_RECORD, made_from)
         return tokenizer
-
-
-def check_tokenizer_fits(tokenizer, config) -> None:
-    """Every token id must index the model's embedding: `len(tokenizer) <= config.vocab_size`."""
-    size = len(tokenizer)
-    if size > config.vocab_size:
-        raise TrainingSetupError(
-            f"The tokenizer has {size} tokens but the model's vocab_size is {config.vocab_size}: token ids would "
-            "overflow the embedding. Use a smaller tokenizer or, for a new model, "
-            f"--config_overrides vocab_size={size}"
-        )
 
 
 def _perplexity_trainer_class():
@@ -141,16 +185,12 @@ def unigram_perplexity(train_blocks, eval_blocks, vocab_size: int) -> float:
     a language model has to beat. Counts the same target tokens as the LM's loss (all but the first of a block)."""
     import numpy as np
 
-    counts = np.ones(vocab_size, dtype=np.float64)
-    for block in train_blocks["input_ids"]:
-        counts += np.bincount(np.asarray(block), minlength=vocab_size)[:vocab_size]
+    train = np.asarray(train_blocks["input_ids"], dtype=np.int64).ravel()
+    counts = 1.0 + np.bincount(train, minlength=vocab_size)[:vocab_size]
     log_probs = np.log(counts / counts.sum())
-    total, count = 0.0, 0
-    for block in eval_blocks["input_ids"]:
-        targets = np.asarray(block[1:])
-        total -= float(log_probs[targets].sum())
-        count += targets.size
-    return math.exp(total / max(count, 1))
+    evaluated = eval_blocks["input_ids"]
+    targets = np.asarray(evaluated, dtype=np.int64).reshape(len(evaluated), -1)[:, 1:]  # the LM loss's targets
+    return math.exp(-float(log_probs[targets].sum()) / max(targets.size, 1))
 
 
 def prepare_lm_training(
@@ -181,7 +221,12 @@ def prepare_lm_training(
     )
     run.source = source = load_text_source(data_args, seed=training_args.seed)
     tokenizer = load_or_train_tokenizer(model_args, config, source, training_args, run.resume, data_args)
-    check_tokenizer_fits(tokenizer, config)
+    if len(tokenizer) > config.vocab_size:  # every token id must index the model's embedding
+        raise TrainingSetupError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {config.vocab_size}: token ids "
+            f"would overflow the embedding. Use a smaller tokenizer or, for a new model, --config_overrides "
+            f"vocab_size={len(tokenizer)}"
+        )
     if not model_args.model_name_or_path:
         for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
             if getattr(config, name, None) is None and getattr(tokenizer, name, None) is not None:

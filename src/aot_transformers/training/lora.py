@@ -55,7 +55,6 @@ class LoraArguments:
             return
         if isinstance(self.lora_r, bool) or self.lora_r < 1:
             raise TrainingSetupError("", argument="--lora_r", value=self.lora_r, allowed="a positive integer")
-
         if self.lora_alpha is not None and not self.lora_alpha > 0:
             raise TrainingSetupError("", argument="--lora_alpha", value=self.lora_alpha, allowed="a positive number")
         if not 0 <= self.lora_dropout < 1:
@@ -71,16 +70,6 @@ class LoraArguments:
                 argument="--lora_r",
                 value=self.lora_r,
             )
-
-
-def _require_peft():
-    try:
-        import peft
-    except ImportError:
-        raise TrainingSetupError(
-            "LoRA needs PEFT: pip install 'aot-transformers[peft]'", argument="--lora_r"
-        ) from None
-    return peft
 
 
 def check_lora_targets(model, lora: LoraArguments) -> list[str]:
@@ -116,7 +105,12 @@ def check_lora_targets(model, lora: LoraArguments) -> list[str]:
 def apply_lora(model, lora: LoraArguments, task: str):
     """Wrap `model` in a `peft.PeftModel` with LoRA adapters as `lora` says; only the adapters (and an image
     classifier's head) stay trainable. Raises `TrainingSetupError` for target modules the model does not have."""
-    peft = _require_peft()
+    try:
+        import peft
+    except ImportError:
+        raise TrainingSetupError(
+            "LoRA needs PEFT: pip install 'aot-transformers[peft]'", argument="--lora_r"
+        ) from None
     targets = check_lora_targets(model, lora)
     config = peft.LoraConfig(
         r=lora.lora_r,

@@ -15,11 +15,12 @@ from .arguments import ModelArguments, TrainingSetupError
 
 
 def parse_overrides(text: str | None) -> dict[str, Any]:
-    """`"hidden_size=128,knn_k=0.5,attention_type=mhsa"` -> a dict with JSON-typed values (strings otherwise)."""
+    """`"hidden_size=128,knn_k=0.5,attention_type=mhsa"` -> a dict with JSON-typed values (strings otherwise).
+    Refuses a name that is no config field (it would be stored and silently ignored)."""
+    import difflib
+
     overrides: dict[str, Any] = {}
-    if not text:
-        return overrides
-    for item in text.split(","):
+    for item in (text or "").split(","):
         if not item.strip():
             continue
         if "=" not in item:
@@ -31,18 +32,6 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
             overrides[name] = json.loads(value)
         except json.JSONDecodeError:
             overrides[name] = {"None": None, "True": True, "False": False}.get(value, value)
-    return overrides
-
-
-def config_field_names() -> set[str]:
-    """The names `--config_overrides` accepts: every field of an `AoTConfig`."""
-    return set(AoTConfig().to_dict()) | {"attn_implementation"}
-
-
-def check_override_names(overrides: dict[str, Any]) -> None:
-    """Refuse a `--config_overrides` name that is no config field (it would be stored and silently ignored)."""
-    import difflib
-
     known = config_field_names()
     for name in overrides:
         if name not in known:
@@ -53,6 +42,17 @@ def check_override_names(overrides: dict[str, Any]) -> None:
                 argument="--config_overrides",
                 value=name,
             )
+    return overrides
+
+
+def config_field_names() -> set[str]:
+    """The names `--config_overrides` accepts: every field of an `AoTConfig`."""
+    return set(AoTConfig().to_dict()) | {"attn_implementation"}
+
+
+# The config fields that set a text (0) or vision (1) model's size.
+SIZE_FIELDS = ("vocab_size", "max_position_embeddings"), ("image_size", "patch_size")
+SIZE_FIELDS = tuple((*fields, "hidden_size", "num_hidden_layers", "mlp_ratio") for fields in SIZE_FIELDS)
 
 
 def build_config(model_args: ModelArguments, default_preset: str, **fields: Any) -> AoTConfig:
@@ -60,15 +60,13 @@ def build_config(model_args: ModelArguments, default_preset: str, **fields: Any)
     `--config_overrides` and then `fields` applied, checked with `AoTConfig.validate()`. Raises
     `TrainingSetupError` for a bad choice."""
     model_name_or_path, preset, config_file = model_args.model_name_or_path, model_args.preset, model_args.config_file
-    config_overrides = model_args.config_overrides
     sources = [s for s in (model_name_or_path, config_file) if s] + ([preset] if preset else [])
     if len(sources) > 1:
         raise TrainingSetupError(
             "Give at most one of --model_name_or_path, --config_file and --preset, got "
             f"{', '.join(map(repr, sources))}."
         )
-    overrides = {**parse_overrides(config_overrides), **{k: v for k, v in fields.items() if v is not None}}
-    check_override_names(parse_overrides(config_overrides))
+    overrides = {**parse_overrides(model_args.config_overrides), **{k: v for k, v in fields.items() if v is not None}}
     try:
         if model_name_or_path:
             if looks_like_path(model_name_or_path) and not Path(model_name_or_path).exists():
@@ -96,6 +94,21 @@ def build_config(model_args: ModelArguments, default_preset: str, **fields: Any)
         raise TrainingSetupError(f"Could not load the model config from {model_name_or_path!r}: {error}") from error
 
 
+def check_fits_in_memory(model) -> None:
+    """Refuse, before any data is read, a model (built on the meta device) whose float32 weights alone exceed the
+    machine's memory: the allocator, or a tokenizer trained to its vocabulary, would fail later and less clearly."""
+    import psutil
+
+    parameters, memory = model.num_parameters(), psutil.virtual_memory().total
+    if 4 * parameters > memory:
+        fields = SIZE_FIELDS[model.main_input_name == "pixel_values"]
+        sizes = ", ".join(f"{name} {getattr(model.config, name)}" for name in fields)
+        raise TrainingSetupError(
+            f"The model would have {parameters:,} parameters ({4 * parameters / 2**30:,.1f} GiB of float32 weights "
+            f"alone), more than this machine's {memory / 2**30:.1f} GiB of memory ({sizes}): choose smaller sizes."
+        )
+
+
 def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixes: tuple[str, ...] = ()) -> None:
     """Before fine-tuning from a local `folder`: its weights must be safetensors (never pickle), readable, and of the
     shapes `config` gives `model_cls` (a truncated file or a wrong-shape tensor is named in one line, exit code 2,
@@ -104,18 +117,15 @@ def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixe
         return
     from safetensors import safe_open
 
+    def refuse(problem: str) -> TrainingSetupError:
+        return TrainingSetupError(problem, argument="--model_name_or_path", value=folder)
+
     root = Path(folder)
     files = sorted(root.glob("*.safetensors"))
     if not files:
         pickles = sorted(p.name for p in root.iterdir() if is_pickle_name(p.name))
-        found = (
-            f"only pickle weights ({', '.join(pickles)}), which can run code when loaded" if pickles else "no weights"
-        )
-        raise TrainingSetupError(
-            f"holds {found}; fine-tune from a folder with model.safetensors",
-            argument="--model_name_or_path",
-            value=folder,
-        )
+        found = f"only pickle weights ({', '.join(pickles)}), which can run code when loaded" if pickles else ""
+        raise refuse(f"holds {found or 'no weights'}; fine-tune from a folder with model.safetensors")
     with torch.device("meta"):
         state = model_cls(config).state_dict(keep_vars=True)
     expected = {name: tuple(t.shape) for name, t in state.items()}
@@ -128,18 +138,12 @@ def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixe
             with safe_open(str(file), framework="pt") as weights:
                 shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
         except Exception as error:  # noqa: BLE001 - SafetensorError and OSError: both mean an unreadable file
-            raise TrainingSetupError(
-                f"{file} cannot be read ({error}); it may be truncated: save or download it again",
-                argument="--model_name_or_path",
-                value=folder,
-            ) from None
+            raise refuse(f"{file} cannot be read ({error}); it may be truncated: save or download it again") from None
         present.update(shapes)
         for name, shape in shapes.items():
             if name in expected and expected[name] != shape and not name.startswith(skip_prefixes):
-                raise TrainingSetupError(
-                    f"{file.name}: {name} has shape {list(shape)} but its config.json gives {list(expected[name])}",
-                    argument="--model_name_or_path",
-                    value=folder,
+                raise refuse(
+                    f"{file.name}: {name} has shape {list(shape)} but its config.json gives {list(expected[name])}"
                 )
     missing = sorted(
         names[0]
@@ -148,11 +152,7 @@ def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixe
     )
     if missing:  # from_pretrained would initialise them at random with only a load report
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise TrainingSetupError(
-            f"its weights lack {shown}, which would be initialised at random; save the complete model again",
-            argument="--model_name_or_path",
-            value=folder,
-        )
+        raise refuse(f"its weights lack {shown}, which would be initialised at random; save the complete model again")
 
 
 def use_training_attention(model, training_args) -> None:

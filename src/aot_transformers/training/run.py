@@ -21,10 +21,9 @@ from typing import Any
 
 from ..errors import run_command
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
-from .distributed import enable_fsdp_on_cpu
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
 from .lora import LoraArguments
-from .model_setup import build_config, check_checkpoint_weights, use_training_attention
+from .model_setup import build_config, check_checkpoint_weights, check_fits_in_memory, use_training_attention
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
 from .run_state import run_identity, run_state_callbacks, start_run, train_unless_finished
 
@@ -77,22 +76,23 @@ class TrainingRun:
         if lora is not None and training_args.fsdp:
             raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
         hub = take_over_hub_options(training_args, publish_args)
-        run = cls(task, metric, model_args, data_args, training_args, publish_args, hub, list(callbacks or []))
-        run.lora, run.optimizer = lora, optimizer
-        return run
+        callbacks = list(callbacks or [])
+        return cls(task, metric, model_args, data_args, training_args, publish_args, hub, callbacks, lora, optimizer)
 
     def build_config(self, model_cls, default_preset: str, skip_prefixes: tuple[str, ...] = (), **fields: Any):
         """The model's config (`model_setup.build_config`), checked against the checkpoint's weights (tensors under
         `skip_prefixes` may differ) and LoRA's target modules, before any data is read."""
+        import torch
+
         config = build_config(self.model_args, default_preset, **fields)
         check_checkpoint_weights(self.model_args.model_name_or_path, model_cls, config, skip_prefixes)
+        with torch.device("meta"):  # shapes only, nothing allocated
+            model = model_cls(config)
+        check_fits_in_memory(model)
         if self.lora is not None:
-            import torch
-
             from .lora import check_lora_targets
 
-            with torch.device("meta"):
-                check_lora_targets(model_cls(config), self.lora)
+            check_lora_targets(model, self.lora)
             self.lora.check_base(self.model_args.model_name_or_path)
         return config
 
@@ -149,6 +149,32 @@ class TrainingRun:
         return self.trainer
 
 
+def enable_fsdp_on_cpu(trainer) -> bool:
+    """Make `trainer` use the FSDP plugin of its `TrainingArguments` when its processes run on the CPU (gloo); returns
+    whether it changed anything. Call it after building the Trainer and before training.
+
+    Accelerate turns a run into FSDP only when its processes are GPU-like (`AcceleratorState` switches the distributed
+    type to `FSDP` in a branch taken for `MULTI_GPU`, `MULTI_NPU`, `MULTI_XPU`, …); CPU processes are `MULTI_CPU`, so
+    with `--use_cpu` the FSDP plugin Trainer builds from `--fsdp`/`--fsdp_config` is silently dropped and the run is
+    plain DDP. PyTorch's FSDP2 (`fully_shard`) itself works on CPU tensors with gloo, so the plugin is handed to
+    Accelerate as for GPUs: `accelerator.prepare` shards the model by `AoTLayer` and checkpoints are FSDP checkpoints,
+    and the CPU dry runs exercise the cluster code path."""
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    plugin_args = getattr(trainer.args, "fsdp_plugin_args", None)
+    state = trainer.accelerator.state
+    if plugin_args is None or trainer.is_fsdp_enabled or state.distributed_type != DistributedType.MULTI_CPU:
+        return False
+    plugin = FullyShardedDataParallelPlugin(**plugin_args)
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.distributed_type = DistributedType.FSDP
+    state.fsdp_plugin = plugin
+    trainer.is_fsdp_enabled = True
+    logger.info("FSDP%s on %d CPU processes (gloo).", plugin.fsdp_version, state.num_processes)
+    return True
+
+
 def run_training(run: TrainingRun) -> dict[str, Any]:
     """Train, evaluate (validation, and the test split when there is one), write the final hub-ready folder and
     push it if asked. Returns the metrics. The output folder's lock is released at the end, whatever happens."""
@@ -194,4 +220,4 @@ def run_main(prepare: Callable[..., TrainingRun], argument_classes: tuple[type, 
     return run_command(job, prog=prog)
 
 
-__all__ = ["TrainingRun", "dataset_length", "run_main", "run_training"]
+__all__ = ["TrainingRun", "dataset_length", "enable_fsdp_on_cpu", "run_main", "run_training"]

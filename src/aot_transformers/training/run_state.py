@@ -36,19 +36,10 @@ logger = logging.getLogger(__name__)
 
 RUN_RECORD = "aot_run.json"
 # Config fields that change between runs of the same model without changing the model.
-_VOLATILE_CONFIG_FIELDS = {
-    "_attn_implementation",
-    "_attn_implementation_internal",
-    "_name_or_path",
-    "architectures",
-    "code_sha256",
-    "dtype",
-    "torch_dtype",
-    "required_transformers",
-    "transformers_version",
-    "use_cache",
-    "auto_map",
-}
+_VOLATILE_CONFIG_FIELDS = set(
+    "_attn_implementation _attn_implementation_internal _name_or_path architectures auto_map code_sha256 dtype "
+    "required_transformers torch_dtype transformers_version use_cache".split()
+)
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 RESUME_LATEST = ("latest", "last", "true", "True", "auto")
 _SAMPLE_BYTES = 1 << 20  # a data file is fingerprinted by its size and its first and last MiB
@@ -123,37 +114,6 @@ def check_output_dir(output_dir: str) -> Path:
     return folder
 
 
-def lock_output_dir(output_dir: str, is_main_process: bool = True):
-    """Take the exclusive lock of `output_dir` (main process only; the other ranks of the same run share it).
-
-    Returns:
-        The held `filelock.FileLock` (released when the run ends or the object is dropped), or None off the main
-        process.
-
-    Raises:
-        TrainingSetupError: Another run holds the folder.
-    """
-    if not is_main_process:
-        return None
-    try:
-        return lock_folder(Path(output_dir) / LOCK_FILE)
-    except FolderLockedError as error:
-        raise TrainingSetupError(
-            f"{error}; wait for it to finish or choose another folder", argument="--output_dir", value=output_dir
-        ) from None
-
-
-def check_final_model_dir(training_args, publish_args) -> Path:
-    """The final folder of the run, checked before training (see `hub.check_replaceable`)."""
-    from ..errors import UsageError
-    from ..hub import check_replaceable
-
-    try:
-        return check_replaceable(publish_args.final_dir(training_args), protected=(training_args.output_dir,))
-    except UsageError as error:
-        raise TrainingSetupError(str(error).replace("final model folder", "--final_model_dir", 1)) from None
-
-
 def file_fingerprint(path: Path) -> str:
     """Size plus a hash of the first and last MiB: cheap for a corpus of any size, and blind to a mere `touch`."""
     size = path.stat().st_size
@@ -194,40 +154,23 @@ def config_fingerprint(config) -> str:
 
 def run_identity(training_args, config, data: list[str], **settings: Any) -> dict[str, Any]:
     """What a checkpoint of this run is made from: compared field by field when a run resumes from it."""
-    return {
-        "seed": training_args.seed,
-        "data": data,
-        "model config": config_fingerprint(config),
-        **{name: value for name, value in settings.items()},
-    }
-
-
-def _as_read_back(identity: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(identity, default=str))
+    return {"seed": training_args.seed, "data": data, "model config": config_fingerprint(config), **settings}
 
 
 def _differences(recorded: dict[str, Any], identity: dict[str, Any], label: str) -> str:
     """`field: <label> value, this run value; …` for every field in which `recorded` and `identity` differ ('' if
     none)."""
-    current = _as_read_back(identity)
+    current = json.loads(json.dumps(identity, default=str))  # as the record reads back
     differ = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
     return "; ".join(f"{k}: {label} {recorded.get(k)!r}, this run {current.get(k)!r}" for k in differ)
 
 
 def check_resume_identity(resume: str | None, identity: dict[str, Any]) -> None:
-    """Refuse to resume from a checkpoint that another run made (`RUN_RECORD` differs in any field), or that has no
-    readable record (`checkpoints.is_complete_checkpoint` counts such a checkpoint as incomplete)."""
+    """Refuse to resume from a checkpoint that another run made (`RUN_RECORD` differs in any field). A checkpoint
+    without a readable record never gets here: `resolve_resume` refuses it as incomplete."""
     if resume is None:
         return
-    recorded = read_json(Path(resume) / RUN_RECORD)
-    if not isinstance(recorded, dict):
-        raise TrainingSetupError(
-            f"has no readable {RUN_RECORD}: it is incomplete (interrupted while being written) or not this "
-            "package's; resume from an earlier checkpoint or `latest`",
-            argument="--resume_from_checkpoint",
-            value=resume,
-        )
-    shown = _differences(recorded, identity, "checkpoint")
+    shown = _differences(read_json(Path(resume) / RUN_RECORD) or {}, identity, "checkpoint")
     if shown:
         raise TrainingSetupError(
             f"{resume} was made by a different run ({shown}). Resume with the same settings, start a new run in "
@@ -244,11 +187,8 @@ def claim_output_dir(output_dir: str | os.PathLike, identity: dict[str, Any], wr
 
     The folder's run is the one its `RUN_RECORD` and its checkpoints' records name; a folder with checkpoints or an
     export and no record at all (an older aot-transformers, another tool) is refused too: nothing says it is this
-    run's. Stale temporary files of a killed record write are removed.
-
-    Raises:
-        TrainingSetupError: Another run's work is in the folder (one line naming the folder, the fields that differ
-            and how to resume or choose another folder).
+    run's: one line names the folder, the fields that differ and how to resume or choose another folder. Stale
+    temporary files of a killed record write are removed.
     """
     root = Path(output_dir)
     checkpoints = sorted(p for p in root.glob("checkpoint-*") if p.is_dir() and CHECKPOINT_PATTERN.match(p.name))
@@ -352,7 +292,6 @@ def check_finite_model(model) -> None:
 __all__ = [
     "RUN_RECORD",
     "RecordRunTrainerMixin",
-    "check_final_model_dir",
     "check_finite_model",
     "check_output_dir",
     "check_resume_identity",
@@ -360,7 +299,6 @@ __all__ = [
     "data_fingerprint",
     "is_complete_checkpoint",
     "last_complete_checkpoint",
-    "lock_output_dir",
     "resolve_resume",
     "run_identity",
     "run_state_callbacks",
@@ -398,17 +336,28 @@ def start_run(training_args, publish_args, identity: dict[str, Any]):
         `(lock, resume)`: the held lock (hold it for the whole run; None off the main process) and the checkpoint to
         resume from or None. `training_args.resume_from_checkpoint` is set to the latter.
     """
+    from ..errors import UsageError
+    from ..hub import check_replaceable
     from .arguments import check_training_arguments
 
     check_training_arguments(training_args)  # again for runs started from Python, not the command line
-    check_output_dir(training_args.output_dir)
-    check_final_model_dir(training_args, publish_args)
-    main_process = training_args.process_index == 0
-    lock = lock_output_dir(training_args.output_dir, main_process)
+    output_dir = training_args.output_dir
+    check_output_dir(output_dir)
     try:
-        resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+        check_replaceable(publish_args.final_dir(training_args), protected=(output_dir,))
+    except UsageError as error:
+        raise TrainingSetupError(str(error).replace("final model folder", "--final_model_dir", 1)) from None
+    main_process = training_args.process_index == 0
+    try:  # held by the main process for the whole run (the other ranks of the run share it)
+        lock = lock_folder(Path(output_dir) / LOCK_FILE) if main_process else None
+    except FolderLockedError as error:
+        raise TrainingSetupError(
+            f"{error}; wait for it to finish or choose another folder", argument="--output_dir", value=output_dir
+        ) from None
+    try:
+        resume = resolve_resume(training_args.resume_from_checkpoint, output_dir)
         check_resume_identity(resume, identity)
-        claim_output_dir(training_args.output_dir, identity, write=main_process)
+        claim_output_dir(output_dir, identity, write=main_process)
     except BaseException:
         if lock is not None:
             lock.release()

@@ -17,11 +17,8 @@ logger = logging.getLogger(__name__)
 
 # File suffix -> `datasets` builder.
 TEXT_BUILDERS = {
-    ".txt": "text",
-    ".text": "text",
-    ".md": "text",
-    ".json": "json",
-    ".jsonl": "json",
+    **dict.fromkeys((".txt", ".text", ".md"), "text"),
+    **dict.fromkeys((".json", ".jsonl"), "json"),
     ".parquet": "parquet",
     ".csv": "csv",
 }
@@ -115,21 +112,22 @@ def collect_files(paths: list[str], what: str = "training") -> dict[str, list[st
 def check_text_file(path: str | os.PathLike, text_column: str = "text", what: str = "training") -> None:
     """Read a local text, JSON Lines or CSV file once and refuse what `datasets` would choke on, naming the file and
     the line: an empty file, bytes that are not UTF-8 (latin-1, UTF-16, binary data), a JSON line that is not a JSON
-    object, or a record whose `text_column` is missing, null or not a string.
-
-    Raises:
-        TrainingSetupError: The first problem found (exit code 2, before anything is tokenized).
-    """
+    object, or a record whose `text_column` is missing, null or not a string. Raises `TrainingSetupError` for the
+    first problem found (exit code 2, before anything is tokenized)."""
     path = Path(path)
     builder = TEXT_BUILDERS.get(path.suffix.lower())
+
+    def refuse(problem: str) -> TrainingSetupError:
+        return TrainingSetupError(f"{what} data: {path} {problem}")
+
     if builder not in ("text", "json", "csv"):
         return  # parquet carries its own schema; `datasets` reports its errors with the file name
     if path.stat().st_size == 0:
-        raise TrainingSetupError(f"{what} data: {path} is empty.")
+        raise refuse("is empty.")
     with open(path, "rb") as handle:
         head = handle.read(4)
     if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        raise TrainingSetupError(f"{what} data: {path} is UTF-16 text; convert it to UTF-8 (e.g. with iconv).")
+        raise refuse("is UTF-16 text; convert it to UTF-8 (e.g. with iconv).")
     if builder == "json" and head[:1] == b"[" and path.suffix.lower() == ".json":
         return  # one JSON document (not JSON Lines): `datasets` parses it as a whole
     records = 0
@@ -137,15 +135,13 @@ def check_text_file(path: str | os.PathLike, text_column: str = "text", what: st
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if b"\x00" in raw:
-                raise TrainingSetupError(
-                    f"{what} data: {path} line {number} holds NUL bytes: a binary file, not text."
-                )
+                raise refuse(f"line {number} holds NUL bytes: a binary file, not text.")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise TrainingSetupError(
-                    f"{what} data: {path} line {number} is not UTF-8 (byte {raw[error.start]:#04x} at column "
-                    f"{error.start + 1}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)."
+                raise refuse(
+                    f"line {number} is not UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1}); "
+                    "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)."
                 ) from None
             if builder != "json" or not line.strip():
                 has_text = has_text or bool(line.strip())
@@ -153,31 +149,28 @@ def check_text_file(path: str | os.PathLike, text_column: str = "text", what: st
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise TrainingSetupError(
-                    f"{what} data: {path} line {number} is not valid JSON ({error.msg}); each line must be one "
-                    "JSON object."
+                raise refuse(
+                    f"line {number} is not valid JSON ({error.msg}); each line must be one JSON object."
                 ) from None
             if not isinstance(record, dict):
-                raise TrainingSetupError(
-                    f"{what} data: {path} line {number} is a JSON {type(record).__name__}, not an object."
-                )
+                raise refuse(f"line {number} is a JSON {type(record).__name__}, not an object.")
             if text_column not in record:
-                raise TrainingSetupError(
-                    f"{what} data: {path} line {number} has no text column {text_column!r} (fields: "
-                    f"{sorted(record)[:10]}); choose one with --text_column."
+                raise refuse(
+                    f"line {number} has no text column {text_column!r} (fields: {sorted(record)[:10]}); choose one "
+                    "with --text_column."
                 )
             value = record[text_column]
             if not isinstance(value, str):
-                raise TrainingSetupError(
-                    f"{what} data: {path} line {number}: the text column {text_column!r} holds "
-                    f"{type(value).__name__} {value!r:.40}, not a string."
+                raise refuse(
+                    f"line {number}: the text column {text_column!r} holds {type(value).__name__} {value!r:.40}, "
+                    "not a string."
                 )
             records += 1
             has_text = has_text or bool(value.strip())
     if builder == "json" and records == 0:
-        raise TrainingSetupError(f"{what} data: {path} holds no JSON records.")
+        raise refuse("holds no JSON records.")
     if not has_text:
-        raise TrainingSetupError(f"{what} data: {path} holds only whitespace: no text to train on.")
+        raise refuse("holds only whitespace: no text to train on.")
 
 
 def _load_local(paths: list[str], text_column: str, streaming: bool, what: str):
@@ -204,12 +197,7 @@ def embedded_corpus() -> list[str]:
 def column_names(dataset) -> list[str]:
     """Columns of a `Dataset` or `IterableDataset` (peeking at the first example when the features are unknown)."""
     names = getattr(dataset, "column_names", None)
-    if names is None:
-        try:
-            names = list(next(iter(dataset)).keys())
-        except StopIteration:
-            names = []
-    return list(names)
+    return list(names if names is not None else next(iter(dataset), {}))
 
 
 def check_text_column(dataset, text_column: str, where: str) -> None:
@@ -264,12 +252,7 @@ def load_text_source(args: TextDataArguments, seed: int = 42) -> TextSource:
         validation = _load_local(list(args.validation_file), args.text_column, False, "validation")
     if validation is None:
         train, validation = _split_validation(train, args)
-    if hub_ids:
-        label = hub_ids[0]
-    elif name == EMBEDDED_CORPUS:
-        label = EMBEDDED_CORPUS
-    else:
-        label = Path(name or args.train_file[0]).name
+    label = hub_ids[0] if hub_ids else Path(name or args.train_file[0]).name  # the embedded corpus: its own name
     return TextSource(train, validation, description, hub_ids, documents, label)
 
 
@@ -291,13 +274,7 @@ def _split_validation(train, args: TextDataArguments):
 
 
 def tokenize_and_pack(
-    dataset,
-    tokenizer,
-    block_size: int,
-    text_column: str,
-    add_eos: bool,
-    num_proc: int | None = None,
-    desc: str = "",
+    dataset, tokenizer, block_size: int, text_column: str, add_eos: bool, num_proc: int | None = None, desc: str = ""
 ):
     """Tokenize `dataset[text_column]` and pack the tokens into blocks of `block_size` (`input_ids`, `labels`).
 
@@ -307,25 +284,18 @@ def tokenize_and_pack(
     """
     import datasets
 
-    eos = tokenizer.eos_token_id if add_eos else None
-    names = column_names(dataset)
+    eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
 
-    def tokenize(batch):
+    def tokenize_and_pack_batch(batch):
         ids = tokenizer(batch[text_column], add_special_tokens=False, verbose=False)["input_ids"]
-        if eos is not None:
-            ids = [row + [eos] for row in ids]
-        return {"input_ids": ids}
-
-    def pack(batch):
-        flat = [token for row in batch["input_ids"] for token in row]
+        flat = [token for row in ids for token in row + eos]
         usable = len(flat) // block_size * block_size
         blocks = [flat[i : i + block_size] for i in range(0, usable, block_size)]
         return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
 
-    map_kwargs: dict[str, Any] = {}
+    progress = {}
     if isinstance(dataset, datasets.Dataset):
-        map_kwargs = {"num_proc": num_proc, "desc": f"Tokenizing {desc}".strip()}
-    tokens = dataset.map(tokenize, batched=True, remove_columns=names, **map_kwargs)
-    if isinstance(dataset, datasets.Dataset):
-        map_kwargs["desc"] = f"Packing {desc} into blocks of {block_size}".strip()
-    return tokens.map(pack, batched=True, batch_size=1000, **map_kwargs)
+        progress = {"num_proc": num_proc, "desc": f"Tokenizing {desc} into blocks of {block_size}".strip()}
+    return dataset.map(
+        tokenize_and_pack_batch, batched=True, batch_size=1000, remove_columns=column_names(dataset), **progress
+    )
