@@ -510,3 +510,73 @@ def test_appendix_g_minimal_rmse_is_the_distance_over_root_d():
 def test_appendix_g_sigmas_and_lambdas_must_pair_up():
     with pytest.raises(ValueError, match="appendix_g_sigmas"):
         CF.run(parts=["high_dim"], appendix_g_sigmas=[0.0, 0.3], appendix_g_lams=[0.6], steps=1, runs=1)
+
+
+# ------------------------------------------------------------------------- App. C.4: the κ recursion (Lemma C.6)
+
+_SETTING = (5, 0.3, 30, 0.6, 0.01)  # d, σ, L, λ ≤ λ*(0.3, 30) ≈ 0.83, γ
+
+
+def test_kappa_recursion_is_eq_25_with_the_papers_derivative_and_its_fixed_points_are_the_set_c():
+    dim, sigma, length, lam, lr = _SETTING
+    q = T.manifold_risk_coefficients(dim, sigma, length, lam)
+    kappa = torch.rand(50, 2, dtype=torch.float64) * 2 - 1
+    grad = 4 * q["A"] * kappa**3 + 2 * q["B"] * kappa + 2 * q["C"] * kappa * kappa.flip(-1) ** 2  # Prop. C.8's proof
+    room = 1 - kappa**2
+    expected = (kappa - lr * grad * room) / (1 + lr**2 * grad**2 * room).sqrt()  # Eq. (25) as printed in Lemma C.6
+    torch.testing.assert_close(T.kappa_step(kappa, *_SETTING), expected, rtol=0, atol=1e-15)
+    points = T.kappa_fixed_points(*_SETTING, starts=200)
+    assert {tuple(p) for p in points.tolist()} == set(itertools.product((-1.0, 0.0, 1.0), repeat=2))  # Prop. C.8
+    # φ's Jacobian is diagonal on 𝒞: 1 − γ ∂²_kR at κ_k = 0, (1 + γ ∂_kR)² at κ_k = ±1 (differentiating Eq. 25).
+    _, jac = T.kappa_jacobian(points, *_SETTING)
+    for p, j in zip(points.tolist(), jac, strict=True):
+        other = [p[1] ** 2, p[0] ** 2]
+        diag = [
+            1 - lr * (2 * q["B"] + 2 * q["C"] * other[k])
+            if p[k] == 0
+            else (1 + lr * (4 * q["A"] + 2 * q["B"] + 2 * q["C"] * other[k])) ** 2
+            for k in range(2)
+        ]
+        torch.testing.assert_close(j, torch.diag(torch.tensor(diag, dtype=torch.float64)), rtol=0, atol=1e-12)
+        unstable = int((torch.tensor(diag) > 1).sum())  # Props C.9–C.11: minima 0, saddles 1, the maximum 2
+        assert unstable == sum(x == 0 for x in p) and min(diag) >= 0
+    # At λ = λ*, ∂R(±1, ±1) = 2(2A + B + C) = 0: the minima are fixed points with eigenvalue exactly 1.
+    lam_star = T.critical_temperature(dim, sigma, length)
+    _, jac = T.kappa_jacobian(torch.ones(1, 2, dtype=torch.float64), dim, sigma, length, lam_star, lr)
+    torch.testing.assert_close(jac[0], torch.eye(2, dtype=torch.float64))
+
+
+def test_kappa_recursion_decreases_the_risk_and_converges_to_the_centroids_prop_c7_c10():
+    kappa = torch.rand(200, 2, generator=C.make_generator(1), dtype=torch.float64) * 2 - 1
+    path, rise = T.kappa_orbit(kappa, 1500, *_SETTING, every=500)
+    assert path.shape == (4, 200, 2) and rise <= 0  # Prop. C.7: R(κ^{k+1}) ≤ R(κ^k) at every step
+    assert (path[-1].abs() - 1).abs().max() < 1e-3  # Props C.10–C.11: generic starts end at (±1, ±1)
+    assert (path[-1].sign() == kappa.sign()).all()  # the sign of κ_k never changes (φ keeps 0 fixed)
+
+
+def test_lemma_c1_at_sigma_zero_is_the_degenerate_risk_on_m():
+    for k0, k1 in ((0.3, -0.8), (1.0, 0.0), (0.5, 0.5)):
+        assert T.manifold_risk(k0, k1, 5, 0.0, 30, 0.6) == pytest.approx(T.degenerate_risk(k0, k1, 0.0, 0.0, 30, 0.6))
+
+
+def test_kappa_dynamics_part_pgd_stays_on_m_and_prop_b1_holds(tmp_path):
+    results = CF.run(out=tmp_path, parts=["kappa_dynamics"], steps=40, runs=2, batch_size=2, sigmas=[0.3], lams=[0.6])
+    claims = {c["quantity"].split(":")[0].split(",")[0]: c["holds"] for c in results["claims"]}
+    assert claims["Lemmas C.4–C.6"] and claims["Props C.8–C.11"]  # exact PGD stays on M; 𝒞 and its Jacobians
+    assert claims["Prop. B.1 (σ = 0"] and claims["Remark B.2 (σ = 0"]
+    record = results["kappa_dynamics"]
+    assert record["pgd_sigma0"]["max_distance_to_M"] < 1e-14 and record["pgd_sigma0"]["max_kappa_gap"] < 1e-13
+    batch, gap, off = record["sigma=0.3"]["psgd"][0]
+    assert batch == 2 and 0 < off < 0.5 and 0 < gap < 0.5  # PSGD leaves M by sampling noise only
+    assert (tmp_path / "kappa_dynamics.png").exists()
+
+
+def test_prop_b1_the_anti_diagonal_saddles_have_the_statements_radius_not_the_proofs():
+    # Prop. B.1, item 3: (κ₀, κ₁, −κ₁, −κ₀) is critical at κ₀² + κ₁² = (L+3)/(2(L+1)), as stated; the proof's
+    # r₁² = A/(A − C) = (L+3)/4 is not a critical point ((21) with ζ₁ = −ζ₀ gives A/(A + C) again).
+    length = 30
+    for radius2, critical in (((length + 3) / (2 * length + 2), True), ((length + 3) / 4, False)):
+        r = math.sqrt(radius2)
+        x = torch.tensor([0.6 * r, 0.8 * r, -0.8 * r, -0.6 * r], dtype=torch.float64, requires_grad=True)
+        (grad,) = torch.autograd.grad(T.degenerate_risk(*x, length, (length + 1) / (length + 3)), x)
+        assert (grad.abs().max() < 1e-12) == critical

@@ -299,8 +299,9 @@ def train_heads(
         psi: Initial centering ψ of softmax heads (App. F.1: 2).
         record_every: Record the distance every this many steps; `seed` seeds initialisation and data.
 
-    Returns `steps` (records), `distance` (records × runs, Eq. 11, or Eq. 36 for softmax heads), `rho` per run,
-    `final` (per-run final distances), `heads`, `centroids`, `lam`, `psi` (per run), `seconds`.
+    Returns `steps` (records), `distance` (records × runs, Eq. 11, or Eq. 36 for softmax heads), `path` (the heads
+    per record), `rho` per run, `final` (per-run final distances), `heads`, `centroids`, `lam`, `psi` (per run),
+    `seconds`.
     """
     _check_mixture(dim, num_clusters, sigma)
     lam = check_real("lam", lam, 0.0, open_min=True)
@@ -329,12 +330,13 @@ def train_heads(
     lam_t = torch.full((total, 1, 1, 1), lam, requires_grad=predictor == "softmax")
     psi_t = torch.full((total, 1, 1, 1), float(psi), requires_grad=predictor == "softmax")
     distance = signed_centroid_distance if predictor == "softmax" else centroid_distance
-    history: dict[str, list] = {"steps": [], "distance": []}
+    history: dict[str, list] = {"steps": [], "distance": [], "path": []}
     start = time.perf_counter()
     for step in range(steps + 1):
         if step % record_every == 0 or step == steps:
             history["steps"].append(step)
             history["distance"].append(distance(heads, mu_star).tolist())
+            history["path"].append(heads.clone())
         if step == steps:
             break
         tokens, _ = sample_gaussian_mixture(batch_size, seq_len, mu_star, sigma, generator)

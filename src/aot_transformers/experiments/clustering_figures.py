@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import torch
+from torch.autograd.functional import hessian
 
 from . import clustering_theory as theory
 from .clustering import (
@@ -19,16 +20,19 @@ from .clustering import (
     canonical_centroids,
     heads_on_manifold,
     in_context_quantizer,
+    initial_heads,
     linear_attention_predictor,
     monte_carlo_conditional_moments,
     monte_carlo_risk,
     percentile_band,
+    projected_sgd_step,
     sample_gaussian_mixture,
     train_heads,
 )
 from .study import Count, NonNegative, Positive, Range, Seed, Study, StudyOptions, arg, close, make_generator, set_axes
 
-PARTS = tuple("theory fig1 fig2 fig3_4 appendix_a fig6a fig6a_rate high_dim dimension euclidean k3 softmax".split())
+PARTS = "theory fig1 fig2 fig3_4 appendix_a fig6a fig6a_rate kappa_dynamics high_dim dimension euclidean k3 softmax"
+PARTS = tuple(PARTS.split())
 
 
 @dataclass
@@ -371,6 +375,132 @@ def figure6a_rate(study: Study, o: Options) -> None:
     study.results["figure6a_rate"] = record
 
 
+def _on_manifold(heads: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """κ = (⟨μ₀*, μ₀⟩, ⟨μ₁*, μ₁⟩) and the distance to M, ‖(η₀, η₁, ξ)‖ (Eqs. 7, 9), of heads (..., 2, d)."""
+    inner = heads @ centroids.transpose(-1, -2)  # ⟨μ_k, μ_j*⟩
+    off = torch.stack([inner[..., 1, 0], inner[..., 0, 1], (heads[..., 0, :] * heads[..., 1, :]).sum(-1)], -1)
+    return inner.diagonal(dim1=-2, dim2=-1), off.norm(dim=-1)
+
+
+def kappa_dynamics(study: Study, o: Options) -> None:
+    """App. C.4 (the proof of Thm 3.4): PGD from M stays on M and follows Eq. (25) in (κ₀, κ₁) (Lemmas C.4–C.6;
+    exactly at σ = 0, where Prop. A.1's risk is the population risk of any heads, λ = 0.6; against PSGD for σ > 0);
+    the recursion's risk, fixed points, Jacobians and basins (Props C.7–C.11); then Prop. B.1 and Remark B.2."""
+    length, every, lr, record = o.seq_len, max(1, o.steps // 50), o.lr, {}
+    centroids = canonical_centroids(o.dim)
+    path = [initial_heads(centroids, "manifold", make_generator(o.seed))]
+    for _ in range(o.steps):
+        v = path[-1].clone().requires_grad_(True)
+        inner = v @ centroids.T
+        risk = theory.degenerate_risk(inner[0, 0], inner[1, 1], inner[1, 0], inner[0, 1], length, 0.6)
+        path.append(projected_sgd_step(path[-1], torch.autograd.grad(risk, v)[0], lr))
+    kappa, off = _on_manifold(torch.stack(path), centroids)
+    gap = float((kappa - theory.kappa_orbit(kappa[0], o.steps, o.dim, 0.0, length, 0.6, lr)[0]).abs().max())
+    record["pgd_sigma0"] = {"max_distance_to_M": float(off.max()), "max_kappa_gap": gap}
+    study.claim(
+        f"Lemmas C.4–C.6: exact PGD at σ = 0 from M, {o.steps} steps: max ‖(η₀, η₁, ξ)‖; max |κ_PGD − κ_(25)|",
+        f"{float(off.max()):.1e}; {gap:.1e} (κ ends at {kappa[-1, 0]:.4f}, {kappa[-1, 1]:.4f})",
+        '"The manifold M is invariant under (PGD) dynamics" (C.5); from M, PGD is Eq. (25) (C.6)',
+        float(off.max()) < 1e-12 and gap < 1e-12,
+    )
+    ax = study.figure("kappa_dynamics.png", size=(7.0, 3.6))[0, 0]
+    starts = _on_manifold(initial_heads(centroids.expand(1000, 2, -1), "manifold", make_generator(o.seed)), centroids)
+    for sigma, lam in zip(o.sigmas, o.lams, strict=True):
+        args = (o.dim, sigma, length, lam)
+        points = theory.kappa_fixed_points(*args, lr, seed=o.seed)
+        eig = torch.linalg.eigvals(theory.kappa_jacobian(points, *args, lr)[1]).real.sort(-1).values
+        # Props C.9–C.11: the eigenvalues above 1 (unstable directions) are as many as the coordinates at 0.
+        unstable, zeros, in_c = (eig > 1).sum(-1), (points == 0).sum(-1), (points == 0) | (points.abs() == 1)
+        by_kind = [eig[unstable == n][0].tolist() for n in range(3) if (unstable == n).any()]
+        orbit, rise = theory.kappa_orbit(starts[0], o.steps, *args, lr, every=every)
+        rises = [rise] + [theory.kappa_orbit(starts[0], o.steps // 10, *args, g)[1] for g in (10 * lr, 100 * lr)]
+        near = (orbit[-1, :, None] - points).abs().amax(-1).min(-1)
+        to_minima = float(((zeros[near.indices] == 0) & (near.values < 1e-3)).double().mean())
+        gaps = []  # PSGD (the training code, float32) against Eq. (25) from its start; per run, the max over steps
+        for batch in (o.batch_size, 16 * o.batch_size):
+            run = _train(o, sigma, lam, rho=0.0, init="manifold", batch_size=batch, record_every=every)
+            psgd, off = _on_manifold(torch.stack(run["path"]).double(), run["centroids"].double())
+            ode = theory.kappa_orbit(psgd[0], o.steps, *args, lr, every=every)[0]
+            gaps.append([batch, (psgd - ode).abs().amax((0, -1)).median().item(), off.amax(0).median().item()])
+        record[f"sigma={sigma}"] = dict(points=points, eigenvalues=eig, rises=rises, to_minima=to_minima, psgd=gaps)
+        study.claim(
+            f"Props C.8–C.11, σ = {sigma}, λ = {lam}: fixed points of Eq. (25) (Newton, 400 random starts); Jacobian "
+            "eigenvalues at (±1, ±1) / (0, ±1), (±1, 0) / (0, 0)",
+            f"{len(points)}, all in 𝒞: {bool(in_c.all())}; " + " / ".join(f"{e[0]:.5f}, {e[1]:.5f}" for e in by_kind),
+            "the nine points of 𝒞; (±1, ±1) minima, (0, ±1), (±1, 0) strict saddles (one eigenvalue in [0, 1[, one "
+            "in ]1, ∞[), (0, 0) the maximum",
+            len(points) == 9 and bool(in_c.all() & (unstable == zeros).all() & (eig >= 0).all() & (eig != 1).all()),
+        )
+        study.claim(
+            f"Props C.7, C.10–C.11, σ = {sigma}: Eq. (25) from 1,000 points of M; max rise of R in one step at γ = "
+            f"{lr} / {10 * lr:g} / {100 * lr:g}; share within 1e−3 of (±1, ±1) after {o.steps} steps",
+            " / ".join(f"{r:.1e}" for r in rises) + f"; {to_minima:.3f}",
+            "R decreases along Eq. (25) for γ < γ̄; the iterates converge to 𝒞, to the saddles or the maximum only "
+            "from a set of measure zero",
+            rise <= 1e-12 and to_minima == 1,
+        )
+        study.claim(
+            f"PSGD vs Eq. (25), σ = {sigma}, λ = {lam}, batch {gaps[0][0]} / {gaps[1][0]}: max over {o.steps} steps "
+            f"of |κ_PSGD − κ_(25)|; of the distance to M (medians of {o.runs} runs)",
+            "; ".join(f"{gaps[0][i]:.1e} / {gaps[1][i]:.1e} (÷{gaps[0][i] / gaps[1][i]:.1f})" for i in (1, 2)),
+            'PSGD "serves as an empirical counterpart to the (PGD) iterates by relying on sample-based estimations" '
+            "(Section 3.2), no bound given; PGD gives 0 (Lemmas C.5–C.6): sampling noise, √16 = 4× less at 16× batch",
+            all(close(gaps[0][i] / gaps[1][i], 4) for i in (1, 2)),
+        )
+        if sigma == o.sigmas[0]:
+            ax.plot(orbit[:, :12, 0], orbit[:, :12, 1], lw=0.8)
+            ax.plot(psgd[..., 0], psgd[..., 1], "k--", lw=0.6)
+            for n, name in enumerate(("minima (stable)", "saddles", "maximum")):
+                ax.scatter(*points[zeros == n].T, zorder=3, label=f"{name}: {n} eigenvalue(s) > 1")
+            ax.set(xlabel="κ₀", ylabel="κ₁", title=f"Eq. (25), PSGD (dashed, batch {batch}), σ = {sigma}")
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    study.results["kappa_dynamics"] = record
+    _degenerate_critical_points(study, length, o.seed)
+
+
+def _degenerate_critical_points(study: Study, length: int, seed: int) -> None:
+    """Prop. B.1 at λ₀* = (L+1)/(L+3): gradient and Hessian (autograd) of Eq. (14) at a point of each family, and the
+    limits of gradient descent in R⁴ from random starts; Remark B.2 at λ = 0.6 < λ₀* on M̃ (η = 0)."""
+    lam0, r, c, s = (length + 1) / (length + 3), math.sqrt((length + 3) / (2 * length + 2)), 0.6, 0.8
+    risk = lambda x, lam=lam0: theory.degenerate_risk(*x.unbind(-1), length, lam)  # noqa: E731
+    families = {  # a point (κ₀, κ₁, η₀, η₁) of each family of Prop. B.1, and the paper's kind
+        "(0, 0, 0, 0)": ([0, 0, 0, 0], "maximum"),
+        "(κ₀, 0, η₀, 0), κ₀² + η₀² = 1": ([c, 0, s, 0], "saddle"),
+        "(κ₀, κ₁, κ₁, κ₀), κ₀² + κ₁² = (L+3)/(2(L+1))": ([r * c, r * s, r * s, r * c], "saddle"),
+        "(κ₀, κ₁, −κ₁, −κ₀), the same radius": ([r * c, r * s, -r * s, -r * c], "saddle"),
+        "(18): κ₀² + η₀² = κ₁² + η₁² = 1, κ₀η₁ + κ₁η₀ = 0": ([c, c, s, -s], "minimum"),
+    }
+    rows = {}
+    for name, (point, kind) in families.items():
+        x = torch.tensor(point, dtype=torch.float64)
+        grad, eig = torch.autograd.functional.jacobian(risk, x), torch.linalg.eigvalsh(hessian(risk, x))
+        got = "maximum" if eig.max() < -1e-9 else "minimum" if eig.min() > -1e-9 else "saddle"
+        rows[name] = {"gradient": grad.abs().max().item(), "hessian_eigenvalues": eig, "kind": got, "paper": kind}
+    x = torch.rand(1000, 4, generator=make_generator(seed), dtype=torch.float64) * 2 - 1
+    for _ in range(3000):
+        v = x.requires_grad_(True)
+        x = (v - 0.2 * torch.autograd.grad(risk(v).sum(), v)[0]).detach()
+    on_18 = sum(theory.degenerate_is_minimiser(*p, atol=1e-6) for p in x.tolist()) / len(x)
+    excess = float((risk(x) - theory.degenerate_minimum(length)).abs().max())
+    study.results["degenerate_critical_points"] = {"families": rows, "gd_share_on_18": on_18, "gd_risk_excess": excess}
+    study.claim(
+        f"Prop. B.1 (σ = 0, L = {length}, λ₀*): |∇R| and Hessian kind on each family; gradient descent in R⁴ from "
+        "1,000 random starts: share of limits with (18), max |R − min R|",
+        "; ".join(f"{k}: {v['gradient']:.0e}, {v['kind']}" for k, v in rows.items()) + f"; {on_18:.3f}, {excess:.0e}",
+        "(0, 0, 0, 0) a local maximum; the three other families strict saddles; argmin R iff (18)",
+        all(v["gradient"] < 1e-12 and v["kind"] == v["paper"] for v in rows.values()) and on_18 == 1,
+    )
+    grid = torch.linspace(-2, 2, 40_001, dtype=torch.float64)  # R(κ, ·, 0, 0) on M̃ at σ = 0 is separable in κ₀, κ₁
+    line = risk(torch.nn.functional.pad(grid[:, None], (0, 3)), 0.6)
+    outside, inside = grid[line.argmin()].abs().item(), grid[line.masked_fill(grid.abs() > 1, 9).argmin()].abs().item()
+    study.claim(
+        "Remark B.2 (σ = 0, λ = 0.6 < λ₀*, on M̃): |κ| minimising R(κ, ·, 0, 0) on R, then on [−1, 1]",
+        f"{outside:.4f} (√((L+1)/(λ(L+3))) = {math.sqrt((length + 1) / 0.6 / (length + 3)):.4f}), {inside:.4f}",
+        "the global minima lie outside [−1, 1]²; (±1, ±1), fixed points of PGD, minimise R on the square",
+        outside > 1 and inside == 1,
+    )
+
+
 def _appendix_g_panels(o: Options) -> list[tuple[float, float, float]]:
     """(σ, λ, ρ on the sphere) per App. G panel: ρ = 0.1 for σ = 0 and 0.2 for σ > 0 (Figs 8, 10)."""
     if len(o.appendix_g_sigmas) != len(o.appendix_g_lams):
@@ -555,6 +685,7 @@ PART_FUNCTIONS = {
     "appendix_a": appendix_a,
     "fig6a": figure6a,
     "fig6a_rate": figure6a_rate,
+    "kappa_dynamics": kappa_dynamics,
     "high_dim": high_dimension_curves,
     "dimension": dimension_sweep,
     "euclidean": euclidean_vs_riemannian,

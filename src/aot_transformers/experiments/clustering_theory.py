@@ -97,6 +97,50 @@ def manifold_risk(kappa0: float, kappa1: float, dim: int, sigma: float, seq_len:
     return q["A"] * (k0**2 + k1**2) + q["B"] * (k0 + k1) + q["C"] * k0 * k1 + q["D"]
 
 
+def kappa_step(kappa: torch.Tensor, dim: int, sigma: float, seq_len: int, lam: float, lr: float) -> torch.Tensor:
+    """Lemma C.6, Eq. (25): one PGD step on M in κ = (κ₀, κ₁) (..., 2), φ(κ)_k = (κ_k − γ∂_kR (1 − κ_k²)) /
+    √(1 + γ²(∂_kR)²(1 − κ_k²)), ∂R by autograd on Lemma C.1; differentiable if `kappa` requires grad."""
+    k = kappa if kappa.requires_grad else kappa.detach().requires_grad_(True)
+    risk = manifold_risk(k[..., 0], k[..., 1], dim, sigma, seq_len, lam)
+    (grad,) = torch.autograd.grad(risk.sum(), k, create_graph=kappa.requires_grad)
+    room = 1 - k.square()
+    step = (k - lr * grad * room) / (1 + (lr * grad).square() * room).sqrt()
+    return step if kappa.requires_grad else step.detach()
+
+
+def kappa_jacobian(kappa: torch.Tensor, *args: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """φ(κ) and its Jacobian ∂φ_i/∂κ_j (..., 2, 2) at each point of `kappa` (..., 2); `args` as `kappa_step`."""
+    k = kappa.detach().requires_grad_(True)
+    phi = kappa_step(k, *args)
+    rows = [torch.autograd.grad(phi[..., i].sum(), k, retain_graph=True)[0] for i in range(2)]
+    return phi.detach(), torch.stack(rows, -2)
+
+
+def kappa_fixed_points(*args: float, starts: int = 400, seed: int = 0) -> torch.Tensor:
+    """The fixed points of Eq. (25) in [−1, 1]² (Prop. C.8): 60 Newton steps on φ(κ) − κ from `starts` uniform random
+    points, each limit with residual < 1e−12 kept once (to 1e−6); `args` as `kappa_step`."""
+    k = torch.rand(starts, 2, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2 - 1
+    for _ in range(60):
+        phi, jac = kappa_jacobian(k, *args)
+        k = k - torch.linalg.lstsq(jac - torch.eye(2, dtype=k.dtype), (phi - k)[..., None]).solution[..., 0]
+        k = k.nan_to_num(2.0).clamp(-1.2, 1.2)  # φ stays real near the square; starts that leave it are dropped
+    found = ((kappa_step(k, *args) - k).abs().amax(-1) < 1e-12) & (k.abs().amax(-1) <= 1 + 1e-9)
+    return torch.unique((k[found] * 1e6).round() / 1e6 + 0.0, dim=0)  # + 0.0: −0 and 0 are one point
+
+
+def kappa_orbit(kappa: torch.Tensor, steps: int, *args: float, every: int = 1) -> tuple[torch.Tensor, float]:
+    """`steps` iterations of Eq. (25) from `kappa` (..., 2), `args` as `kappa_step`: the iterates every `every` steps,
+    (steps // every + 1, ..., 2), and the largest one-step rise of R(κ) along the way (Prop. C.7: none for small γ)."""
+    path, rise, risk = [kappa], -math.inf, manifold_risk(kappa[..., 0], kappa[..., 1], *args[:4])
+    for step in range(1, steps + 1):
+        kappa = kappa_step(kappa, *args)
+        new = manifold_risk(kappa[..., 0], kappa[..., 1], *args[:4])
+        rise, risk = max(rise, float((new - risk).max())), new
+        if step % every == 0:
+            path.append(kappa)
+    return torch.stack(path), rise
+
+
 def critical_temperature(dim: int, sigma: float, seq_len: int) -> float:
     """λ*(σ, L) of Proposition C.2 (Prop. 3.3): for λ ∈ ]0, λ*], (±1, ±1) minimise R on M (Theorem 3.4's range).
 
