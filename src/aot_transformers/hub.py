@@ -360,16 +360,8 @@ def push_to_hub(
     target = f"{repo_id} on {api.endpoint}"
     message = commit_message or f"Upload {folder.name} with aot-transformers"
     try:
-        repo_url, info = _upload_folder(
-            api,
-            repo_id,
-            private,
-            revision,
-            folder,
-            commit_message=message,
-            create_pr=create_pr,
-            ignore_patterns=ignore,
-        )
+        upload = {"commit_message": message, "create_pr": create_pr, "ignore_patterns": ignore}
+        repo_url, info = _upload_folder(api, repo_id, private, revision, folder, **upload)
         if card is not None:
             info = api.upload_file(
                 path_or_fileobj=card.encode(),
@@ -399,32 +391,20 @@ def upload_checkpoint(
     folder: str | os.PathLike,
     repo_id: str,
     *,
-    path_in_repo: str | None = None,
-    ignore_patterns: list[str] | None = None,
-    delete_patterns: str | list[str] | None = None,
     token: str | bool | None = None,
     endpoint: str | None = None,
     private: bool | None = None,
     revision: str | None = None,
-    commit_message: str | None = None,
+    **upload,
 ):
-    """Push a Trainer checkpoint folder during training (`--hub_strategy every_save|checkpoint|all_checkpoints`).
+    """Push a Trainer checkpoint folder during training (`--hub_strategy every_save|checkpoint|all_checkpoints`);
+    `upload` goes to `HfApi.upload_folder` (`path_in_repo`, `ignore_patterns`, `delete_patterns`, `commit_message`).
     Raises `HubPushError` (the checkpoint on disk is untouched)."""
     from huggingface_hub import HfApi
 
     api = HfApi(endpoint=endpoint, token=token)
     try:
-        return _upload_folder(
-            api,
-            repo_id,
-            private,
-            revision,
-            folder,
-            path_in_repo=path_in_repo,
-            commit_message=commit_message,
-            ignore_patterns=ignore_patterns,
-            delete_patterns=delete_patterns,
-        )[1]
+        return _upload_folder(api, repo_id, private, revision, folder, **upload)[1]
     except Exception as error:
         raise HubPushError(
             f"Push of checkpoint {folder} to {repo_id} on {api.endpoint} failed: {type(error).__name__}: {error}. "

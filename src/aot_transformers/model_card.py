@@ -61,27 +61,16 @@ def _format(value: Any) -> str:
 
 def architecture_rows(config, num_parameters: int | None = None, is_text: bool = True) -> list[tuple[str, str]]:
     """The rows of the card's architecture table for an `AoTConfig`."""
-    rows = [
-        ("attention_type", config.attention_type),
-        ("num_hidden_layers", config.num_hidden_layers),
-        ("hidden_size", config.hidden_size),
-        ("num_attention_heads", config.num_attention_heads),
-        ("head_dim", config.hidden_size // config.num_attention_heads),
-        ("knn_k (k-NN attention)", config.knn_k),
-        ("normalize_query", config.normalize_query),
-        ("step_size (η)", config.step_size),
-        ("layer_norm", config.layer_norm),
-        ("mlp_layers", config.mlp_layers),
-    ]
+    fields = ["attention_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "head_dim", "knn_k"]
+    fields += ["normalize_query", "step_size", "layer_norm", "mlp_layers"]
+    labels = {"knn_k": "knn_k (k-NN attention)", "step_size": "step_size (η)", "size": "image_size / patch_size"}
+    computed = {"head_dim": config.hidden_size // config.num_attention_heads}
     if is_text:
-        rows += [("vocab_size", config.vocab_size), ("max_position_embeddings", config.max_position_embeddings)]
+        fields += ["vocab_size", "max_position_embeddings"]
     else:
-        rows += [
-            ("image_size / patch_size", f"{config.image_size} / {config.patch_size}"),
-            ("num_channels", config.num_channels),
-            ("num_labels", config.num_labels),
-            ("pooling", config.pooling),
-        ]
+        fields += ["size", "num_channels", "num_labels", "pooling"]
+        computed["size"] = f"{config.image_size} / {config.patch_size}"
+    rows = [(labels.get(f, f), computed[f] if f in computed else getattr(config, f)) for f in fields]
     if num_parameters is not None:
         rows.append(("parameters", num_parameters))
     return [(name, _format(value)) for name, value in rows]

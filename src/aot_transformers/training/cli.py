@@ -25,16 +25,8 @@ def _push(args: argparse.Namespace) -> int:
     from ..hub import push_to_hub
 
     try:
-        result = push_to_hub(
-            args.folder,
-            args.repo_id,
-            token=args.token,
-            endpoint=args.endpoint,
-            private=args.private,
-            revision=args.revision,
-            commit_message=args.commit_message,
-            create_pr=args.create_pr,
-        )
+        options = ("token", "endpoint", "private", "revision", "commit_message", "create_pr")
+        result = push_to_hub(args.folder, args.repo_id, **{name: getattr(args, name) for name in options})
     except (ValueError, FileNotFoundError) as error:  # the folder or repo id given: bad input (exit 2)
         raise UsageError(str(error)) from error
     # HubPushError (the push itself failed) is a RunError: exit 1 through the error contract

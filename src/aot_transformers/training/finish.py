@@ -71,6 +71,12 @@ def take_over_hub_options(training_args, publish_args: PublishArguments) -> HubP
     return HubPlan(push=push, repo_id=repo_id, strategy=strategy, endpoint=publish_args.hub_endpoint)
 
 
+def _push_options(training_args, plan: HubPlan) -> dict[str, Any]:
+    """Trainer's `--hub_token`, `--hub_private_repo` and `--hub_revision`, and the plan's endpoint."""
+    private, revision = training_args.hub_private_repo, training_args.hub_revision
+    return {"token": training_args.hub_token, "endpoint": plan.endpoint, "private": private, "revision": revision}
+
+
 def hub_checkpoint_callback(plan: HubPlan):
     """A `TrainerCallback` that pushes checkpoints as `plan.strategy` says (None for `end` or no push)."""
     if not plan.push or plan.strategy == "end":
@@ -91,18 +97,9 @@ def hub_checkpoint_callback(plan: HubPlan):
                 "every_save": (None, TRAINER_STATE_PATTERNS, None),
                 "checkpoint": ("last-checkpoint", None, "*"),
             }.get(plan.strategy, (folder.name, None, None))
-            upload_checkpoint(
-                folder,
-                plan.repo_id,
-                path_in_repo=path_in_repo,
-                ignore_patterns=ignore,
-                delete_patterns=delete,
-                token=args.hub_token,
-                endpoint=plan.endpoint,
-                private=args.hub_private_repo,
-                revision=args.hub_revision,
-                commit_message=f"Training in progress, step {state.global_step}",
-            )
+            upload = {"path_in_repo": path_in_repo, "ignore_patterns": ignore, "delete_patterns": delete}
+            message = f"Training in progress, step {state.global_step}"
+            upload_checkpoint(folder, plan.repo_id, **_push_options(args, plan), commit_message=message, **upload)
 
     return HubCheckpointCallback()
 
@@ -285,15 +282,8 @@ def finish_run(
         )
     logger.info("Final model written to %s", final_dir)
     if plan.push:
-        result = push_to_hub(
-            final_dir,
-            plan.repo_id,
-            token=training_args.hub_token,
-            endpoint=plan.endpoint,
-            private=training_args.hub_private_repo,
-            revision=training_args.hub_revision,
-            commit_message="End of training",
-        )
+        options = _push_options(training_args, plan)
+        result = push_to_hub(final_dir, plan.repo_id, **options, commit_message="End of training")
         print(f"Pushed {final_dir} to {result.repo_url} (commit {result.commit_oid}).")
     metrics["final_model_dir"] = str(final_dir)
     trainer.save_metrics("all", {k: v for k, v in metrics.items() if isinstance(v, (int, float))})

@@ -180,36 +180,26 @@ def load_sklearn_digits():
     return _class_label_dataset(images, digits.target.tolist(), [str(i) for i in range(10)])
 
 
-def _find_image_column(dataset, requested: str | None, where: str) -> str:
+def _image_and_label(dataset, args: ImageDataArguments, where: str):
+    """`dataset` with only its image column (`--image_column`, else `image`, `img` or the only `Image` feature) as an
+    `Image` feature named `image`, and its `--label_column` named `label`."""
     import datasets
 
-    names = list(dataset.column_names)
-    if requested:
-        if requested not in names:
-            raise TrainingSetupError(f"{where} has no image column {requested!r} (columns: {names}).")
-        return requested
-    for name in ("image", "img"):
-        if name in names:
-            return name
+    names, label_column = list(dataset.column_names), args.label_column
     image_columns = [n for n, f in dataset.features.items() if isinstance(f, datasets.Image)]
-    if len(image_columns) == 1:
-        return image_columns[0]
-    raise TrainingSetupError(f"{where} has no image column (columns: {names}); name it with --image_column.")
-
-
-def _normalise_columns(dataset, image_column: str, label_column: str, where: str):
-    """Rename to `image` / `label`, keep only those two, and make `image` an `Image` feature."""
-    import datasets
-
-    if label_column not in dataset.column_names:
+    image_column = args.image_column or next((n for n in ("image", "img") if n in names), None)
+    if image_column is None and len(image_columns) == 1:
+        image_column = image_columns[0]
+    if image_column is None:
+        raise TrainingSetupError(f"{where} has no image column (columns: {names}); name it with --image_column.")
+    if image_column not in names:
+        raise TrainingSetupError(f"{where} has no image column {image_column!r} (columns: {names}).")
+    if label_column not in names:
         raise TrainingSetupError(
-            f"{where} has no label column {label_column!r} (columns: {dataset.column_names}); use --label_column."
+            f"{where} has no label column {label_column!r} (columns: {names}); use --label_column."
         )
     dataset = dataset.select_columns([image_column, label_column])
-    if image_column != "image":
-        dataset = dataset.rename_column(image_column, "image")
-    if label_column != "label":
-        dataset = dataset.rename_column(label_column, "label")
+    dataset = dataset.rename_columns({k: v for k, v in ((image_column, "image"), (label_column, "label")) if k != v})
     if not isinstance(dataset.features["image"], datasets.Image):
         dataset = dataset.cast_column("image", datasets.Image())
     return dataset
@@ -270,23 +260,18 @@ def load_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
         loaded = load_hub_dataset(name, args, "images pass a folder or file that exists")
         train, kind, description = loaded[args.train_split], "hub", f"[{name}](https://huggingface.co/datasets/{name})"
         hub_ids = [name]
-    where = f"Dataset {name!r}" if hub_ids else description
-    image_column = _find_image_column(train, args.image_column, where)
-    train = _normalise_columns(train, image_column, args.label_column, where)
+    train = _image_and_label(train, args, f"Dataset {name!r}" if hub_ids else description)
     if hub_ids and args.validation_split in loaded and not args.validation_dir:
-        validation = _normalise_columns(
-            loaded[args.validation_split], image_column, args.label_column, f"Split {args.validation_split!r}"
-        )
+        validation = _image_and_label(loaded[args.validation_split], args, f"Split {args.validation_split!r}")
     if hub_ids and "test" in loaded and args.train_split != "test" and args.validation_split != "test":
-        test = _normalise_columns(loaded["test"], image_column, args.label_column, "Split 'test'")
+        test = _image_and_label(loaded["test"], args, "Split 'test'")
     if class_names_of(train) is None:
         train = train.class_encode_column("label")
     if len(train) == 0:
         raise TrainingSetupError(f"{description} has no images.")
     if args.validation_dir:
         validation = _load_imagefolder(Path(args.validation_dir), "validation")
-        column = _find_image_column(validation, args.image_column, "validation")
-        validation = _normalise_columns(validation, column, args.label_column, "validation data")
+        validation = _image_and_label(validation, args, "validation data")
     for share, split_name in ((args.test_split_percentage, "test"), (args.validation_split_percentage, "validation")):
         if not 0 <= share < 100:
             raise TrainingSetupError(f"--{split_name}_split_percentage must be in [0, 100), got {share}.")
@@ -336,9 +321,7 @@ def load_streamed_image_source(args: ImageDataArguments, seed: int = 42) -> Imag
     def resolved(split):  # webdataset and json streams: the columns are known after one example
         return split._resolve_features() if split.features is None else split
 
-    train = resolved(loaded[args.train_split])
-    image_column = _find_image_column(train, args.image_column, where)
-    train = _normalise_columns(train, image_column, args.label_column, where)
+    train = _image_and_label(resolved(loaded[args.train_split]), args, where)
     class_names = class_names_of(train)
     if class_names is None:
         if not args.num_labels or args.num_labels < 2:
@@ -356,7 +339,7 @@ def load_streamed_image_source(args: ImageDataArguments, seed: int = 42) -> Imag
     elif args.validation_split in loaded and args.validation_split != args.train_split:
         validation = loaded[args.validation_split]
     if validation is not None:
-        validation = _normalise_columns(resolved(validation), image_column, args.label_column, "validation data")
+        validation = _image_and_label(resolved(validation), args, "validation data")
         if class_names_of(validation) is None:
             validation = validation.cast_column("label", datasets.ClassLabel(names=class_names))
         validation = validation.take(args.max_eval_samples or 10_000)
