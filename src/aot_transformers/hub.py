@@ -23,26 +23,16 @@ from typing import Any
 from ._io import EVAL_RESULTS_DIR, LOCK_FILE, STAGING_MARKER, atomic_folder, is_pickle_name
 from .errors import RunError, UsageError
 from .model_card import card_for_folder
-from .modeling_aot import CODE_FILES, AoTPreTrainedModel
+from .modeling_aot import CODE_FILES, PICKLE_SUFFIXES, AoTPreTrainedModel
 
 logger = logging.getLogger(__name__)
 
 # What never leaves the machine in a model push: Trainer checkpoints and logs, caches, pickles (optimizer state and
 # `training_args.bin` execute code when unpickled; the model itself is safetensors).
-PUSH_IGNORE_PATTERNS = [
-    "checkpoint-*",
-    "checkpoint-*/*",
-    "runs/*",
-    "*/.*",
-    "__pycache__/*",
-    "*/__pycache__/*",
-    "*.pyc",
-    "*.pt",
-    "*.pth",
-    "*.pkl",
-    "*.pickle",
-    "*.ckpt",
-    "training_args.bin",
+PUSH_IGNORE_PATTERNS = ["checkpoint-*", "checkpoint-*/*", "runs/*", "*/.*", "__pycache__/*", "*/__pycache__/*"]
+# Pickles but `.bin`: another `.bin` than Trainer's own is refused by `check_push_contents`, not silently skipped.
+PUSH_IGNORE_PATTERNS += ["*.pyc", "training_args.bin"] + [
+    f"*{suffix}" for suffix in PICKLE_SUFFIXES if suffix != ".bin"
 ]
 
 
@@ -108,14 +98,6 @@ def non_finite_weights(model) -> list[str]:
     return [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
 
 
-def write_export_manifest(staging: Path) -> None:
-    """Record the files of a finished export in `staging` (see `check_replaceable`)."""
-    files = sorted(
-        p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file() and p.name != STAGING_MARKER
-    )
-    (staging / EXPORT_MANIFEST).write_text(json.dumps({"files": files}, indent=1), encoding="utf-8")
-
-
 def write_extra_files(folder: Path, files: dict[str, str | bytes | os.PathLike]) -> None:
     """Write `files` (name -> text, bytes, or the path of a file to copy) into `folder`. A name that would land
     outside `folder` (absolute, or with `..`) is refused with `UsageError` before anything is written."""
@@ -171,18 +153,28 @@ def export_model(
     """
     if not isinstance(model, AoTPreTrainedModel):
         raise TypeError(f"`model` must be an AoT model, got {type(model).__name__}.")
+    files = dict(extra_files or {})
+    if model_card is not None:
+        files["README.md"] = str(model_card)
+    processors = (tokenizer, image_processor)
+    return write_export(model, save_directory, processors, files, overwrite, protected, state_dict=state_dict)
+
+
+def write_export(model, save_directory, processors, files: dict, overwrite=True, protected=(), **save_options) -> Path:
+    """Write `model.save_pretrained(..., **save_options)` (safetensors), the `processors` that are not None and
+    `files` (see `write_extra_files`) into `save_directory` atomically, with the `EXPORT_MANIFEST` listing them; with
+    `overwrite`, only over an earlier export (`check_replaceable`). Serves `export_model` and LoRA adapters."""
     if overwrite:
         check_replaceable(save_directory, protected)
     with atomic_folder(save_directory, overwrite) as staging:
-        model.save_pretrained(staging, safe_serialization=True, state_dict=state_dict)
-        for extra in (tokenizer, image_processor):
-            if extra is not None:
-                extra.save_pretrained(staging)
-        files = dict(extra_files or {})
-        if model_card is not None:
-            files["README.md"] = str(model_card)
+        model.save_pretrained(staging, safe_serialization=True, **save_options)
+        for processor in processors:
+            if processor is not None:
+                processor.save_pretrained(staging)
         write_extra_files(staging, files)
-        write_export_manifest(staging)
+        written = [p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()]
+        manifest = {"files": sorted(name for name in written if Path(name).name != STAGING_MARKER)}
+        (staging / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return Path(save_directory)
 
 
@@ -265,17 +257,9 @@ def _hidden_top_level(folder: Path) -> list[str]:
 
 
 def check_push_contents(folder: Path, names: list[str], escaping: list[str]) -> None:
-    """Refuse a push that would publish what the folder's owner did not mean to: links leaving the folder, pickles,
-    or code that `aot verify` does not pass.
-
-    Args:
-        folder: The folder to push.
-        names: The files that would be uploaded (after the ignore patterns).
-        escaping: Symbolic links leaving the folder (from the walk).
-
-    Raises:
-        UsageError: One line naming every offending file; nothing has been uploaded.
-    """
+    """Refuse (`UsageError`, one line naming every offending file) a push of `folder` that would publish what its
+    owner did not mean to: links leaving the folder (`escaping`), pickles among the files to upload (`names`), or
+    code that `aot verify` does not pass."""
     from .verify import pickle_note, verify_folder
 
     problems = [f"{name} is a link to a folder or out of {folder}" for name in escaping]

@@ -67,14 +67,9 @@ class EvaluationReport:
                     raise EvaluationError(
                         f"not an `aot eval` results file: results[{task!r}][{metric!r}] is {value!r}, not a number."
                     )
-        return cls(
-            model=str(payload.get("model", "")),
-            results={str(k): dict(v) for k, v in payload["results"].items()},
-            settings=dict(payload.get("settings", {})),
-            model_info=dict(payload.get("model_info", {})),
-            versions=dict(payload.get("versions", {})),
-            date=str(payload.get("date", "")),
-        )
+        mappings = {key: dict(payload.get(key, {})) for key in ("settings", "model_info", "versions")}
+        results = {str(k): dict(v) for k, v in payload["results"].items()}
+        return cls(str(payload.get("model", "")), results=results, date=str(payload.get("date", "")), **mappings)
 
 
 def remote_code_allowed(model: str | os.PathLike, trust_remote_code: bool = False) -> bool:
@@ -188,14 +183,15 @@ def check_device(device: str | torch.device | None) -> torch.device | None:
         raise EvaluationError(
             "not a device", argument="--device", value=device, allowed="cpu, cuda, cuda:N, mps, ..."
         ) from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise EvaluationError("CUDA is not available on this machine", argument="--device", value=device)
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
+    if parsed.type in available and not available[parsed.type]():
+        raise EvaluationError(
+            f"{parsed.type.upper()} is not available on this machine", argument="--device", value=device
+        )
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
         raise EvaluationError(
             f"this machine has {torch.cuda.device_count()} CUDA device(s)", argument="--device", value=device
         )
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise EvaluationError("MPS is not available on this machine", argument="--device", value=device)
     if parsed.type not in ("cpu", "cuda", "mps", "xpu"):
         raise EvaluationError("cannot evaluate there", argument="--device", value=device, allowed="cpu, cuda, mps")
     return parsed

@@ -139,22 +139,13 @@ def export_adapter(
     otherwise in the text, as the Hub accepts only repository ids there. Like `export_model`, it replaces only an
     earlier export, never a folder in `protected` or a parent of one (`hub.check_replaceable`).
     """
-    from .._io import atomic_folder
-    from ..hub import check_replaceable, write_export_manifest, write_extra_files
+    from ..hub import write_export
     from ..model_card import render_model_card
 
-    check_replaceable(save_directory, protected)
-
-    base = model.get_base_model()
     card_kwargs = {**card_kwargs, "tags": ["lora", "peft"], "library_name": "peft", "adapter": lora_summary(model)}
-    card = render_model_card(base.config, **card_kwargs)
-    with atomic_folder(save_directory) as staging:
-        model.save_pretrained(staging, safe_serialization=True)
-        if processor is not None:
-            processor.save_pretrained(staging)
-        write_extra_files(staging, {**(files or {}), "README.md": str(card)})
-        write_export_manifest(staging)
-    return Path(save_directory)
+    card = render_model_card(model.get_base_model().config, **card_kwargs)
+    files = {**(files or {}), "README.md": str(card)}
+    return write_export(model, save_directory, (processor,), files, protected=protected)
 
 
 def lora_summary(model) -> dict[str, Any]:
