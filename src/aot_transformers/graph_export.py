@@ -269,14 +269,11 @@ def _real(outputs: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tenso
 def _check_finite(model: AoTPreTrainedModel, spec: ExportSpec) -> None:
     """Refuse, before anything is converted, a model whose weights or outputs (on the example) are NaN or infinite:
     its file would run and give NaN, and no comparison with PyTorch can fail on NaN = NaN."""
-    from .hub import non_finite_weights
+    from .hub import check_finite_weights
 
-    bad = non_finite_weights(model)
-    if bad:
-        raise GraphExportError(
-            f"The model's weights are not finite ({', '.join(bad[:3])}{', …' if len(bad) > 3 else ''}): nothing was "
-            "exported."
-        )
+    check_finite_weights(
+        model, lambda bad: GraphExportError(f"The model's weights are not finite ({bad}): nothing was exported.")
+    )
     with torch.no_grad():
         outputs = _real(spec.module(**spec.example_inputs), spec.example_inputs)
     if not torch.isfinite(outputs).all():

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,12 +91,14 @@ def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathL
     return target
 
 
-def non_finite_weights(model) -> list[str]:
-    """The names of `model`'s floating-point tensors (parameters and buffers) that hold a NaN or an infinity: a model
-    that must not be exported as if it worked."""
+def check_finite_weights(model, refuse: Callable[[str], Exception]) -> None:
+    """Raise `refuse(names)` when floating-point tensors of `model` (parameters and buffers) hold a NaN or an
+    infinity (`names`: the first three of them): a model that must not be exported as if it worked."""
     import torch
 
-    return [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise refuse(", ".join(bad[:3]) + (", …" if len(bad) > 3 else ""))
 
 
 def write_extra_files(folder: Path, files: dict[str, str | bytes | os.PathLike]) -> None:
@@ -401,7 +404,7 @@ __all__ = [
     "PushResult",
     "check_export_folder",
     "export_model",
-    "non_finite_weights",
+    "check_finite_weights",
     "push_to_hub",
     "upload_checkpoint",
 ]

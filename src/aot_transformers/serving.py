@@ -190,24 +190,19 @@ def _install() -> None:
                 )
                 architecture = (getattr(config, "architectures", None) or [None])[0]
                 if architecture is None or not hasattr(transformers, architecture):
-                    kwargs: dict[str, Any] = {
-                        "revision": revision,
-                        "attn_implementation": self.attn_implementation,
-                        "dtype": self.dtype,
-                        "device_map": self.device,
-                        "trust_remote_code": self.trust_remote_code,
-                        "tqdm_class": tqdm_class,
-                    }
-                    quantization_config = self.get_quantization_config()
-                    if quantization_config is not None:
-                        kwargs["quantization_config"] = quantization_config
-                    return AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
-            return super()._load_model(
-                model_id_and_revision,
-                tqdm_class=tqdm_class,
-                progress_callback=progress_callback,
-                gguf_file=gguf_file,
-            )
+                    quantization = self.get_quantization_config()
+                    return AutoModelForCausalLM.from_pretrained(
+                        model_id,
+                        revision=revision,
+                        attn_implementation=self.attn_implementation,
+                        dtype=self.dtype,
+                        device_map=self.device,
+                        trust_remote_code=self.trust_remote_code,
+                        tqdm_class=tqdm_class,
+                        **({"quantization_config": quantization} if quantization is not None else {}),
+                    )
+            progress = {"tqdm_class": tqdm_class, "progress_callback": progress_callback}
+            return super()._load_model(model_id_and_revision, gguf_file=gguf_file, **progress)
 
     def served_model(handler) -> tuple[str, Any, Any]:
         manager = handler.model_manager

@@ -79,14 +79,8 @@ class VerifyReport:
     @property
     def code_ok(self) -> bool:
         """Loading the folder runs only the installed package's code (pickles aside)."""
-        return (self.matches_installed or self.adapter_base is not None) and not (
-            self.missing
-            or self.edited
-            or self.malformed_hashes
-            or self.differs_from_installed
-            or self.unknown_code
-            or self.auto_map
-        )
+        found = (self.missing, self.edited, self.malformed_hashes, self.differs_from_installed, self.unknown_code)
+        return (self.matches_installed or self.adapter_base is not None) and not any((*found, self.auto_map))
 
     @property
     def ok(self) -> bool:

@@ -220,9 +220,9 @@ def finish_run(
     or image processor, code files, model card with `results` and the `training` summary, `results.json`, training
     curves), push it if asked, and save the metrics. Every process must call it (FSDP gathers its shards here); only
     the main process writes. Returns `metrics` with `final_model_dir` (None off the main process)."""
-    from ..hub import export_model, push_to_hub
+    from ..errors import RunError
+    from ..hub import check_finite_weights, export_model, push_to_hub
     from ..model_card import render_model_card, training_results_json
-    from .run_state import check_finite_model
 
     trainer, training_args, publish_args, plan = run.trainer, run.training_args, run.publish_args, run.hub
     task, processor, lora, base_model = run.task, run.processor, run.lora, run.model_args.model_name_or_path
@@ -231,7 +231,10 @@ def finish_run(
     if not trainer.is_world_process_zero():
         metrics["final_model_dir"] = None
         return metrics
-    check_finite_model(model)
+    # a diverged run that the step checks did not see
+    check_finite_weights(
+        model, lambda bad: RunError(f"the trained weights are not finite ({bad}): nothing was exported")
+    )
     model_name = publish_args.model_name or training_args.hub_model_id or final_dir.name
     num_parameters = sum(p.numel() for p in model.parameters())
     files: dict[str, Any] = {

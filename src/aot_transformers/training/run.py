@@ -153,12 +153,9 @@ def enable_fsdp_on_cpu(trainer) -> bool:
     """Make `trainer` use the FSDP plugin of its `TrainingArguments` when its processes run on the CPU (gloo); returns
     whether it changed anything. Call it after building the Trainer and before training.
 
-    Accelerate turns a run into FSDP only when its processes are GPU-like (`AcceleratorState` switches the distributed
-    type to `FSDP` in a branch taken for `MULTI_GPU`, `MULTI_NPU`, `MULTI_XPU`, …); CPU processes are `MULTI_CPU`, so
-    with `--use_cpu` the FSDP plugin Trainer builds from `--fsdp`/`--fsdp_config` is silently dropped and the run is
-    plain DDP. PyTorch's FSDP2 (`fully_shard`) itself works on CPU tensors with gloo, so the plugin is handed to
-    Accelerate as for GPUs: `accelerator.prepare` shards the model by `AoTLayer` and checkpoints are FSDP checkpoints,
-    and the CPU dry runs exercise the cluster code path."""
+    Accelerate switches to FSDP only for GPU-like processes, so on `MULTI_CPU` the plugin Trainer builds from
+    `--fsdp`/`--fsdp_config` would be silently dropped (plain DDP); FSDP2 itself works on CPU tensors with gloo, so
+    the CPU dry runs exercise the cluster code path."""
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     plugin_args = getattr(trainer.args, "fsdp_plugin_args", None)

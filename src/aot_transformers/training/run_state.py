@@ -280,19 +280,9 @@ def run_state_callbacks() -> list:
     return [StopOnNonFiniteCallback()]
 
 
-def check_finite_model(model) -> None:
-    """Refuse to export weights that are not all finite (a diverged run that the step checks did not see)."""
-    from ..hub import non_finite_weights
-
-    bad = non_finite_weights(model)
-    if bad:
-        raise RunError(f"the trained weights are not finite ({', '.join(bad[:3])}…): nothing was exported")
-
-
 __all__ = [
     "RUN_RECORD",
     "RecordRunTrainerMixin",
-    "check_finite_model",
     "check_output_dir",
     "check_resume_identity",
     "claim_output_dir",
