@@ -385,8 +385,8 @@ def load_exportable(folder: str | os.PathLike) -> AoTPreTrainedModel:
     if not config_file.is_file():
         raise GraphExportError(f"{folder} has no config.json: it is not a saved model folder.")
     config = load_json(config_file)  # UsageError (one line, exit code 2) when it is not JSON
-    if not isinstance(config, dict) or config.get("model_type") != "aot":
-        model_type = config.get("model_type") if isinstance(config, dict) else None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type != "aot":
         raise GraphExportError(
             f"{folder} is not an AoT model folder (config.json has model_type={model_type!r}, expected 'aot')."
         )

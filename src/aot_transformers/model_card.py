@@ -376,14 +376,8 @@ def card_file(target: str | os.PathLike) -> Path:
 
 def _key(result) -> tuple:
     """What identifies a number in model-index (the task name is not kept per metric, so it is left out)."""
-    return (
-        result.task_type,
-        result.dataset_type,
-        result.dataset_name,
-        result.dataset_config,
-        result.dataset_split,
-        result.metric_type,
-    )
+    fields = ("task_type", "dataset_type", "dataset_name", "dataset_config", "dataset_split", "metric_type")
+    return tuple(getattr(result, name) for name in fields)
 
 
 def _with_section(text: str, section: str) -> str:

@@ -245,9 +245,7 @@ def evaluate_model(
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise EvaluationError(f"`limit` must be a positive int, got {limit!r}.")
     sources = resolve_sources(names, data_dir, data)
-    datasets = {key: load_source(source) for key, source in sources.items()}
-    if limit is not None:
-        datasets = {key: values[:limit] for key, values in datasets.items()}
+    datasets = {key: load_source(source)[:limit] for key, source in sources.items()}  # limit None: all
 
     tokenizer_given = tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike))
     if isinstance(model, torch.nn.Module):

@@ -61,7 +61,6 @@ def take_over_hub_options(training_args, publish_args: PublishArguments) -> HubP
         from huggingface_hub.utils import HFValidationError, validate_repo_id
 
         repo_id = repo_id or publish_args.final_dir(training_args).resolve().parent.name
-
         try:
             validate_repo_id(repo_id)
         except HFValidationError:

@@ -101,14 +101,8 @@ class TrainingRun:
         lock the output folder, find the checkpoint to resume from (`run_state.start_run`), and seed."""
         from transformers import set_seed
 
-        self.identity = run_identity(
-            self.training_args,
-            config,
-            data,
-            **settings,
-            base_model=self.model_args.model_name_or_path,
-            lora=self.lora.lora_r if self.lora is not None else None,
-        )
+        settings.update(base_model=self.model_args.model_name_or_path, lora=self.lora.lora_r if self.lora else None)
+        self.identity = run_identity(self.training_args, config, data, **settings)
         self.lock, self.resume = start_run(self.training_args, self.publish_args, self.identity)
         set_seed(self.training_args.seed)
 
