@@ -375,21 +375,15 @@ def _upload_folder(api, repo_id: str, private: bool | None, revision: str | None
 
 
 def upload_checkpoint(
-    folder: str | os.PathLike,
-    repo_id: str,
-    *,
-    token: str | bool | None = None,
-    endpoint: str | None = None,
-    private: bool | None = None,
-    revision: str | None = None,
-    **upload,
+    folder: str | os.PathLike, repo_id: str, *, token: str | bool | None = None, endpoint: str | None = None, **upload
 ):
-    """Push a Trainer checkpoint folder during training (`--hub_strategy every_save|checkpoint|all_checkpoints`);
-    `upload` goes to `HfApi.upload_folder` (`path_in_repo`, `ignore_patterns`, `delete_patterns`, `commit_message`).
-    Raises `HubPushError` (the checkpoint on disk is untouched)."""
+    """Push a Trainer checkpoint folder during training (`--hub_strategy every_save|checkpoint|all_checkpoints`):
+    `private` and `revision` as for `push_to_hub`, the rest of `upload` to `HfApi.upload_folder` (`path_in_repo`,
+    `ignore_patterns`, `delete_patterns`, `commit_message`). Raises `HubPushError` (the checkpoint is untouched)."""
     from huggingface_hub import HfApi
 
     api = HfApi(endpoint=endpoint, token=token)
+    private, revision = upload.pop("private", None), upload.pop("revision", None)
     try:
         return _upload_folder(api, repo_id, private, revision, folder, **upload)[1]
     except Exception as error:
