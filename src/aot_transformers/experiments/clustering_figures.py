@@ -69,19 +69,36 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-def _band_plot(ax, run: dict[str, Any], label: str | None) -> dict[str, Any]:
-    """Plot the median distance of the runs over the iterations and their 2.5-97.5 percentile band; return the curve's
-    record (median per record, final band, seconds)."""
-    distances = torch.tensor(run["distance"], dtype=torch.float64)
+def _band_plot(ax, run: dict[str, Any], label: str | None, scale: float = 1.0, name: str = "median_distance") -> dict:
+    """Plot the median distance (divided by `scale`) of the runs over the iterations and their 2.5-97.5 percentile
+    band; return the curve's record (median per record under `name`, final band, seconds)."""
+    distances = torch.tensor(run["distance"], dtype=torch.float64) / scale
     q = torch.quantile(distances.clamp(min=1e-16), torch.tensor([0.025, 0.5, 0.975], dtype=torch.float64), dim=1)
     (line,) = ax.semilogy(run["steps"], q[1], label=label)
     ax.fill_between(run["steps"], q[0], q[2], color=line.get_color(), alpha=0.2)
     return {
         "steps": run["steps"],
-        "median_distance": [percentile_band(row)["median"] for row in run["distance"]],
-        "final": percentile_band(run["final"]),
+        name: [percentile_band(row)["median"] for row in distances],
+        "final": percentile_band(torch.tensor(run["final"], dtype=torch.float64) / scale),
         "seconds": run["seconds"],
     }
+
+
+def _curves(study: Study, o: Options, filename: str, runs: dict, fontsize: float | None = None, **labels: Any) -> dict:
+    """A figure of `_band_plot` curves, one per entry `key: (label, _train's keyword arguments)` of `runs`; return the
+    curves' records by key."""
+    ax = study.figure(filename)[0, 0]
+    record = {key: _band_plot(ax, _train(o, **kwargs), label) for key, (label, kwargs) in runs.items()}
+    set_axes(ax, fontsize, **labels)
+    return record
+
+
+def _paired(o: Options, sigmas: str = "sigmas", lams: str = "lams") -> list[tuple[float, float]]:
+    """The (σ, λ) pairs of the options named `sigmas` and `lams`, which must have equal lengths."""
+    values = getattr(o, sigmas), getattr(o, lams)
+    if len(values[0]) != len(values[1]):
+        raise ValueError(f"`{sigmas}` and `{lams}` must have equal lengths, got {values[0]} and {values[1]}.")
+    return list(zip(*values, strict=True))
 
 
 def _train(o: Options, sigma: float, lam: float, **kwargs: Any) -> dict[str, Any]:
@@ -110,23 +127,26 @@ def _plateau_claim(study: Study, figure: str, sigma: float, final: dict, plateau
 
 def figure1(study: Study, o: Options) -> None:
     """Theorem 3.4 / Fig. 1: from a random point of M, PSGD on R alone (ρ = 0) converges to (±μ₀*, ±μ₁*)."""
-    axes = study.figure("fig1_manifold_init.png")
-    record = {}
-    for sigma, lam in zip(o.sigmas, o.lams, strict=True):
-        lam_star = theory.critical_temperature(o.dim, sigma, o.seq_len)
-        run = _train(o, sigma, lam, rho=0.0, init="manifold")
-        record[f"sigma={sigma}"] = {**_band_plot(axes[0, 0], run, f"σ = {sigma}, λ = {lam}"), "lambda_star": lam_star}
-        final = percentile_band(run["final"])
+    runs = {
+        f"sigma={s}": (f"σ = {s}, λ = {lam}", dict(sigma=s, lam=lam, rho=0.0, init="manifold"))
+        for s, lam in _paired(o)
+    }
+    labels = dict(
+        xlabel="PSGD iteration", ylabel="distance to the centroids (Eq. 11)", title="Fig. 1: init on M, ρ = 0"
+    )
+    record = _curves(study, o, "fig1_manifold_init.png", runs, **labels)
+    for sigma, lam in _paired(o):
+        curve = record[f"sigma={sigma}"]
+        curve["lambda_star"] = lam_star = theory.critical_temperature(o.dim, sigma, o.seq_len)
+        final = curve["final"]
         study.claim(
             f"Thm 3.4 / Fig. 1: init on M, ρ = 0, σ = {sigma}, λ = {lam} (λ* = {lam_star:.3f}); final distance",
             f"median {final['median']:.1e} [{final['low']:.1e}, {final['high']:.1e}] after {o.steps} steps",
             "converges to (±μ₀*, ±μ₁*)",
-            final["high"] < 0.1 * percentile_band(run["distance"][0])["median"] and lam <= lam_star,
+            final["high"] < 0.1 * curve["median_distance"][0] and lam <= lam_star,
         )
         _plateau_claim(study, "Fig. 1", sigma, final, {0.3: 1e-2, 1.0: 1e-1})
     study.results["figure1"] = record
-    title = "Fig. 1: init on M, ρ = 0"
-    set_axes(axes[0, 0], xlabel="PSGD iteration", ylabel="distance to the centroids (Eq. 11)", title=title)
 
 
 def figure2(study: Study, o: Options) -> None:
@@ -134,7 +154,7 @@ def figure2(study: Study, o: Options) -> None:
     rhos = torch.linspace(0, o.rho_max, o.num_rhos).tolist()
     axes = study.figure("fig2_regularised.png", ncols=2)
     record: dict[str, Any] = {"rhos": rhos}
-    for sigma, lam in zip(o.sigmas, o.lams, strict=True):
+    for sigma, lam in _paired(o):
         bands = _final_bands(o, sigma, lam, rhos, init="sphere")
         medians = [b["median"] for b in bands]
         axes[0, 0].semilogy(rhos, medians, marker=".", label=f"σ = {sigma}")
@@ -220,7 +240,7 @@ def theory_checks(study: Study, o: Options) -> None:
         checks.append({"quantity": name, "closed_form": exact, "monte_carlo": mc[0], "tolerance": mc[1]})
         study.claim(name, f"closed form {exact:.4f}, Monte Carlo {mc[0]:.4f} ± {mc[1]:.4f}", paper, holds)
 
-    for sigma, lam in zip(o.sigmas, o.lams, strict=True):
+    for sigma, lam in _paired(o):
         for kappas in ((1.0, 1.0), (0.6, -0.3)):
             heads = heads_on_manifold(centroids, kappas)
             predict = lambda x, h=heads, la=lam: linear_attention_predictor(x, h, la)
@@ -283,18 +303,14 @@ def theory_checks(study: Study, o: Options) -> None:
 
 def appendix_a(study: Study, o: Options) -> None:
     """App. A (σ = 0): Fig. 5a (init on M̃, ρ = 0: Theorem A.4), Fig. 5b (sphere, ρ = 0), Fig. 6b (sphere, ρ = 0.1)."""
-    axes = study.figure("fig5_fig6_degenerate.png")
-    record = {}
-    for key, init, rho, label in (
-        ("fig5a", "manifold_tilde", 0.0, "Fig. 5a: init on M̃, ρ = 0"),
-        ("fig5b", "sphere", 0.0, "Fig. 5b: init on the sphere, ρ = 0"),
-        ("fig6b", "sphere", 0.1, "Fig. 6b: init on the sphere, ρ = 0.1"),
-    ):
-        run = _train(o, 0.0, 0.6, rho=rho, init=init)
-        record[key] = _band_plot(axes[0, 0], run, label)
-    study.results["appendix_a"] = record
-    title = "App. A: Dirac mixture (σ = 0), λ = 0.6"
-    set_axes(axes[0, 0], fontsize=7, xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=title)
+    runs = {
+        "fig5a": ("Fig. 5a: init on M̃, ρ = 0", dict(rho=0.0, init="manifold_tilde")),
+        "fig5b": ("Fig. 5b: init on the sphere, ρ = 0", dict(rho=0.0, init="sphere")),
+        "fig6b": ("Fig. 6b: init on the sphere, ρ = 0.1", dict(rho=0.1, init="sphere")),
+    }
+    runs = {key: (label, dict(sigma=0.0, lam=0.6, **kwargs)) for key, (label, kwargs) in runs.items()}
+    labels = dict(xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title="App. A: Dirac mixture (σ = 0), λ = 0.6")
+    record = study.results["appendix_a"] = _curves(study, o, "fig5_fig6_degenerate.png", runs, 7, **labels)
     study.claim(
         "Thm A.4 / Fig. 5a: σ = 0, init on M̃, ρ = 0; final distance (median)",
         f"{record['fig5a']['final']['median']:.1e}",
@@ -405,7 +421,7 @@ def kappa_dynamics(study: Study, o: Options) -> None:
     )
     ax = study.figure("kappa_dynamics.png", size=(7.0, 3.6))[0, 0]
     starts = _on_manifold(initial_heads(centroids.expand(1000, 2, -1), "manifold", make_generator(o.seed)), centroids)
-    for sigma, lam in zip(o.sigmas, o.lams, strict=True):
+    for sigma, lam in _paired(o):
         args = (o.dim, sigma, length, lam)
         points = theory.kappa_fixed_points(*args, lr, seed=o.seed)
         eig = torch.linalg.eigvals(theory.kappa_jacobian(points, *args, lr)[1]).real.sort(-1).values
@@ -503,25 +519,7 @@ def _degenerate_critical_points(study: Study, length: int, seed: int) -> None:
 
 def _appendix_g_panels(o: Options) -> list[tuple[float, float, float]]:
     """(σ, λ, ρ on the sphere) per App. G panel: ρ = 0.1 for σ = 0 and 0.2 for σ > 0 (Figs 8, 10)."""
-    if len(o.appendix_g_sigmas) != len(o.appendix_g_lams):
-        raise ValueError(
-            f"`appendix_g_sigmas` and `appendix_g_lams` must have equal lengths, got {o.appendix_g_sigmas} and "
-            f"{o.appendix_g_lams}."
-        )
-    return [(s, lam, 0.1 if s == 0 else 0.2) for s, lam in zip(o.appendix_g_sigmas, o.appendix_g_lams, strict=True)]
-
-
-def _rmse_record(run: dict[str, Any], dim: int) -> dict[str, Any]:
-    """A curve of the minimal RMSE of App. G.1 (the distance of Eq. 11 divided by √d)."""
-    scale = math.sqrt(dim)
-    rows = [[value / scale for value in row] for row in run["distance"]]
-    return {
-        "steps": run["steps"],
-        "median_rmse": [percentile_band(row)["median"] for row in rows],
-        "final": percentile_band([value / scale for value in run["final"]]),
-        "seconds": run["seconds"],
-        "rows": rows,
-    }
+    return [(s, lam, 0.1 if s == 0 else 0.2) for s, lam in _paired(o, "appendix_g_sigmas", "appendix_g_lams")]
 
 
 def high_dimension_curves(study: Study, o: Options) -> None:
@@ -543,10 +541,9 @@ def high_dimension_curves(study: Study, o: Options) -> None:
         record[name] = {}
         for column, (sigma, lam, rho) in enumerate(panels):
             run = _train(o, sigma, lam, rho=rho if regularised else 0.0, **setting)
-            curve = _rmse_record(run, setting["dim"])
-            record[name][f"sigma={sigma}"] = {key: value for key, value in curve.items() if key != "rows"}
-            _band_plot(axes[row, column], {**run, "distance": curve["rows"], "final": curve["rows"][-1]}, None)
-            axes[row, column].set(title=f"{name.split('_')[0]}: d = {setting['dim']}, σ = {sigma}", xlabel="iteration")
+            ax = axes[row, column]
+            record[name][f"sigma={sigma}"] = _band_plot(ax, run, None, math.sqrt(setting["dim"]), "median_rmse")
+            ax.set(title=f"{name.split('_')[0]}: d = {setting['dim']}, σ = {sigma}", xlabel="iteration")
         axes[row, 0].set(ylabel="minimal RMSE")
         finals = [record[name][f"sigma={sigma}"]["final"] for sigma, _, _ in panels]
         study.claim(
@@ -601,18 +598,18 @@ def dimension_sweep(study: Study, o: Options) -> None:
 
 def euclidean_vs_riemannian(study: Study, o: Options) -> None:
     """App. G.3 / Fig. 13: Euclidean projected SGD against the Riemannian PSGD (init on M, ρ = 0; sphere, ρ)."""
-    axes = study.figure("fig13_euclidean.png")
-    record = {}
-    sigma, lam = o.sigmas[0], o.lams[0]
-    for riemannian in (True, False):
-        for init, rho in (("manifold", 0.0), ("sphere", o.rho)):
-            key = f"{'riemannian' if riemannian else 'euclidean'}/{init}/rho={rho}"
-            run = _train(o, sigma, lam, rho=rho, init=init, riemannian=riemannian)
-            record[key] = _band_plot(axes[0, 0], run, key)
-    study.results["euclidean"] = record
-    title = f"Fig. 13: σ = {sigma}"
-    set_axes(axes[0, 0], fontsize=7, xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=title)
-    for init, rho in (("manifold", 0.0), ("sphere", o.rho)):
+    sigma, lam, settings = o.sigmas[0], o.lams[0], (("manifold", 0.0), ("sphere", o.rho))
+    runs = {
+        f"{kind}/{init}/rho={rho}": (
+            f"{kind}/{init}/rho={rho}",
+            dict(sigma=sigma, lam=lam, rho=rho, init=init, riemannian=kind == "riemannian"),
+        )
+        for kind in ("riemannian", "euclidean")
+        for init, rho in settings
+    }
+    labels = dict(xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=f"Fig. 13: σ = {sigma}")
+    record = study.results["euclidean"] = _curves(study, o, "fig13_euclidean.png", runs, 7, **labels)
+    for init, rho in settings:
         r = record[f"riemannian/{init}/rho={rho}"]["final"]["median"]
         e = record[f"euclidean/{init}/rho={rho}"]["final"]["median"]
         study.claim(
@@ -625,14 +622,13 @@ def euclidean_vs_riemannian(study: Study, o: Options) -> None:
 
 def three_centroids(study: Study, o: Options) -> None:
     """App. G.4 / Fig. 14: K = 3 in R⁶ (centroids e₁, e₄, e₆), init on the sphere, ρ = 0.2; r⁽¹⁾ against r⁽²⁾."""
-    axes = study.figure("fig14_k3.png")
-    record = {}
     sigma, lam = o.sigmas[0], o.lams[0]
-    for kind in ("pairwise", "product"):
-        run = _train(o, sigma, lam, dim=6, num_clusters=3, rho=o.rho, init="sphere", regulariser=kind)
-        record[kind] = _band_plot(axes[0, 0], run, {"pairwise": "r⁽¹⁾", "product": "r⁽²⁾"}[kind])
-    study.results["k3"] = record
-    set_axes(axes[0, 0], xlabel="PSGD iteration", ylabel="distance (K = 3)", title=f"Fig. 14: K = 3, σ = {sigma}")
+    common = dict(sigma=sigma, lam=lam, dim=6, num_clusters=3, rho=o.rho, init="sphere")
+    runs = {
+        kind: (label, {**common, "regulariser": kind}) for kind, label in (("pairwise", "r⁽¹⁾"), ("product", "r⁽²⁾"))
+    }
+    labels = dict(xlabel="PSGD iteration", ylabel="distance (K = 3)", title=f"Fig. 14: K = 3, σ = {sigma}")
+    record = study.results["k3"] = _curves(study, o, "fig14_k3.png", runs, **labels)
     study.claim(
         f"Fig. 14: K = 3, ρ = {o.rho}, median final distance with r⁽¹⁾ / r⁽²⁾",
         f"{record['pairwise']['final']['median']:.1e} / {record['product']['final']['median']:.1e}",
@@ -701,8 +697,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     (App. F–H); README.md gives the scaled-down command whose results are committed.
     """
     o = Options.parse(options)
-    if len(o.sigmas) != len(o.lams):
-        raise ValueError(f"`sigmas` and `lams` must have equal lengths, got {o.sigmas} and {o.lams}.")
+    _paired(o)
     study = Study("clustering", "Attention-based clustering (Maulen-Soto, Marion, Boyer)", o, out)
     for part in o.parts:
         PART_FUNCTIONS[part](study, o)
