@@ -129,17 +129,13 @@ def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification,
     if o.train_images is not None:
         for key in ("train_images", "train_labels"):
             data[key] = data[key][: o.train_images]
-    mean, std = _vision.channel_stats(data["train_images"])
+    normalised, mean, std = _vision.standardised(data)
     if classifier is None:
         torch.manual_seed(o.seed)
         size, channels = images.shape[-1], images.shape[1]
         config = vision_config("aot", None, size, o.patch_size, o.hidden_size, o.num_layers, num_channels=channels)
         config.image_mean, config.image_std = mean.tolist(), std.tolist()  # kept with the model for reuse
         classifier = AoTForImageClassification(config)
-        normalised = {
-            key: _vision.normalise(value, mean, std) if key.endswith("images") else value
-            for key, value in data.items()
-        }
         study.results["training"] = _vision.train_classifier(classifier, normalised, o.epochs, lr=o.lr, seed=o.seed)
         if o.save_model:
             classifier.save_pretrained(study.folder / "model")

@@ -182,10 +182,7 @@ def speed(study: Study, o: Options) -> None:
     """KVT's faster convergence: CIFAR-10 validation accuracy per epoch, dense against k = n/2, AoT and ViT, with the
     same images and seed."""
     images, labels = _vision.load_cifar10(o.data_dir, o.per_class)
-    data = _vision.split(images, labels, 0.2, o.seed)
-    mean, std = _vision.channel_stats(data["train_images"])
-    for part in ("train_images", "val_images"):
-        data[part] = _vision.normalise(data[part], mean, std)
+    data = _vision.standardised(_vision.split(images, labels, 0.2, o.seed))[0]
     runs = {}
     for architecture in ARCHITECTURES:
         for k in (None, 0.5):

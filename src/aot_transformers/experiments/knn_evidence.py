@@ -166,11 +166,8 @@ def lemma3(study: Study, o: Options) -> None:
 
 def _data(o: Options) -> dict[str, torch.Tensor]:
     images, labels = _vision.load_mnist5k(o.data_dir)
-    data = _vision.split(images[: o.train_images + 1000], labels[: o.train_images + 1000], 0.2, seed=0)
-    mean, std = _vision.channel_stats(data["train_images"])
-    for part in ("train_images", "val_images"):
-        data[part] = _vision.normalise(data[part], mean, std)
-    return data
+    count = o.train_images + 1000
+    return _vision.standardised(_vision.split(images[:count], labels[:count], 0.2, seed=0))[0]
 
 
 def k_sweep(study: Study, o: Options, data: dict) -> dict:
