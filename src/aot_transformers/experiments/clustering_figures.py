@@ -515,9 +515,15 @@ def _degenerate_critical_points(study: Study, length: int, seed: int) -> None:
     )
 
 
-def _appendix_g_panels(o: Options) -> list[tuple[float, float, float]]:
-    """(σ, λ, ρ on the sphere) per App. G panel: ρ = 0.1 for σ = 0 and 0.2 for σ > 0 (Figs 8, 10)."""
-    return [(s, lam, 0.1 if s == 0 else 0.2) for s, lam in _paired(o, "appendix_g_sigmas", "appendix_g_lams")]
+def _appendix_g(o: Options, names: tuple[str, str, str]) -> dict[str, tuple[dict, list[tuple[float, float, float]]]]:
+    """App. G's three settings under `names` — init on M; on the sphere; random centroids, on the sphere — each with
+    its panels (σ, λ, ρ), one per σ: ρ = 0 on M, else 0.1 for σ = 0 and 0.2 for σ > 0 (Figs 8, 10)."""
+    pairs = _paired(o, "appendix_g_sigmas", "appendix_g_lams")
+    settings = (dict(init="manifold"), dict(init="sphere"), dict(init="sphere", centroids="random"))
+    return {
+        name: (setting, [(s, lam, 0.0 if i == 0 else 0.1 if s == 0 else 0.2) for s, lam in pairs])
+        for i, (name, setting) in enumerate(zip(names, settings, strict=True))
+    }
 
 
 def high_dimension_curves(study: Study, o: Options) -> None:
@@ -527,25 +533,20 @@ def high_dimension_curves(study: Study, o: Options) -> None:
     Fig. 11: d = `random_dim` (50), centroids and initial heads uniform on the sphere, ρ = 0.2 (0.1 at σ = 0, as G.2
     "replicates the parameter-selection procedure from Section G.1").
     """
-    panels = _appendix_g_panels(o)
-    figures = {  # name: (settings, whether ρ > 0)
-        "fig7_manifold": (dict(dim=o.high_dim, init="manifold"), False),
-        "fig8_sphere": (dict(dim=o.high_dim, init="sphere"), True),
-        "fig11_random_centroids": (dict(dim=o.random_dim, init="sphere", centroids="random"), True),
-    }
-    axes = study.figure("fig7_8_11_high_dim.png", nrows=len(figures), ncols=len(panels))
+    figures = _appendix_g(o, ("fig7_manifold", "fig8_sphere", "fig11_random_centroids"))
+    axes = study.figure("fig7_8_11_high_dim.png", nrows=len(figures), ncols=len(o.appendix_g_sigmas))
     record: dict[str, Any] = {}
-    for row, (name, (setting, regularised)) in enumerate(figures.items()):
-        record[name] = {}
+    for row, (name, (setting, panels)) in enumerate(figures.items()):
+        record[name], dim = {}, o.random_dim if "random" in name else o.high_dim
         for column, (sigma, lam, rho) in enumerate(panels):
-            run = _train(o, sigma, lam, rho=rho if regularised else 0.0, **setting)
+            run = _train(o, sigma, lam, rho=rho, dim=dim, **setting)
             ax = axes[row, column]
-            record[name][f"sigma={sigma}"] = _band_plot(ax, run, None, math.sqrt(setting["dim"]), "median_rmse")
-            ax.set(title=f"{name.split('_')[0]}: d = {setting['dim']}, σ = {sigma}", xlabel="iteration")
+            record[name][f"sigma={sigma}"] = _band_plot(ax, run, None, math.sqrt(dim), "median_rmse")
+            ax.set(title=f"{name.split('_')[0]}: d = {dim}, σ = {sigma}", xlabel="iteration")
         axes[row, 0].set(ylabel="minimal RMSE")
         finals = [record[name][f"sigma={sigma}"]["final"] for sigma, _, _ in panels]
         study.claim(
-            f"App. G ({name}, d = {setting['dim']}): median minimal RMSE after {o.steps} steps at σ = "
+            f"App. G ({name}, d = {dim}): median minimal RMSE after {o.steps} steps at σ = "
             + " / ".join(f"{sigma:g}" for sigma, _, _ in panels),
             " / ".join(f"{band['median']:.1e}" for band in finals),
             'Figs 7–8: the RMSE is "of the order 10⁻²" in each experiment'
@@ -562,19 +563,13 @@ def dimension_sweep(study: Study, o: Options) -> None:
     Fig. 9: init on M, ρ = 0; Fig. 10: init on the sphere, ρ = 0.1 (σ = 0) or 0.2; Fig. 12: random (non-orthogonal)
     centroids, init on the sphere, the same ρ. λ = 0.6, 0.6, 0.2 for σ = 0, 0.3, 1 (G.1).
     """
-    panels = _appendix_g_panels(o)
-    settings = {  # name: (settings, whether ρ > 0)
-        "fig9_manifold": (dict(init="manifold"), False),
-        "fig10_sphere": (dict(init="sphere"), True),
-        "fig12_random_centroids": (dict(init="sphere", centroids="random"), True),
-    }
-    axes = study.figure("fig9_10_12_dimension.png", ncols=len(panels))
+    settings = _appendix_g(o, ("fig9_manifold", "fig10_sphere", "fig12_random_centroids"))
+    axes = study.figure("fig9_10_12_dimension.png", ncols=len(o.appendix_g_sigmas))
     record: dict[str, Any] = {"dims": o.dims}
-    for name, (setting, regularised) in settings.items():
+    for name, (setting, panels) in settings.items():
         record[name] = {}
         for column, (sigma, lam, rho) in enumerate(panels):
-            rhos = [rho if regularised else 0.0]
-            bands = [_final_bands(o, sigma, lam, rhos, math.sqrt(dim), dim=dim, **setting)[0] for dim in o.dims]
+            bands = [_final_bands(o, sigma, lam, [rho], math.sqrt(dim), dim=dim, **setting)[0] for dim in o.dims]
             record[name][f"sigma={sigma}"] = bands
             medians = [max(b["median"], 1e-16) for b in bands]
             axes[0, column].semilogy(o.dims, medians, marker="o", label=name)
