@@ -141,12 +141,6 @@ def in_context_quantizer(tokens: torch.Tensor, lam: float) -> torch.Tensor:
     return subspace_attention(tokens, identity, phi="linear", scaling=2.0 * lam / tokens.shape[-2])
 
 
-def reconstruction_risk(tokens: torch.Tensor, prediction: torch.Tensor) -> torch.Tensor:
-    """Eq. (5): ‖X_ℓ − T(X)_ℓ‖² averaged over positions and sequences; per run for (R, B, L, d) inputs."""
-    errors = (tokens - prediction).square().sum(-1)
-    return errors.mean() if tokens.dim() == 3 else errors.mean((-1, -2))
-
-
 def centroid_regulariser(tokens: torch.Tensor, heads: torch.Tensor, kind: str = "pairwise") -> torch.Tensor:
     """The regularisers, empirical over the tokens (per run for (R, B, L, d) inputs).
 
@@ -346,7 +340,7 @@ def train_heads(
         else:
             prediction = softmax_attention_predictor(tokens, heads_var, lam_t, psi_t)
         tokens, prediction = tokens[..., scored, :], prediction[..., scored, :]
-        loss = reconstruction_risk(tokens, prediction)
+        loss = (tokens - prediction).square().sum(-1).mean((-1, -2))  # Eq. (5), per run
         if bool((rho_t > 0).any()):
             loss = loss + rho_t * centroid_regulariser(tokens, heads_var, regulariser)
         params = [heads_var] + ([lam_t, psi_t] if predictor == "softmax" else [])

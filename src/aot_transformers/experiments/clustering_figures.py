@@ -178,13 +178,6 @@ def figure2(study: Study, o: Options) -> None:
     set_axes(axes[0, 1], xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=f"Fig. 2b: ρ = {o.rho}")
 
 
-def _pca_2d(points: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Project `points` on the two leading principal directions of `reference` (both (N, d))."""
-    mean = reference.mean(0)
-    _, _, vh = torch.linalg.svd(reference - mean, full_matrices=False)
-    return (points - mean) @ vh[:2].T
-
-
 def figures3_4(study: Study, o: Options) -> None:
     """Figs 3–4 in the paper's setting: d = 10, σ = 0.3, L = 500, λ = 1/(1 + 2σ²), μ₀* = e₁₀, μ₁* = −e₁ (oracle μ*).
 
@@ -202,9 +195,10 @@ def figures3_4(study: Study, o: Options) -> None:
     }
     axes = study.figure("fig3_fig4_pca.png", ncols=3, size=(4.0, 3.6))
     flat = tokens.reshape(-1, dim)
-    spread = {}
+    mean, spread = flat.mean(0), {}
+    pcs = torch.linalg.svd(flat - mean, full_matrices=False)[2][:2].T  # the inputs' two principal directions
     for ax, (title, values) in zip(axes[0], outputs.items(), strict=True):
-        coords = _pca_2d(values.reshape(-1, dim), flat)
+        coords = (values.reshape(-1, dim) - mean) @ pcs
         ax.scatter(coords[:, 0], coords[:, 1], c=labels.reshape(-1), s=3, cmap="coolwarm")
         ax.set(title=title, xlabel="PC 1 of the inputs", ylabel="PC 2 of the inputs")
         spread[title] = float((values.reshape(-1, dim) - centroids[labels.reshape(-1)]).square().sum(-1).mean())

@@ -81,12 +81,6 @@ def zero_estimator_error(dim: int, task: str, sparsity: int = 3) -> float:
     return float(dim if task == "linear" else sparsity)
 
 
-def token_width(dim: int, tokens: str = "pairs") -> int:
-    """Width of one prompt token: d for Garg et al.'s layout, d + 1 for pairs."""
-    check_choice("tokens", tokens, TOKEN_LAYOUTS)
-    return dim if tokens == "garg" else dim + 1
-
-
 def interleave(xs: torch.Tensor, ys: torch.Tensor, tokens: str = "garg") -> torch.Tensor:
     """The prompt as a token sequence (B, 2N, width).
 
@@ -137,8 +131,8 @@ class InContextRegressor(nn.Module):
     def __init__(self, config: AoTConfig, dim: int, tokens: str = "pairs"):
         super().__init__()
         self.dim = check_int("dim", dim)
-        self.tokens = tokens
-        self.read_in = nn.Linear(token_width(dim, tokens), config.hidden_size)
+        self.tokens = check_choice("tokens", tokens, TOKEN_LAYOUTS)
+        self.read_in = nn.Linear(dim if tokens == "garg" else dim + 1, config.hidden_size)  # a token's width
         self.backbone = AoTModel(config)
         self.read_out = nn.Linear(config.hidden_size, 1)
 
