@@ -346,11 +346,9 @@ def figure6a_rate(study: Study, o: Options) -> None:
     """Fig. 6a's level: σ = 0, λ = 0.6, from the sphere, ρ ∈ {0.1, 0.2, 0.3}, `sweep_steps` iterations, changing one
     factor at a time from the options: γ × 10, batch ÷ 4, the Euclidean projection (App. G.3), the other scoring.
 
-    Under (P₀) the risk is flat along the joint rotation of the heads in span(μ₀*, μ₁*) (Prop. A.3) and near the
-    centroids r ≈ (⟨μ₀, μ₁*⟩² + ⟨μ₁, μ₀*⟩²)/2, so PSGD contracts that direction by 1 − γρ per iteration: after T
-    iterations the distance is of order e^{−γρT}, and the stochastic gradient vanishes at the centroids (σ = 0), so
-    the batch and the scoring should not matter. `per_1000` is the median contraction per 1,000 iterations over the
-    second half of the records (after step 0) above 1e-30, past the faster modes (float32 heads underflow near 1e-45).
+    The distance should contract by 1 − γρ per iteration whatever the batch and scoring (README, "Why", under Fig. 6).
+    `per_1000` is the median contraction per 1,000 iterations over the second half of the records (after step 0)
+    above 1e-30, past the faster modes (float32 heads underflow near 1e-45).
     """
     rhos, every = [0.1, 0.2, 0.3], max(1, o.sweep_steps // 10)
     other = "first_token" if o.score == "all_tokens" else "all_tokens"
@@ -631,8 +629,8 @@ def figure15(study: Study, o: Options) -> None:
     """
     axes = study.figure("fig15_softmax.png", ncols=2)
     record: dict[str, Any] = {"rhos": o.softmax_rhos}
+    common = dict(predictor="softmax", regulariser=o.softmax_regulariser, init="sphere", psi=2.0)
     for sigma in o.sigmas:
-        common = dict(predictor="softmax", regulariser=o.softmax_regulariser, init="sphere", psi=2.0)
         bands = _final_bands(o, sigma, 3.0, o.softmax_rhos, **common)
         axes[0, 0].plot(o.softmax_rhos, [b["median"] for b in bands], marker="o", label=f"σ = {sigma}")
         curve = _train(o, sigma, 3.0, rho=0.5, **common)

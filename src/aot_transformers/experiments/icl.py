@@ -9,9 +9,8 @@ squared error at every prefix; the evaluation curve is that error, divided by th
 for linear, = sparsity for sparse tasks, as Garg et al. normalise), against the number of in-context examples, with
 least squares and Lasso as baselines.
 
-Two token layouts (`tokens=`): `"garg"` is Garg et al.'s, above; `"pairs"` (the default) lets the y token carry its
-x: x-token (x_i, 0), y-token (x_i, f(x_i)). What each prediction may see is the same, but the model no longer needs
-a previous-token head to copy x_i next to f(x_i), which MSSA's symmetric scores (query = key) make hard to learn.
+The default layout, `tokens="pairs"`, lets the y token carry its x (`interleave`): the model then needs no
+previous-token head, which MSSA's symmetric scores (query = key) make hard to learn.
 """
 
 from __future__ import annotations
