@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -584,14 +585,10 @@ def dimension_sweep(study: Study, o: Options) -> None:
 def euclidean_vs_riemannian(study: Study, o: Options) -> None:
     """App. G.3 / Fig. 13: Euclidean projected SGD against the Riemannian PSGD (init on M, ρ = 0; sphere, ρ)."""
     sigma, lam, settings = o.sigmas[0], o.lams[0], (("manifold", 0.0), ("sphere", o.rho))
-    runs = {
-        f"{kind}/{init}/rho={rho}": (
-            f"{kind}/{init}/rho={rho}",
-            dict(sigma=sigma, lam=lam, rho=rho, init=init, riemannian=kind == "riemannian"),
-        )
-        for kind in ("riemannian", "euclidean")
-        for init, rho in settings
-    }
+    runs = {}
+    for kind, (init, rho) in itertools.product(("riemannian", "euclidean"), settings):
+        key = f"{kind}/{init}/rho={rho}"
+        runs[key] = (key, dict(sigma=sigma, lam=lam, rho=rho, init=init, riemannian=kind == "riemannian"))
     labels = dict(xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=f"Fig. 13: σ = {sigma}")
     record = study.results["euclidean"] = _curves(study, o, "fig13_euclidean.png", runs, 7, **labels)
     for init, rho in settings:
