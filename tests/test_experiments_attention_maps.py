@@ -12,6 +12,7 @@ from aot_transformers import AoTForCausalLM, AoTForImageClassification
 from aot_transformers.experiments import attention_maps as A
 from aot_transformers.experiments import diagnostics as G
 from aot_transformers.experiments.knn import vision_config
+from aot_transformers.experiments.study import Study
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -67,8 +68,12 @@ def test_object_share_hand_case():
 
 
 def test_plot_grid(tmp_path):
-    name = A.plot_attention_grid(torch.rand(2, 3, 8, 8), torch.rand(2, 2, 4, 4), tmp_path / "grid.png", "t")
-    assert (tmp_path / name).stat().st_size > 0
+    study = Study("grid", "t", None, tmp_path, "none")
+    A.plot_attention_grid(
+        study.figure("grid.png", ncols=3, nrows=2), torch.rand(2, 3, 8, 8), torch.rand(2, 2, 4, 4), "t"
+    )
+    study.finish()
+    assert (tmp_path / "grid.png").stat().st_size > 0
 
 
 def test_run_trains_saves_and_reloads(tmp_path, shared_data):

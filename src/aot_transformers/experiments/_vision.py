@@ -103,10 +103,12 @@ def normalise(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, size:
     return pixels
 
 
-def channel_stats(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and standard deviation of uint8 images, in [0, 1] units."""
-    scaled = images.float() / 255.0
-    return scaled.mean(dim=(0, 2, 3)), scaled.std(dim=(0, 2, 3)).clamp(min=1e-3)
+def standardised(data: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """`data` (from `split`) with its images `normalise`d by the training images' per-channel mean and standard
+    deviation (in [0, 1] units), and that mean and std."""
+    scaled = data["train_images"].float() / 255.0
+    mean, std = scaled.mean(dim=(0, 2, 3)), scaled.std(dim=(0, 2, 3)).clamp(min=1e-3)
+    return {key: normalise(v, mean, std) if key.endswith("images") else v for key, v in data.items()}, mean, std
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
 from .knn import vision_config
-from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, new_figure
+from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg
 
 DATASETS = ("mnist", "cifar10")
 
@@ -67,10 +67,9 @@ def object_attention_share(maps: torch.Tensor, images: torch.Tensor, threshold: 
     }
 
 
-def plot_attention_grid(images: torch.Tensor, maps: torch.Tensor, path: Path, title: str) -> str:
-    """PNG grid: one row per image, the image then each head's map upsampled and overlaid on it."""
+def plot_attention_grid(axes, images: torch.Tensor, maps: torch.Tensor, title: str) -> None:
+    """On axes (B, H + 1): one row per image, the image then each head's map upsampled and overlaid on it."""
     num_images, num_heads = maps.shape[:2]
-    fig, axes = new_figure(ncols=num_heads + 1, nrows=num_images, size=(1.6, 1.6))
     side = images.shape[-1]
     upsampled = F.interpolate(maps, size=(side, side), mode="nearest")  # (B, H, S, S)
     for row in range(num_images):
@@ -86,9 +85,7 @@ def plot_attention_grid(images: torch.Tensor, maps: torch.Tensor, path: Path, ti
                 ax.set_title(f"head {head}", fontsize=8)
     for ax in axes.flat:
         ax.axis("off")
-    fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=120)
-    return path.name
+    axes[0, 0].figure.suptitle(title, fontsize=9)
 
 
 @dataclass
@@ -129,17 +126,13 @@ def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification,
     if o.train_images is not None:
         for key in ("train_images", "train_labels"):
             data[key] = data[key][: o.train_images]
-    mean, std = _vision.channel_stats(data["train_images"])
+    normalised, mean, std = _vision.standardised(data)
     if classifier is None:
         torch.manual_seed(o.seed)
         size, channels = images.shape[-1], images.shape[1]
         config = vision_config("aot", None, size, o.patch_size, o.hidden_size, o.num_layers, num_channels=channels)
         config.image_mean, config.image_std = mean.tolist(), std.tolist()  # kept with the model for reuse
         classifier = AoTForImageClassification(config)
-        normalised = {
-            key: _vision.normalise(value, mean, std) if key.endswith("images") else value
-            for key, value in data.items()
-        }
         study.results["training"] = _vision.train_classifier(classifier, normalised, o.epochs, lr=o.lr, seed=o.seed)
         if o.save_model:
             classifier.save_pretrained(study.folder / "model")
@@ -168,7 +161,8 @@ def figure7(study: Study, o: Options, classifier, data: dict, mean: torch.Tensor
     maps = cls_attention_maps(classifier, _vision.normalise(chosen, mean, std, side), layer)
     layer_index = layer % classifier.config.num_hidden_layers
     title = f"[CLS] → patch attention, layer {layer_index} of {classifier.config.num_hidden_layers}, {dataset}"
-    study.figures.append(plot_attention_grid(chosen.float() / 255.0, maps, study.folder / "attention_maps.png", title))
+    axes = study.figure("attention_maps.png", ncols=maps.shape[1] + 1, nrows=len(maps), size=(1.6, 1.6))
+    plot_attention_grid(axes, chosen.float() / 255.0, maps, title)
     measured = val_images[:256]
     share = object_attention_share(
         cls_attention_maps(classifier, _vision.normalise(measured, mean, std, side), layer),

@@ -8,12 +8,8 @@ rank-1 subspaces and φ linear — the link to AoT), `softmax_attention_predicto
 `in_context_quantizer` (T_ctx, Eq. 12).
 
 Training is projected SGD on the spheres (PSGD, App. F.1; the Euclidean variant of App. G.3 with
-`riemannian=False`), vectorised over independent runs (seeds × regularisation strengths). The paper's h (Eq. 28)
-scores the first token of each sequence (`score="first_token"`); by default every position is scored
-(`"all_tokens"`: the tokens are exchangeable, so the expected gradient is the same and its variance lower).
-
-The closed forms are in `clustering_theory`; the figures and claims of `aot experiment clustering` in
-`clustering_figures`.
+`riemannian=False`), vectorised over independent runs (seeds × regularisation strengths); see `train_heads`.
+The closed forms are in `clustering_theory`, the figures and claims in `clustering_figures`.
 """
 
 from __future__ import annotations
@@ -139,12 +135,6 @@ def in_context_quantizer(tokens: torch.Tensor, lam: float) -> torch.Tensor:
     """T_ctx of Eq. (12): (2λ/L) Σ_m ⟨X_ℓ, X_m⟩ X_m, attention with Q = K = V = I (the subspace U = I, φ linear)."""
     identity = torch.eye(tokens.shape[-1], dtype=tokens.dtype).unsqueeze(0)  # (1, d, d)
     return subspace_attention(tokens, identity, phi="linear", scaling=2.0 * lam / tokens.shape[-2])
-
-
-def reconstruction_risk(tokens: torch.Tensor, prediction: torch.Tensor) -> torch.Tensor:
-    """Eq. (5): ‖X_ℓ − T(X)_ℓ‖² averaged over positions and sequences; per run for (R, B, L, d) inputs."""
-    errors = (tokens - prediction).square().sum(-1)
-    return errors.mean() if tokens.dim() == 3 else errors.mean((-1, -2))
 
 
 def centroid_regulariser(tokens: torch.Tensor, heads: torch.Tensor, kind: str = "pairwise") -> torch.Tensor:
@@ -294,8 +284,9 @@ def train_heads(
         regulariser: `"pairwise"` (r, r⁽¹⁾), `"product"` (r⁽²⁾) or `"softmax"` (r₀); see `centroid_regulariser`.
         riemannian: Tangent-projected gradient (PSGD) or the Euclidean one (App. G.3).
         centroids: `"canonical"` (the paper's e_d, −e₁, …) or `"random"` (uniform on the sphere, App. G.2).
-        score: `"all_tokens"` (risk and regulariser averaged over the L positions) or `"first_token"` (position 0
-            only, the paper's h of Eq. 28; the prediction still attends to the whole sequence).
+        score: `"all_tokens"` (risk and regulariser averaged over the L exchangeable positions: the same expected
+            gradient, a lower variance) or `"first_token"` (position 0 only, the paper's h of Eq. 28; the prediction
+            still attends to the whole sequence).
         psi: Initial centering ψ of softmax heads (App. F.1: 2).
         record_every: Record the distance every this many steps; `seed` seeds initialisation and data.
 
@@ -346,7 +337,7 @@ def train_heads(
         else:
             prediction = softmax_attention_predictor(tokens, heads_var, lam_t, psi_t)
         tokens, prediction = tokens[..., scored, :], prediction[..., scored, :]
-        loss = reconstruction_risk(tokens, prediction)
+        loss = (tokens - prediction).square().sum(-1).mean((-1, -2))  # Eq. (5), per run
         if bool((rho_t > 0).any()):
             loss = loss + rho_t * centroid_regulariser(tokens, heads_var, regulariser)
         params = [heads_var] + ([lam_t, psi_t] if predictor == "softmax" else [])

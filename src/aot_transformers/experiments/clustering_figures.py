@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -69,19 +70,36 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-def _band_plot(ax, run: dict[str, Any], label: str | None) -> dict[str, Any]:
-    """Plot the median distance of the runs over the iterations and their 2.5-97.5 percentile band; return the curve's
-    record (median per record, final band, seconds)."""
-    distances = torch.tensor(run["distance"], dtype=torch.float64)
+def _band_plot(ax, run: dict[str, Any], label: str | None, scale: float = 1.0, name: str = "median_distance") -> dict:
+    """Plot the median distance (divided by `scale`) of the runs over the iterations and their 2.5-97.5 percentile
+    band; return the curve's record (median per record under `name`, final band, seconds)."""
+    distances = torch.tensor(run["distance"], dtype=torch.float64) / scale
     q = torch.quantile(distances.clamp(min=1e-16), torch.tensor([0.025, 0.5, 0.975], dtype=torch.float64), dim=1)
     (line,) = ax.semilogy(run["steps"], q[1], label=label)
     ax.fill_between(run["steps"], q[0], q[2], color=line.get_color(), alpha=0.2)
     return {
         "steps": run["steps"],
-        "median_distance": [percentile_band(row)["median"] for row in run["distance"]],
-        "final": percentile_band(run["final"]),
+        name: [percentile_band(row)["median"] for row in distances],
+        "final": percentile_band(torch.tensor(run["final"], dtype=torch.float64) / scale),
         "seconds": run["seconds"],
     }
+
+
+def _curves(study: Study, o: Options, filename: str, runs: dict, fontsize: float | None = None, **labels: Any) -> dict:
+    """A figure of `_band_plot` curves, one per entry `key: (label, _train's keyword arguments)` of `runs`; return the
+    curves' records by key."""
+    ax = study.figure(filename)[0, 0]
+    record = {key: _band_plot(ax, _train(o, **kwargs), label) for key, (label, kwargs) in runs.items()}
+    set_axes(ax, fontsize, **labels)
+    return record
+
+
+def _paired(o: Options, sigmas: str = "sigmas", lams: str = "lams") -> list[tuple[float, float]]:
+    """The (σ, λ) pairs of the options named `sigmas` and `lams`, which must have equal lengths."""
+    values = getattr(o, sigmas), getattr(o, lams)
+    if len(values[0]) != len(values[1]):
+        raise ValueError(f"`{sigmas}` and `{lams}` must have equal lengths, got {values[0]} and {values[1]}.")
+    return list(zip(*values, strict=True))
 
 
 def _train(o: Options, sigma: float, lam: float, **kwargs: Any) -> dict[str, Any]:
@@ -110,23 +128,26 @@ def _plateau_claim(study: Study, figure: str, sigma: float, final: dict, plateau
 
 def figure1(study: Study, o: Options) -> None:
     """Theorem 3.4 / Fig. 1: from a random point of M, PSGD on R alone (ρ = 0) converges to (±μ₀*, ±μ₁*)."""
-    axes = study.figure("fig1_manifold_init.png")
-    record = {}
-    for sigma, lam in zip(o.sigmas, o.lams, strict=True):
-        lam_star = theory.critical_temperature(o.dim, sigma, o.seq_len)
-        run = _train(o, sigma, lam, rho=0.0, init="manifold")
-        record[f"sigma={sigma}"] = {**_band_plot(axes[0, 0], run, f"σ = {sigma}, λ = {lam}"), "lambda_star": lam_star}
-        final = percentile_band(run["final"])
+    runs = {
+        f"sigma={s}": (f"σ = {s}, λ = {lam}", dict(sigma=s, lam=lam, rho=0.0, init="manifold"))
+        for s, lam in _paired(o)
+    }
+    labels = dict(
+        xlabel="PSGD iteration", ylabel="distance to the centroids (Eq. 11)", title="Fig. 1: init on M, ρ = 0"
+    )
+    record = _curves(study, o, "fig1_manifold_init.png", runs, **labels)
+    for sigma, lam in _paired(o):
+        curve = record[f"sigma={sigma}"]
+        curve["lambda_star"] = lam_star = theory.critical_temperature(o.dim, sigma, o.seq_len)
+        final = curve["final"]
         study.claim(
             f"Thm 3.4 / Fig. 1: init on M, ρ = 0, σ = {sigma}, λ = {lam} (λ* = {lam_star:.3f}); final distance",
             f"median {final['median']:.1e} [{final['low']:.1e}, {final['high']:.1e}] after {o.steps} steps",
             "converges to (±μ₀*, ±μ₁*)",
-            final["high"] < 0.1 * percentile_band(run["distance"][0])["median"] and lam <= lam_star,
+            final["high"] < 0.1 * curve["median_distance"][0] and lam <= lam_star,
         )
         _plateau_claim(study, "Fig. 1", sigma, final, {0.3: 1e-2, 1.0: 1e-1})
     study.results["figure1"] = record
-    title = "Fig. 1: init on M, ρ = 0"
-    set_axes(axes[0, 0], xlabel="PSGD iteration", ylabel="distance to the centroids (Eq. 11)", title=title)
 
 
 def figure2(study: Study, o: Options) -> None:
@@ -134,7 +155,7 @@ def figure2(study: Study, o: Options) -> None:
     rhos = torch.linspace(0, o.rho_max, o.num_rhos).tolist()
     axes = study.figure("fig2_regularised.png", ncols=2)
     record: dict[str, Any] = {"rhos": rhos}
-    for sigma, lam in zip(o.sigmas, o.lams, strict=True):
+    for sigma, lam in _paired(o):
         bands = _final_bands(o, sigma, lam, rhos, init="sphere")
         medians = [b["median"] for b in bands]
         axes[0, 0].semilogy(rhos, medians, marker=".", label=f"σ = {sigma}")
@@ -158,13 +179,6 @@ def figure2(study: Study, o: Options) -> None:
     set_axes(axes[0, 1], xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=f"Fig. 2b: ρ = {o.rho}")
 
 
-def _pca_2d(points: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Project `points` on the two leading principal directions of `reference` (both (N, d))."""
-    mean = reference.mean(0)
-    _, _, vh = torch.linalg.svd(reference - mean, full_matrices=False)
-    return (points - mean) @ vh[:2].T
-
-
 def figures3_4(study: Study, o: Options) -> None:
     """Figs 3–4 in the paper's setting: d = 10, σ = 0.3, L = 500, λ = 1/(1 + 2σ²), μ₀* = e₁₀, μ₁* = −e₁ (oracle μ*).
 
@@ -182,9 +196,10 @@ def figures3_4(study: Study, o: Options) -> None:
     }
     axes = study.figure("fig3_fig4_pca.png", ncols=3, size=(4.0, 3.6))
     flat = tokens.reshape(-1, dim)
-    spread = {}
+    mean, spread = flat.mean(0), {}
+    pcs = torch.linalg.svd(flat - mean, full_matrices=False)[2][:2].T  # the inputs' two principal directions
     for ax, (title, values) in zip(axes[0], outputs.items(), strict=True):
-        coords = _pca_2d(values.reshape(-1, dim), flat)
+        coords = (values.reshape(-1, dim) - mean) @ pcs
         ax.scatter(coords[:, 0], coords[:, 1], c=labels.reshape(-1), s=3, cmap="coolwarm")
         ax.set(title=title, xlabel="PC 1 of the inputs", ylabel="PC 2 of the inputs")
         spread[title] = float((values.reshape(-1, dim) - centroids[labels.reshape(-1)]).square().sum(-1).mean())
@@ -220,7 +235,7 @@ def theory_checks(study: Study, o: Options) -> None:
         checks.append({"quantity": name, "closed_form": exact, "monte_carlo": mc[0], "tolerance": mc[1]})
         study.claim(name, f"closed form {exact:.4f}, Monte Carlo {mc[0]:.4f} ± {mc[1]:.4f}", paper, holds)
 
-    for sigma, lam in zip(o.sigmas, o.lams, strict=True):
+    for sigma, lam in _paired(o):
         for kappas in ((1.0, 1.0), (0.6, -0.3)):
             heads = heads_on_manifold(centroids, kappas)
             predict = lambda x, h=heads, la=lam: linear_attention_predictor(x, h, la)
@@ -249,16 +264,14 @@ def theory_checks(study: Study, o: Options) -> None:
             check(name + (" (exact finite L)" if operator == "T_ctx" else ""), limit, variance, moments["variance"])
         lam_star = theory.critical_temperature(d4, sigma, length)
         limits = theory.critical_temperature_limits(sigma, length)
+        at_0, at_inf = theory.critical_temperature(d4, 0.0, length), theory.critical_temperature(d4, sigma, 10**6)
         study.claim(
             f"Prop. C.2: λ*(σ = {sigma}, L = {length}) = root of 2A + B + C; limits λ₀*, λ∞*",
             f"{lam_star:.4f} (root {theory.critical_temperature_root(d4, sigma, length):.4f}); "
-            f"λ*(0, L) = {theory.critical_temperature(d4, 0.0, length):.4f}, "
-            "λ*(σ, 10⁶) = "
-            f"{theory.critical_temperature(d4, sigma, 10**6):.4f}",
+            f"λ*(0, L) = {at_0:.4f}, λ*(σ, 10⁶) = {at_inf:.4f}",
             f"λ₀* = (L+1)/(L+3) = {limits['sigma_to_0']:.4f}, "
             f"λ∞* = (1+4σ²)/(1+5σ²+6σ⁴) = {limits['L_to_infinity']:.4f}",
-            abs(theory.critical_temperature(d4, 0.0, length) - limits["sigma_to_0"]) < 1e-12
-            and abs(theory.critical_temperature(d4, sigma, 10**6) - limits["L_to_infinity"]) < 1e-4,
+            abs(at_0 - limits["sigma_to_0"]) < 1e-12 and abs(at_inf - limits["L_to_infinity"]) < 1e-4,
         )
         ctx_limit = theory.in_context_optimal_risk_limit(d4, sigma)
         study.claim(
@@ -283,18 +296,14 @@ def theory_checks(study: Study, o: Options) -> None:
 
 def appendix_a(study: Study, o: Options) -> None:
     """App. A (σ = 0): Fig. 5a (init on M̃, ρ = 0: Theorem A.4), Fig. 5b (sphere, ρ = 0), Fig. 6b (sphere, ρ = 0.1)."""
-    axes = study.figure("fig5_fig6_degenerate.png")
-    record = {}
-    for key, init, rho, label in (
-        ("fig5a", "manifold_tilde", 0.0, "Fig. 5a: init on M̃, ρ = 0"),
-        ("fig5b", "sphere", 0.0, "Fig. 5b: init on the sphere, ρ = 0"),
-        ("fig6b", "sphere", 0.1, "Fig. 6b: init on the sphere, ρ = 0.1"),
-    ):
-        run = _train(o, 0.0, 0.6, rho=rho, init=init)
-        record[key] = _band_plot(axes[0, 0], run, label)
-    study.results["appendix_a"] = record
-    title = "App. A: Dirac mixture (σ = 0), λ = 0.6"
-    set_axes(axes[0, 0], fontsize=7, xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=title)
+    runs = {
+        "fig5a": ("Fig. 5a: init on M̃, ρ = 0", dict(rho=0.0, init="manifold_tilde")),
+        "fig5b": ("Fig. 5b: init on the sphere, ρ = 0", dict(rho=0.0, init="sphere")),
+        "fig6b": ("Fig. 6b: init on the sphere, ρ = 0.1", dict(rho=0.1, init="sphere")),
+    }
+    runs = {key: (label, dict(sigma=0.0, lam=0.6, **kwargs)) for key, (label, kwargs) in runs.items()}
+    labels = dict(xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title="App. A: Dirac mixture (σ = 0), λ = 0.6")
+    record = study.results["appendix_a"] = _curves(study, o, "fig5_fig6_degenerate.png", runs, 7, **labels)
     study.claim(
         "Thm A.4 / Fig. 5a: σ = 0, init on M̃, ρ = 0; final distance (median)",
         f"{record['fig5a']['final']['median']:.1e}",
@@ -338,11 +347,9 @@ def figure6a_rate(study: Study, o: Options) -> None:
     """Fig. 6a's level: σ = 0, λ = 0.6, from the sphere, ρ ∈ {0.1, 0.2, 0.3}, `sweep_steps` iterations, changing one
     factor at a time from the options: γ × 10, batch ÷ 4, the Euclidean projection (App. G.3), the other scoring.
 
-    Under (P₀) the risk is flat along the joint rotation of the heads in span(μ₀*, μ₁*) (Prop. A.3) and near the
-    centroids r ≈ (⟨μ₀, μ₁*⟩² + ⟨μ₁, μ₀*⟩²)/2, so PSGD contracts that direction by 1 − γρ per iteration: after T
-    iterations the distance is of order e^{−γρT}, and the stochastic gradient vanishes at the centroids (σ = 0), so
-    the batch and the scoring should not matter. `per_1000` is the median contraction per 1,000 iterations over the
-    second half of the records (after step 0) above 1e-30, past the faster modes (float32 heads underflow near 1e-45).
+    The distance should contract by 1 − γρ per iteration whatever the batch and scoring (README, "Why", under Fig. 6).
+    `per_1000` is the median contraction per 1,000 iterations over the second half of the records (after step 0)
+    above 1e-30, past the faster modes (float32 heads underflow near 1e-45).
     """
     rhos, every = [0.1, 0.2, 0.3], max(1, o.sweep_steps // 10)
     other = "first_token" if o.score == "all_tokens" else "all_tokens"
@@ -405,7 +412,7 @@ def kappa_dynamics(study: Study, o: Options) -> None:
     )
     ax = study.figure("kappa_dynamics.png", size=(7.0, 3.6))[0, 0]
     starts = _on_manifold(initial_heads(centroids.expand(1000, 2, -1), "manifold", make_generator(o.seed)), centroids)
-    for sigma, lam in zip(o.sigmas, o.lams, strict=True):
+    for sigma, lam in _paired(o):
         args = (o.dim, sigma, length, lam)
         points = theory.kappa_fixed_points(*args, lr, seed=o.seed)
         eig = torch.linalg.eigvals(theory.kappa_jacobian(points, *args, lr)[1]).real.sort(-1).values
@@ -501,26 +508,14 @@ def _degenerate_critical_points(study: Study, length: int, seed: int) -> None:
     )
 
 
-def _appendix_g_panels(o: Options) -> list[tuple[float, float, float]]:
-    """(σ, λ, ρ on the sphere) per App. G panel: ρ = 0.1 for σ = 0 and 0.2 for σ > 0 (Figs 8, 10)."""
-    if len(o.appendix_g_sigmas) != len(o.appendix_g_lams):
-        raise ValueError(
-            f"`appendix_g_sigmas` and `appendix_g_lams` must have equal lengths, got {o.appendix_g_sigmas} and "
-            f"{o.appendix_g_lams}."
-        )
-    return [(s, lam, 0.1 if s == 0 else 0.2) for s, lam in zip(o.appendix_g_sigmas, o.appendix_g_lams, strict=True)]
-
-
-def _rmse_record(run: dict[str, Any], dim: int) -> dict[str, Any]:
-    """A curve of the minimal RMSE of App. G.1 (the distance of Eq. 11 divided by √d)."""
-    scale = math.sqrt(dim)
-    rows = [[value / scale for value in row] for row in run["distance"]]
+def _appendix_g(o: Options, names: tuple[str, str, str]) -> dict[str, tuple[dict, list[tuple[float, float, float]]]]:
+    """App. G's three settings under `names` — init on M; on the sphere; random centroids, on the sphere — each with
+    its panels (σ, λ, ρ), one per σ: ρ = 0 on M, else 0.1 for σ = 0 and 0.2 for σ > 0 (Figs 8, 10)."""
+    pairs = _paired(o, "appendix_g_sigmas", "appendix_g_lams")
+    settings = (dict(init="manifold"), dict(init="sphere"), dict(init="sphere", centroids="random"))
     return {
-        "steps": run["steps"],
-        "median_rmse": [percentile_band(row)["median"] for row in rows],
-        "final": percentile_band([value / scale for value in run["final"]]),
-        "seconds": run["seconds"],
-        "rows": rows,
+        name: (setting, [(s, lam, 0.0 if i == 0 else 0.1 if s == 0 else 0.2) for s, lam in pairs])
+        for i, (name, setting) in enumerate(zip(names, settings, strict=True))
     }
 
 
@@ -531,26 +526,20 @@ def high_dimension_curves(study: Study, o: Options) -> None:
     Fig. 11: d = `random_dim` (50), centroids and initial heads uniform on the sphere, ρ = 0.2 (0.1 at σ = 0, as G.2
     "replicates the parameter-selection procedure from Section G.1").
     """
-    panels = _appendix_g_panels(o)
-    figures = {  # name: (settings, whether ρ > 0)
-        "fig7_manifold": (dict(dim=o.high_dim, init="manifold"), False),
-        "fig8_sphere": (dict(dim=o.high_dim, init="sphere"), True),
-        "fig11_random_centroids": (dict(dim=o.random_dim, init="sphere", centroids="random"), True),
-    }
-    axes = study.figure("fig7_8_11_high_dim.png", nrows=len(figures), ncols=len(panels))
+    figures = _appendix_g(o, ("fig7_manifold", "fig8_sphere", "fig11_random_centroids"))
+    axes = study.figure("fig7_8_11_high_dim.png", nrows=len(figures), ncols=len(o.appendix_g_sigmas))
     record: dict[str, Any] = {}
-    for row, (name, (setting, regularised)) in enumerate(figures.items()):
-        record[name] = {}
+    for row, (name, (setting, panels)) in enumerate(figures.items()):
+        record[name], dim = {}, o.random_dim if "random" in name else o.high_dim
         for column, (sigma, lam, rho) in enumerate(panels):
-            run = _train(o, sigma, lam, rho=rho if regularised else 0.0, **setting)
-            curve = _rmse_record(run, setting["dim"])
-            record[name][f"sigma={sigma}"] = {key: value for key, value in curve.items() if key != "rows"}
-            _band_plot(axes[row, column], {**run, "distance": curve["rows"], "final": curve["rows"][-1]}, None)
-            axes[row, column].set(title=f"{name.split('_')[0]}: d = {setting['dim']}, σ = {sigma}", xlabel="iteration")
+            run = _train(o, sigma, lam, rho=rho, dim=dim, **setting)
+            ax = axes[row, column]
+            record[name][f"sigma={sigma}"] = _band_plot(ax, run, None, math.sqrt(dim), "median_rmse")
+            ax.set(title=f"{name.split('_')[0]}: d = {dim}, σ = {sigma}", xlabel="iteration")
         axes[row, 0].set(ylabel="minimal RMSE")
         finals = [record[name][f"sigma={sigma}"]["final"] for sigma, _, _ in panels]
         study.claim(
-            f"App. G ({name}, d = {setting['dim']}): median minimal RMSE after {o.steps} steps at σ = "
+            f"App. G ({name}, d = {dim}): median minimal RMSE after {o.steps} steps at σ = "
             + " / ".join(f"{sigma:g}" for sigma, _, _ in panels),
             " / ".join(f"{band['median']:.1e}" for band in finals),
             'Figs 7–8: the RMSE is "of the order 10⁻²" in each experiment'
@@ -567,19 +556,13 @@ def dimension_sweep(study: Study, o: Options) -> None:
     Fig. 9: init on M, ρ = 0; Fig. 10: init on the sphere, ρ = 0.1 (σ = 0) or 0.2; Fig. 12: random (non-orthogonal)
     centroids, init on the sphere, the same ρ. λ = 0.6, 0.6, 0.2 for σ = 0, 0.3, 1 (G.1).
     """
-    panels = _appendix_g_panels(o)
-    settings = {  # name: (settings, whether ρ > 0)
-        "fig9_manifold": (dict(init="manifold"), False),
-        "fig10_sphere": (dict(init="sphere"), True),
-        "fig12_random_centroids": (dict(init="sphere", centroids="random"), True),
-    }
-    axes = study.figure("fig9_10_12_dimension.png", ncols=len(panels))
+    settings = _appendix_g(o, ("fig9_manifold", "fig10_sphere", "fig12_random_centroids"))
+    axes = study.figure("fig9_10_12_dimension.png", ncols=len(o.appendix_g_sigmas))
     record: dict[str, Any] = {"dims": o.dims}
-    for name, (setting, regularised) in settings.items():
+    for name, (setting, panels) in settings.items():
         record[name] = {}
         for column, (sigma, lam, rho) in enumerate(panels):
-            rhos = [rho if regularised else 0.0]
-            bands = [_final_bands(o, sigma, lam, rhos, math.sqrt(dim), dim=dim, **setting)[0] for dim in o.dims]
+            bands = [_final_bands(o, sigma, lam, [rho], math.sqrt(dim), dim=dim, **setting)[0] for dim in o.dims]
             record[name][f"sigma={sigma}"] = bands
             medians = [max(b["median"], 1e-16) for b in bands]
             axes[0, column].semilogy(o.dims, medians, marker="o", label=name)
@@ -601,18 +584,14 @@ def dimension_sweep(study: Study, o: Options) -> None:
 
 def euclidean_vs_riemannian(study: Study, o: Options) -> None:
     """App. G.3 / Fig. 13: Euclidean projected SGD against the Riemannian PSGD (init on M, ρ = 0; sphere, ρ)."""
-    axes = study.figure("fig13_euclidean.png")
-    record = {}
-    sigma, lam = o.sigmas[0], o.lams[0]
-    for riemannian in (True, False):
-        for init, rho in (("manifold", 0.0), ("sphere", o.rho)):
-            key = f"{'riemannian' if riemannian else 'euclidean'}/{init}/rho={rho}"
-            run = _train(o, sigma, lam, rho=rho, init=init, riemannian=riemannian)
-            record[key] = _band_plot(axes[0, 0], run, key)
-    study.results["euclidean"] = record
-    title = f"Fig. 13: σ = {sigma}"
-    set_axes(axes[0, 0], fontsize=7, xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=title)
-    for init, rho in (("manifold", 0.0), ("sphere", o.rho)):
+    sigma, lam, settings = o.sigmas[0], o.lams[0], (("manifold", 0.0), ("sphere", o.rho))
+    runs = {}
+    for kind, (init, rho) in itertools.product(("riemannian", "euclidean"), settings):
+        key = f"{kind}/{init}/rho={rho}"
+        runs[key] = (key, dict(sigma=sigma, lam=lam, rho=rho, init=init, riemannian=kind == "riemannian"))
+    labels = dict(xlabel="PSGD iteration", ylabel="distance (Eq. 11)", title=f"Fig. 13: σ = {sigma}")
+    record = study.results["euclidean"] = _curves(study, o, "fig13_euclidean.png", runs, 7, **labels)
+    for init, rho in settings:
         r = record[f"riemannian/{init}/rho={rho}"]["final"]["median"]
         e = record[f"euclidean/{init}/rho={rho}"]["final"]["median"]
         study.claim(
@@ -625,14 +604,13 @@ def euclidean_vs_riemannian(study: Study, o: Options) -> None:
 
 def three_centroids(study: Study, o: Options) -> None:
     """App. G.4 / Fig. 14: K = 3 in R⁶ (centroids e₁, e₄, e₆), init on the sphere, ρ = 0.2; r⁽¹⁾ against r⁽²⁾."""
-    axes = study.figure("fig14_k3.png")
-    record = {}
     sigma, lam = o.sigmas[0], o.lams[0]
-    for kind in ("pairwise", "product"):
-        run = _train(o, sigma, lam, dim=6, num_clusters=3, rho=o.rho, init="sphere", regulariser=kind)
-        record[kind] = _band_plot(axes[0, 0], run, {"pairwise": "r⁽¹⁾", "product": "r⁽²⁾"}[kind])
-    study.results["k3"] = record
-    set_axes(axes[0, 0], xlabel="PSGD iteration", ylabel="distance (K = 3)", title=f"Fig. 14: K = 3, σ = {sigma}")
+    common = dict(sigma=sigma, lam=lam, dim=6, num_clusters=3, rho=o.rho, init="sphere")
+    runs = {
+        kind: (label, {**common, "regulariser": kind}) for kind, label in (("pairwise", "r⁽¹⁾"), ("product", "r⁽²⁾"))
+    }
+    labels = dict(xlabel="PSGD iteration", ylabel="distance (K = 3)", title=f"Fig. 14: K = 3, σ = {sigma}")
+    record = study.results["k3"] = _curves(study, o, "fig14_k3.png", runs, **labels)
     study.claim(
         f"Fig. 14: K = 3, ρ = {o.rho}, median final distance with r⁽¹⁾ / r⁽²⁾",
         f"{record['pairwise']['final']['median']:.1e} / {record['product']['final']['median']:.1e}",
@@ -648,8 +626,8 @@ def figure15(study: Study, o: Options) -> None:
     """
     axes = study.figure("fig15_softmax.png", ncols=2)
     record: dict[str, Any] = {"rhos": o.softmax_rhos}
+    common = dict(predictor="softmax", regulariser=o.softmax_regulariser, init="sphere", psi=2.0)
     for sigma in o.sigmas:
-        common = dict(predictor="softmax", regulariser=o.softmax_regulariser, init="sphere", psi=2.0)
         bands = _final_bands(o, sigma, 3.0, o.softmax_rhos, **common)
         axes[0, 0].plot(o.softmax_rhos, [b["median"] for b in bands], marker="o", label=f"σ = {sigma}")
         curve = _train(o, sigma, 3.0, rho=0.5, **common)
@@ -701,8 +679,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     (App. F–H); README.md gives the scaled-down command whose results are committed.
     """
     o = Options.parse(options)
-    if len(o.sigmas) != len(o.lams):
-        raise ValueError(f"`sigmas` and `lams` must have equal lengths, got {o.sigmas} and {o.lams}.")
+    _paired(o)
     study = Study("clustering", "Attention-based clustering (Maulen-Soto, Marion, Boyer)", o, out)
     for part in o.parts:
         PART_FUNCTIONS[part](study, o)

@@ -11,16 +11,11 @@ with K orthonormal, mutually orthogonal bases `U_k` (d × p). One layer is the r
 computed by `aot_transformers.experiments.subspace.subspace_attention` with the known `U_k`. The per-cluster
 signal-to-noise ratio (Eq. 6) is ‖U_k U_kᵀ Z_k‖_F / ‖(I − U_k U_kᵀ) Z_k‖_F over the tokens Z_k of cluster k.
 
-Theorem 1 uses φ = h∘softmax with the hard threshold h(x) = τ·1{x > τ} applied to each attention weight, for
-τ ∈ (1/2, 1/(1 + N·e^(−9p/32))]: since a query's softmax weights sum to 1, with τ > 1/2 at most one of them can
-exceed τ, so h keeps at most one key per query. Why the SNR then grows by exactly (1 + ητ): when a token's own
-projection dominates its scores in its own head (its softmax weight on itself exceeds τ) and no weight exceeds τ in
-the other heads, its head-k output is τ·U_k U_kᵀ z_i and every other head outputs 0. The update multiplies the
-signal part of every token by (1 + ητ) and leaves the noise untouched, so the SNR of every cluster is multiplied
-by (1 + ητ).
-`thresholding_pattern_holds` measures, token by token, whether that event happened; "in the theorem's regime" means
-it held for every token of the layer. `theorem1_hypotheses` reports, for each run, whether the theorem's
-assumptions on (N, K, p, δ, τ) hold (Theorem 1 and Lemma 2, with the constants of the proof in Appendix A).
+Theorem 1 uses φ = h∘softmax, h(x) = τ·1{x > τ} on each weight, τ ∈ (1/2, 1/(1 + N·e^(−9p/32))]: a query's weights
+sum to 1, so at most one passes. When a token keeps only its own weight in its own head and nothing in the other
+heads (`thresholding_pattern_holds`; a layer is "in the theorem's regime" when every token does), the layer
+multiplies its signal part by (1 + ητ) and leaves its noise, so every cluster's SNR grows by exactly (1 + ητ).
+`theorem1_hypotheses` reports which of the theorem's assumptions on (N, K, p, δ, τ) a run meets.
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ squared error at every prefix; the evaluation curve is that error, divided by th
 for linear, = sparsity for sparse tasks, as Garg et al. normalise), against the number of in-context examples, with
 least squares and Lasso as baselines.
 
-Two token layouts (`tokens=`): `"garg"` is Garg et al.'s, above; `"pairs"` (the default) lets the y token carry its
-x: x-token (x_i, 0), y-token (x_i, f(x_i)). What each prediction may see is the same, but the model no longer needs
-a previous-token head to copy x_i next to f(x_i), which MSSA's symmetric scores (query = key) make hard to learn.
+The default layout, `tokens="pairs"`, lets the y token carry its x (`interleave`): the model then needs no
+previous-token head, which MSSA's symmetric scores (query = key) make hard to learn.
 """
 
 from __future__ import annotations
@@ -81,12 +80,6 @@ def zero_estimator_error(dim: int, task: str, sparsity: int = 3) -> float:
     return float(dim if task == "linear" else sparsity)
 
 
-def token_width(dim: int, tokens: str = "pairs") -> int:
-    """Width of one prompt token: d for Garg et al.'s layout, d + 1 for pairs."""
-    check_choice("tokens", tokens, TOKEN_LAYOUTS)
-    return dim if tokens == "garg" else dim + 1
-
-
 def interleave(xs: torch.Tensor, ys: torch.Tensor, tokens: str = "garg") -> torch.Tensor:
     """The prompt as a token sequence (B, 2N, width).
 
@@ -137,8 +130,8 @@ class InContextRegressor(nn.Module):
     def __init__(self, config: AoTConfig, dim: int, tokens: str = "pairs"):
         super().__init__()
         self.dim = check_int("dim", dim)
-        self.tokens = tokens
-        self.read_in = nn.Linear(token_width(dim, tokens), config.hidden_size)
+        self.tokens = check_choice("tokens", tokens, TOKEN_LAYOUTS)
+        self.read_in = nn.Linear(dim if tokens == "garg" else dim + 1, config.hidden_size)  # a token's width
         self.backbone = AoTModel(config)
         self.read_out = nn.Linear(config.hidden_size, 1)
 

@@ -153,13 +153,11 @@ def distillation(study: Study, o: Options) -> None:
     ratios = o.noise_ratios
     ks: list[int | float | None] = [None, 0.5, 0.25]
     curves = noise_distillation_curve(ratios, ks, o.num_tokens, o.dim, num_trials=o.num_trials, seed=o.seed)
-    axes = study.figure("noise_distillation.png")
+    ax = study.figure("noise_distillation.png")[0, 0]
     for label, curve in curves.items():
-        axes[0, 0].plot(ratios, curve, marker="o", label=label)
+        ax.plot(ratios, curve, marker="o", label=label)
     title = f"Noise distillation, n = {o.num_tokens}, d = {o.dim}"
-    set_axes(
-        axes[0, 0], xlabel="noise ratio r (fraction of noisy tokens)", ylabel="‖attention output − μ‖", title=title
-    )
+    set_axes(ax, xlabel="noise ratio r (fraction of noisy tokens)", ylabel="‖attention output − μ‖", title=title)
     dense, half = curves["dense"], curves[_k_label(0.5)]
     high = [i for i, r in enumerate(ratios) if r >= 0.5]
     beats = [r for r, h, d in zip(ratios, half, dense, strict=True) if h < d and not close(h, d)]  # a tie is no win
@@ -182,10 +180,7 @@ def speed(study: Study, o: Options) -> None:
     """KVT's faster convergence: CIFAR-10 validation accuracy per epoch, dense against k = n/2, AoT and ViT, with the
     same images and seed."""
     images, labels = _vision.load_cifar10(o.data_dir, o.per_class)
-    data = _vision.split(images, labels, 0.2, o.seed)
-    mean, std = _vision.channel_stats(data["train_images"])
-    for part in ("train_images", "val_images"):
-        data[part] = _vision.normalise(data[part], mean, std)
+    data = _vision.standardised(_vision.split(images, labels, 0.2, o.seed))[0]
     runs = {}
     for architecture in ARCHITECTURES:
         for k in (None, 0.5):

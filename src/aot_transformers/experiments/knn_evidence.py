@@ -166,11 +166,8 @@ def lemma3(study: Study, o: Options) -> None:
 
 def _data(o: Options) -> dict[str, torch.Tensor]:
     images, labels = _vision.load_mnist5k(o.data_dir)
-    data = _vision.split(images[: o.train_images + 1000], labels[: o.train_images + 1000], 0.2, seed=0)
-    mean, std = _vision.channel_stats(data["train_images"])
-    for part in ("train_images", "val_images"):
-        data[part] = _vision.normalise(data[part], mean, std)
-    return data
+    count = o.train_images + 1000
+    return _vision.standardised(_vision.split(images[:count], labels[:count], 0.2, seed=0))[0]
 
 
 def k_sweep(study: Study, o: Options, data: dict) -> dict:
@@ -189,12 +186,12 @@ def k_sweep(study: Study, o: Options, data: dict) -> dict:
         table["dense" if k is None else f"{k:g}"] = accuracies
     study.results["k_sweep"] = {"val_accuracy": table, "tokens": 50}
     stats = {name: (statistics.mean(a), statistics.stdev(a) if len(a) > 1 else 0.0) for name, a in table.items()}
-    axes = study.figure("fig1_k_sweep.png")
-    names = list(stats)
-    axes[0, 0].errorbar(range(len(names)), [stats[n][0] for n in names], yerr=[stats[n][1] for n in names], fmt="o-",
-                        capsize=4)  # fmt: skip
-    axes[0, 0].set_xticks(range(len(names)), ["dense" if n == "dense" else f"k={n}·n" for n in names])
-    axes[0, 0].set(ylabel="validation accuracy", title=f"MNIST, {len(o.seeds)} seeds, {o.epochs} epochs")
+    ax, names = study.figure("fig1_k_sweep.png")[0, 0], list(stats)
+    ax.errorbar(
+        range(len(names)), [stats[n][0] for n in names], yerr=[stats[n][1] for n in names], fmt="o-", capsize=4
+    )
+    ax.set_xticks(range(len(names)), ["dense" if n == "dense" else f"k={n}·n" for n in names])
+    ax.set(ylabel="validation accuracy", title=f"MNIST, {len(o.seeds)} seeds, {o.epochs} epochs")
     best = max((n for n in names if n != "dense"), key=lambda n: stats[n][0])
     dense_mean, dense_std = stats["dense"]
     study.claim(
