@@ -6,14 +6,7 @@ Importing the package registers `AoTConfig` and the model classes with transform
 `trust_remote_code=True`.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoModelForImageClassification,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
+import transformers
 
 from . import peft_defaults, shared_projection  # noqa: F401  (shared_projection registers MSSA's CPU training backend)
 from .attention_aot import knn_attention_forward
@@ -32,22 +25,20 @@ from .presets import list_presets
 
 __version__ = "0.1.0"
 
-AutoConfig.register("aot", AoTConfig, exist_ok=True)
-# AutoModel picks the backbone by the checkpoint's `architectures` (a vision checkpoint lists AoTVisionModel).
-AutoModel.register(AoTConfig, (AoTModel, AoTVisionModel), exist_ok=True)
-AutoModelForCausalLM.register(AoTConfig, AoTForCausalLM, exist_ok=True)
-AutoModelForSequenceClassification.register(AoTConfig, AoTForSequenceClassification, exist_ok=True)
-AutoModelForTokenClassification.register(AoTConfig, AoTForTokenClassification, exist_ok=True)
-AutoModelForImageClassification.register(AoTConfig, AoTForImageClassification, exist_ok=True)
-
-# `save_pretrained` copies the code files with the config; each model writes the `auto_map` of its checkpoint kind.
-AoTConfig.register_for_auto_class()
-AoTModel.register_for_auto_class("AutoModel")
-AoTVisionModel.register_for_auto_class("AutoModel")
-AoTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
-AoTForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
-AoTForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
-AoTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
+transformers.AutoConfig.register("aot", AoTConfig, exist_ok=True)
+AoTConfig.register_for_auto_class()  # `save_pretrained` copies the code files with the config
+# Each Auto class and what it builds; AutoModel picks the backbone by the checkpoint's `architectures` (a vision
+# checkpoint lists AoTVisionModel), and each model writes the `auto_map` of its checkpoint kind when saved.
+for _auto, _classes in (
+    ("AutoModel", (AoTModel, AoTVisionModel)),
+    ("AutoModelForCausalLM", (AoTForCausalLM,)),
+    ("AutoModelForSequenceClassification", (AoTForSequenceClassification,)),
+    ("AutoModelForTokenClassification", (AoTForTokenClassification,)),
+    ("AutoModelForImageClassification", (AoTForImageClassification,)),
+):
+    getattr(transformers, _auto).register(AoTConfig, _classes if len(_classes) > 1 else _classes[0], exist_ok=True)
+    for _cls in _classes:
+        _cls.register_for_auto_class(_auto)
 
 
 # PEFT's default LoRA targets for model_type "aot" (`LoraConfig(task_type=...)` without `target_modules`); peft is
