@@ -88,3 +88,18 @@ def test_run_with_training_on_cifar_files(tmp_path, shared_data):
     assert set(runs) == {"aot/dense", "aot/k = 0.5·n", "vit/dense", "vit/k = 0.5·n"}
     assert all(len(r["val_accuracy"]) == 1 for r in runs.values())
     assert (tmp_path / "training_speed.png").exists()
+
+
+def test_train_classifier_times_its_epochs_from_the_start_of_training():
+    import time
+
+    from aot_transformers import AoTForImageClassification
+    from aot_transformers.experiments._vision import train_classifier
+    from conftest import tiny_config
+
+    images, labels = torch.randn(24, 3, 16, 16), torch.randint(0, 5, (24,))
+    data = {"train_images": images, "train_labels": labels, "val_images": images[:8], "val_labels": labels[:8]}
+    before = time.perf_counter()
+    history = train_classifier(AoTForImageClassification(tiny_config()), data, epochs=2, batch_size=8)
+    elapsed = time.perf_counter() - before
+    assert 0 < history["epoch_seconds"][0] <= history["epoch_seconds"][1] <= history["seconds"] <= elapsed

@@ -146,7 +146,7 @@ def train_classifier(
     steps_per_epoch = -(-len(data["train_labels"]) // batch_size)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * steps_per_epoch)
     history: dict[str, list[float]] = {"val_accuracy": [], "train_loss": [], "epoch_seconds": []}
-    start = time.perf_counter()
+    started = time.perf_counter()
     for _ in range(epochs):
         model.train()
         order = torch.randperm(len(data["train_labels"]), generator=generator)
@@ -161,7 +161,7 @@ def train_classifier(
             total, count = total + float(loss.detach()) * len(batch), count + len(batch)
         history["train_loss"].append(total / count)
         history["val_accuracy"].append(accuracy(model, data["val_images"], data["val_labels"]))
-        history["epoch_seconds"].append(time.perf_counter() - start)
-        if time_limit is not None and time.perf_counter() - start > time_limit:
+        history["epoch_seconds"].append(time.perf_counter() - started)
+        if time_limit is not None and time.perf_counter() - started > time_limit:
             break
-    return {**history, "seconds": time.perf_counter() - start}
+    return {**history, "seconds": time.perf_counter() - started}
