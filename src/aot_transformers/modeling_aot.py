@@ -701,7 +701,11 @@ class AoTForImageClassification(AoTPreTrainedModel):
     ) -> ImageClassifierOutput | tuple:
         """Class logits (B, L), and the loss when `labels` (B,) are given."""
         outputs = self.model(
-            pixel_values, output_attentions, output_hidden_states, interpolate_pos_encoding, return_dict=True
+            pixel_values,
+            interpolate_pos_encoding=interpolate_pos_encoding,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         logits = self.classifier(self.head_norm(outputs.pooler_output))  # (B, L)
         loss = None

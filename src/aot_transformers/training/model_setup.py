@@ -50,9 +50,9 @@ def config_field_names() -> set[str]:
     return set(AoTConfig().to_dict()) | {"attn_implementation"}
 
 
-# The config fields that set a text (0) or vision (1) model's size.
-SIZE_FIELDS = ("vocab_size", "max_position_embeddings"), ("image_size", "patch_size")
-SIZE_FIELDS = tuple((*fields, "hidden_size", "num_hidden_layers", "mlp_ratio") for fields in SIZE_FIELDS)
+# The config fields that set the size of a text model and of a vision model.
+TEXT_SIZE_FIELDS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "mlp_ratio")
+VISION_SIZE_FIELDS = ("image_size", "patch_size", "hidden_size", "num_hidden_layers", "mlp_ratio")
 
 
 def build_config(model_args: ModelArguments, default_preset: str, **fields: Any) -> AoTConfig:
@@ -101,7 +101,7 @@ def check_fits_in_memory(model) -> None:
 
     parameters, memory = model.num_parameters(), psutil.virtual_memory().total
     if 4 * parameters > memory:
-        fields = SIZE_FIELDS[model.main_input_name == "pixel_values"]
+        fields = VISION_SIZE_FIELDS if model.main_input_name == "pixel_values" else TEXT_SIZE_FIELDS
         sizes = ", ".join(f"{name} {getattr(model.config, name)}" for name in fields)
         raise TrainingSetupError(
             f"The model would have {parameters:,} parameters ({4 * parameters / 2**30:,.1f} GiB of float32 weights "
@@ -109,10 +109,10 @@ def check_fits_in_memory(model) -> None:
         )
 
 
-def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixes: tuple[str, ...] = ()) -> None:
+def check_checkpoint_weights(folder: str | None, model, skip_prefixes: tuple[str, ...] = ()) -> None:
     """Before fine-tuning from a local `folder`: its weights must be safetensors (never pickle), readable, and of the
-    shapes `config` gives `model_cls` (a truncated file or a wrong-shape tensor is named in one line, exit code 2,
-    not a traceback from deep inside loading). A Hub id is left to `from_pretrained`."""
+    shapes of `model` (built from the run's config on the meta device). A truncated file or a wrong-shape tensor is
+    named in one line, exit code 2, not a traceback from deep inside loading. A Hub id is left to `from_pretrained`."""
     if not folder or not Path(folder).is_dir():
         return
     from safetensors import safe_open
@@ -126,8 +126,7 @@ def check_checkpoint_weights(folder: str | None, model_cls, config, skip_prefixe
         pickles = sorted(p.name for p in root.iterdir() if is_pickle_name(p.name))
         found = f"only pickle weights ({', '.join(pickles)}), which can run code when loaded" if pickles else ""
         raise refuse(f"holds {found or 'no weights'}; fine-tune from a folder with model.safetensors")
-    with torch.device("meta"):
-        state = model_cls(config).state_dict(keep_vars=True)
+    state = model.state_dict(keep_vars=True)
     expected = {name: tuple(t.shape) for name, t in state.items()}
     aliases: dict[int, list[str]] = {}  # tied tensors (saved under one of their names)
     for name, tensor in state.items():

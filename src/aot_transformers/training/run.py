@@ -85,10 +85,10 @@ class TrainingRun:
         import torch
 
         config = build_config(self.model_args, default_preset, **fields)
-        check_checkpoint_weights(self.model_args.model_name_or_path, model_cls, config, skip_prefixes)
         with torch.device("meta"):  # shapes only, nothing allocated
             model = model_cls(config)
         check_fits_in_memory(model)
+        check_checkpoint_weights(self.model_args.model_name_or_path, model, skip_prefixes)
         if self.lora is not None:
             from .lora import check_lora_targets
 
