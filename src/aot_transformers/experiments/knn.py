@@ -188,9 +188,8 @@ def speed(study: Study, o: Options) -> None:
             config = vision_config(architecture, k, hidden_size=o.hidden_size, num_layers=o.num_layers)
             model = AoTForImageClassification(config)
             history = _vision.train_classifier(model, data, o.epochs, 64, 1e-3, seed=o.seed)
-            parameters = sum(p.numel() for p in model.parameters())
             key = f"{architecture}/{_k_label(k)}"
-            runs[key] = dict(history, architecture=architecture, knn_k=k, parameters=parameters)
+            runs[key] = dict(history, architecture=architecture, knn_k=k, parameters=model.num_parameters())
     num_train, tokens = len(data["train_labels"]), (32 // 4) ** 2 + 1
     record = {"runs": runs, "num_train": num_train, "num_val": len(data["val_labels"]), "tokens_per_image": tokens}
     study.results["training_speed"] = record

@@ -300,25 +300,28 @@ def layer_diagnostics(model, pixel_values: torch.Tensor) -> dict[str, list[float
     return {"cosine_similarity": cosine, "attention_std": spread, "residual_ratio": ratio}
 
 
-def plot_layer_diagnostics(axes, series: dict[str, dict[str, list[float]]]) -> None:
-    """Fig. 2's three panels (axes (1, 3)): each metric of `layer_diagnostics` per layer, one line per series."""
+def dense_vs_knn(study: Study, models: dict, k: float | int, name: str, inputs: torch.Tensor, filename: str) -> dict:
+    """`layer_diagnostics` of `models[None]` with dense attention and of `models[k]` with k-NN attention (series
+    `name`), drawn as Fig. 2's three panels (each metric per layer, one line per series) into `filename`."""
+    series = {}
+    for label, key in (("dense", None), (name, k)):
+        set_k(models[key], key)
+        series[label] = layer_diagnostics(models[key], inputs)
+    axes = study.figure(filename, ncols=3)
     titles = {"cosine_similarity": "token cosine similarity", "attention_std": "std of attention weights",
               "residual_ratio": "‖f_l(t)‖ / ‖t‖"}  # fmt: skip
     for col, (metric, title) in enumerate(titles.items()):
-        for name, values in series.items():
-            axes[0, col].plot(range(len(values[metric])), values[metric], "o--", label=name)
+        for label, values in series.items():
+            axes[0, col].plot(range(len(values[metric])), values[metric], "o--", label=label)
         set_axes(axes[0, col], xlabel="layer", title=title)
+    return series
 
 
 def fig2(study: Study, models: dict, k: float, data: dict) -> None:
-    images = data["val_images"][:128]
-    series = {}
-    for name, key in (("dense", None), (f"k={k:g}·n", k)):
-        set_k(models[key], key)
-        series[name] = layer_diagnostics(models[key], images)
+    name = f"k={k:g}·n"
+    series = dense_vs_knn(study, models, k, name, data["val_images"][:128], "fig2_layer_diagnostics.png")
     study.results["fig2"] = series
-    plot_layer_diagnostics(study.figure("fig2_layer_diagnostics.png", ncols=3), series)
-    dense, sparse = series["dense"], series[f"k={k:g}·n"]
+    dense, sparse = series["dense"], series[name]
     higher = sum(s > d for s, d in zip(sparse["cosine_similarity"], dense["cosine_similarity"], strict=True))
     study.claim(
         "Fig. 2(a): k-NN tokens are more similar to each other than dense ones (per layer)",
