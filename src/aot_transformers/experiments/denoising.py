@@ -228,11 +228,8 @@ class Options(StudyOptions):
 
 
 def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, generator, ax) -> None:
-    """AoT Theorem 1 / Fig. 4 at one noise level δ: per-layer SNR with φ = h∘softmax and with softmax.
-
-    Beside the measured ratio per layer, the claim lists which of Theorem 1's hypotheses (`theorem1_hypotheses`)
-    hold for this (N, K, p, δ, τ), and whether the thresholding pattern of the proof held for every token.
-    """
+    """AoT Theorem 1 / Fig. 4 at one noise level δ: per-layer SNR with φ = h∘softmax and with softmax, beside which
+    of Theorem 1's hypotheses hold and whether the proof's thresholding pattern did."""
     num_layers, tau, target = o.num_layers, o.tau, 1.0 + o.step_size * o.tau
     tokens, labels = sample_noisy_subspace_mixture(o.num_tokens, subspaces, delta, generator)
     for phi in PHIS:
