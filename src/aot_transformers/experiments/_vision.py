@@ -35,6 +35,15 @@ def default_data_dir() -> Path:
     return Path.cwd().parent / "shared" / "data"
 
 
+def _require(path: Path, what: str, layout: str) -> Path:
+    """`path`, or FileNotFoundError saying which folder `data_dir` must be (the one holding `layout`)."""
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{what} file {path} not found; pass `data_dir` pointing at the folder that holds {layout}."
+        )
+    return path
+
+
 def load_cifar10(data_dir: str | Path | None = None, per_class: int = 500) -> tuple[torch.Tensor, torch.Tensor]:
     """The first `per_class` (<= 5000) training images, in archive order, of every CIFAR-10 class: `images` uint8
     (N, 3, 32, 32) and `labels` (N,) in `CIFAR10_CLASSES` order, from `data_dir` (default `default_data_dir()`), the
@@ -47,12 +56,7 @@ def load_cifar10(data_dir: str | Path | None = None, per_class: int = 500) -> tu
     folder = root if (root / "train_airplane.tar.gz").exists() else root / "vision" / "cifar10"
     images, labels = [], []
     for label, name in enumerate(CIFAR10_CLASSES):
-        path = folder / f"train_{name}.tar.gz"
-        if not path.exists():
-            raise FileNotFoundError(
-                f"CIFAR-10 file {path} not found; pass `data_dir` pointing at the folder that "
-                "holds vision/cifar10/train_<class>.tar.gz."
-            )
+        path = _require(folder / f"train_{name}.tar.gz", "CIFAR-10", "vision/cifar10/train_<class>.tar.gz")
         # Streaming mode reads members in archive order and stops early, instead of decompressing whole archives.
         with tarfile.open(path, "r|gz") as archive:
             for member in itertools.islice((m for m in archive if m.name.endswith(".jpg")), per_class):
@@ -68,11 +72,7 @@ def load_mnist5k(data_dir: str | Path | None = None) -> tuple[torch.Tensor, torc
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     path = root / "mnist_5k.csv.gz"
     path = path if path.exists() else root / "vision" / "mnist5k" / "mnist_5k.csv.gz"
-    if not path.exists():
-        raise FileNotFoundError(
-            f"MNIST file {path} not found; pass `data_dir` pointing at the folder that holds "
-            "vision/mnist5k/mnist_5k.csv.gz."
-        )
+    _require(path, "MNIST", "vision/mnist5k/mnist_5k.csv.gz")
     import numpy as np
 
     with gzip.open(path, "rt") as handle:

@@ -135,10 +135,9 @@ def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification,
         if o.save_model:
             classifier.save_pretrained(study.folder / "model")
     else:
-        stored_mean = getattr(classifier.config, "image_mean", None)
-        stored_std = getattr(classifier.config, "image_std", None)
-        if stored_mean is not None and stored_std is not None:
-            mean, std = torch.tensor(stored_mean), torch.tensor(stored_std)
+        stored = getattr(classifier.config, "image_mean", None), getattr(classifier.config, "image_std", None)
+        if None not in stored:
+            mean, std = map(torch.tensor, stored)
     study.results["dataset"] = dataset
     return classifier, data, mean, std
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
+import timeit
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -89,15 +89,9 @@ def slow_vs_fast(study: Study, o: Options) -> None:
     shapes = (o.timing_batch * 3, n, d)
     tq, tk, tv = (torch.randn(*shapes, generator=generator) for _ in range(3))
     knn_fast(tq, tk, tv, k)  # warm-up
-    slow = fast = math.inf
-    for _ in range(3):  # best of three: the machine is shared
-        start = time.perf_counter()
-        for b in range(shapes[0]):
-            knn_slow(tq[b], tk[b], tv[b], k)
-        slow = min(slow, time.perf_counter() - start)
-        start = time.perf_counter()
-        knn_fast(tq, tk, tv, k)
-        fast = min(fast, time.perf_counter() - start)
+    # Best of three: the machine is shared.
+    slow = min(timeit.repeat(lambda: [knn_slow(tq[b], tk[b], tv[b], k) for b in range(shapes[0])], number=1, repeat=3))
+    fast = min(timeit.repeat(lambda: knn_fast(tq, tk, tv, k), number=1, repeat=3))
     study.results["slow_vs_fast"] = {
         "tokens": n, "dim": d, "k": k, "agreement_equal_norm_keys": agree_equal, "agreement_gaussian_keys": agree_raw,
         "max_output_difference_equal_norms": difference, "slow_seconds": slow, "fast_seconds": fast,
