@@ -369,7 +369,6 @@ def monte_carlo_risk(
     predict, centroids: torch.Tensor, sigma: float, seq_len: int, num_sequences: int, seed: int = 0
 ) -> tuple[float, float]:
     """Monte Carlo risk (Eq. 5) of `predict(tokens)`: mean over sequences and its 4-standard-error tolerance."""
-    check_int("num_sequences", num_sequences)
     tokens, _ = sample_gaussian_mixture(num_sequences, seq_len, centroids, sigma, make_generator(seed))
     per_sequence = (tokens - predict(tokens)).square().sum(-1).mean(-1)  # (B,): one i.i.d. value per sequence
     return theory.monte_carlo_tolerance(per_sequence)
