@@ -139,12 +139,11 @@ def thresholding_pattern_holds(
     projected = torch.einsum("nd,kdp->knp", tokens, subspaces.to(tokens.dtype))  # (K, N, p)
     weights = torch.softmax(scaling * projected @ projected.transpose(-1, -2), dim=-1)  # (K, N, N)
     kept = weights > tau
-    own = labels  # (N,)
     index = torch.arange(tokens.shape[0])
-    own_kept = kept[own, index]  # (N, N): the token's own head
+    own_kept = kept[labels, index]  # (N, N): the token's own head
     self_kept = own_kept[index, index]
     only_self = own_kept.sum(-1) == 1
-    others_silent = kept.any(-1).sum(0) - kept[own, index].any(-1).to(torch.long) == 0  # no other head keeps a key
+    others_silent = kept.any(-1).sum(0) - own_kept.any(-1).to(torch.long) == 0  # no other head keeps a key
     return self_kept & only_self & others_silent
 
 
