@@ -3,7 +3,8 @@
 1. **Slow vs fast definition** (Sec. 3.1, Eqs. 3–5; App. A.2, Table 3): Euclidean k nearest keys against the k
    largest scores q·k (the same keys when the keys have equal norms), and Table 3's timing ratio on this CPU.
 2. **Lemma 1** (Sec. 3.2, Eq. 6): the W_Q, W_K gradients are proportional to Var_a(x), so they shrink with k.
-3. **Lemma 3** (Sec. 3.2, Eq. 8): with k of order n·d^(−c), the k best-scoring keys contain every relevant one.
+3. **Lemma 3** (Sec. 3.2, Eq. 8): with k of order n·d^(−c), the k best-scoring keys contain every relevant one
+   (planted data; and under the paper's Assumption 3.1, Eq. 35). **Lemma 4**: its O(k^(−1/2)) term, a k sweep.
 4. **Fig. 2**: per layer, dense vs k-NN: token cosine similarity (Eq. 9), spread of the attention weights and the
    residual-to-main-branch ratio (also `aot inspect MODEL --knn-k K`).
 5. **Fig. 1**: accuracy against k (several seeds) of a small ViT-shaped classifier on MNIST digits.
