@@ -171,9 +171,8 @@ def distillation(study: Study, o: Options) -> None:
 
 
 def speed(study: Study, o: Options) -> None:
-    """KVT's faster convergence (Table 2): CIFAR-10 validation accuracy per epoch, dense against k = n/2, for each
-    architecture, over `num_seeds` seeds (each seed: its own split, initialisation and batch order, shared by dense
-    and k-NN); `val_accuracy` is the mean over seeds per epoch, `val_accuracy_std` its spread."""
+    """KVT's faster convergence (Table 2): CIFAR-10 validation accuracy per epoch, dense against k = n/2, mean and
+    standard deviation over `num_seeds` seeds (each: a split, initialisation and batch order shared by both)."""
     runs, (images, labels) = {}, _vision.load_cifar10(o.data_dir, o.per_class)
     for seed in range(o.seed, o.seed + o.num_seeds):
         data = _vision.standardised(_vision.split(images, labels, 0.2, seed))[0]

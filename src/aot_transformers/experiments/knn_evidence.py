@@ -136,8 +136,7 @@ def relevant_recall(n: int, d: int, num_relevant: int, k: int, trials: int, gene
 
 
 def _recall(query: torch.Tensor, keys: torch.Tensor, num_relevant: int, k: int) -> dict:
-    """Recall at k and the k keeping every relevant key (the left side of Eq. 8), the first `num_relevant` keys
-    relevant; `query` (T, 1, d), `keys` (T, n, d)."""
+    """Recall at k and the k keeping every relevant key (Eq. 8's left side) of the first `num_relevant` keys."""
     scores = (query @ keys.transpose(-1, -2)).squeeze(1)  # (T, n)
     ranks = scores.argsort(dim=-1, descending=True).argsort(dim=-1)  # rank of each key
     recall = (ranks[:, :num_relevant] < k).float().mean()
@@ -191,10 +190,9 @@ def lemma3_assumption(study: Study, o: Options) -> None:
 
 
 def lemma4(study: Study, o: Options) -> None:
-    """Lemma 4's O(k^(−1/2)) term: softmax over k tokens (`knn.sample_noisy_tokens`, d = 64, ‖μ‖ = 2, noise σ²/d =
-    1/d per coordinate, W_Q W_Kᵀ = W_V = I), k1/k of them around the query's mean μ. The noise part is the output's
-    distance to the output on the noiseless tokens, the error its distance to μ (adding the bias term, constant in k);
-    Euclidean, not ∞-norm (the same rate in k). Judged: the fitted log-log slope of the noise part close to −1/2."""
+    """Lemma 4's O(k^(−1/2)) term: softmax over k tokens (`knn.sample_noisy_tokens`, d = 64, ‖μ‖ = 2, noise 1/d per
+    coordinate, W_Q W_Kᵀ = W_V = I), k1/k of them around the query's mean μ. Noise part: distance to the output on the
+    noiseless tokens; error: distance to μ. Judged: the noise part's log-log slope, `close` to −1/2."""
     d, generator, table = 64, make_generator(4), {}
     identity = torch.eye(d).unsqueeze(0)
     for fraction in o.lemma4_fractions:
