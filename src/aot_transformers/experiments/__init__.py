@@ -1,11 +1,9 @@
 """The papers' theory and small-scale experiments as tested, runnable modules.
 
-One module per study: plain functions (generators, operators, metrics, training loops), its options declared once
-as an `Options` dataclass (read by the Python API and, through `HfArgumentParser`, by `aot experiment`), one function
-per figure or claim, and a `run(out=..., **options)` that fills a `Study` record (`study.py`) and writes
-`results.json`, PNG figures and `summary.md`. The studies are listed in `STUDIES`; `clustering` is split into
-`clustering` (data, predictors, training loop), `clustering_theory` (the paper's closed forms) and
-`clustering_figures` (the figures and claims); `diagnostics` is `aot inspect MODEL`.
+One module per study, laid out as `study.py` describes (plain functions, an `Options` dataclass, one function per
+figure or claim, `run`), listed in `STUDIES`; `clustering` is split into `clustering` (data, predictors, training
+loop), `clustering_theory` (the paper's closed forms) and `clustering_figures` (the figures and claims);
+`diagnostics` is `aot inspect MODEL`.
 
 Command line: `aot experiment NAME [--out DIR] [options]` and `aot inspect MODEL`. See README.md in this folder for
 one section per claim: what the paper says, the command, what was measured, whether it held.
@@ -28,11 +26,8 @@ STUDIES: dict[str, tuple[str, str]] = {
 
 
 def study_module(name: str):
-    """The module of study `name` (a key of `STUDIES`): its `Options`, its figures and its `run`.
-
-    Raises:
-        ValueError: For an unknown study name (the message lists the known ones).
-    """
+    """The module of study `name` (a key of `STUDIES`): its `Options`, its figures and its `run` (ValueError listing
+    the known names for an unknown one)."""
     if name not in STUDIES:
         raise ValueError(f"Unknown study {name!r}; choose one of {sorted(STUDIES)}.")
     return importlib.import_module(f"{__name__}.{STUDIES[name][0]}")

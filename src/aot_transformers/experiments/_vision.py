@@ -35,6 +35,15 @@ def default_data_dir() -> Path:
     return Path.cwd().parent / "shared" / "data"
 
 
+def _require(path: Path, what: str, layout: str) -> Path:
+    """`path`, or FileNotFoundError saying which folder `data_dir` must be (the one holding `layout`)."""
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{what} file {path} not found; pass `data_dir` pointing at the folder that holds {layout}."
+        )
+    return path
+
+
 def load_cifar10(data_dir: str | Path | None = None, per_class: int = 500) -> tuple[torch.Tensor, torch.Tensor]:
     """The first `per_class` (<= 5000) training images, in archive order, of every CIFAR-10 class: `images` uint8
     (N, 3, 32, 32) and `labels` (N,) in `CIFAR10_CLASSES` order, from `data_dir` (default `default_data_dir()`), the
@@ -47,12 +56,7 @@ def load_cifar10(data_dir: str | Path | None = None, per_class: int = 500) -> tu
     folder = root if (root / "train_airplane.tar.gz").exists() else root / "vision" / "cifar10"
     images, labels = [], []
     for label, name in enumerate(CIFAR10_CLASSES):
-        path = folder / f"train_{name}.tar.gz"
-        if not path.exists():
-            raise FileNotFoundError(
-                f"CIFAR-10 file {path} not found; pass `data_dir` pointing at the folder that "
-                "holds vision/cifar10/train_<class>.tar.gz."
-            )
+        path = _require(folder / f"train_{name}.tar.gz", "CIFAR-10", "vision/cifar10/train_<class>.tar.gz")
         # Streaming mode reads members in archive order and stops early, instead of decompressing whole archives.
         with tarfile.open(path, "r|gz") as archive:
             for member in itertools.islice((m for m in archive if m.name.endswith(".jpg")), per_class):
@@ -68,11 +72,7 @@ def load_mnist5k(data_dir: str | Path | None = None) -> tuple[torch.Tensor, torc
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     path = root / "mnist_5k.csv.gz"
     path = path if path.exists() else root / "vision" / "mnist5k" / "mnist_5k.csv.gz"
-    if not path.exists():
-        raise FileNotFoundError(
-            f"MNIST file {path} not found; pass `data_dir` pointing at the folder that holds "
-            "vision/mnist5k/mnist_5k.csv.gz."
-        )
+    _require(path, "MNIST", "vision/mnist5k/mnist_5k.csv.gz")
     import numpy as np
 
     with gzip.open(path, "rt") as handle:
@@ -128,21 +128,18 @@ def train_classifier(
     epochs: int = 5,
     batch_size: int = 64,
     lr: float = 1e-3,
-    weight_decay: float = 0.05,
     seed: int = 0,
-    time_limit: float | None = None,
 ) -> dict[str, Any]:
-    """Train an image classifier (returning `.logits`) with AdamW and cross-entropy, `lr` decaying to 0 (cosine);
-    validation accuracy after every epoch.
+    """Train an image classifier (returning `.logits`) with AdamW (weight decay 0.05) and cross-entropy, `lr`
+    decaying to 0 (cosine); validation accuracy after every epoch.
 
-    `data` is `split(...)` output with the images already normalised to float; `seed` orders the batches;
-    `time_limit` stops after the epoch during which that many seconds passed. Returns `val_accuracy` and
-    `train_loss` per epoch, `epoch_seconds` (cumulative) and `seconds`.
+    `data` is `split(...)` output with the images already normalised to float; `seed` orders the batches. Returns
+    `val_accuracy` and `train_loss` per epoch, `epoch_seconds` (cumulative) and `seconds`.
     """
     check_int("epochs", epochs)
     check_int("batch_size", batch_size)
     generator = make_generator(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
     steps_per_epoch = -(-len(data["train_labels"]) // batch_size)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * steps_per_epoch)
     history: dict[str, list[float]] = {"val_accuracy": [], "train_loss": [], "epoch_seconds": []}
@@ -162,6 +159,4 @@ def train_classifier(
         history["train_loss"].append(total / count)
         history["val_accuracy"].append(accuracy(model, data["val_images"], data["val_labels"]))
         history["epoch_seconds"].append(time.perf_counter() - started)
-        if time_limit is not None and time.perf_counter() - started > time_limit:
-            break
     return {**history, "seconds": time.perf_counter() - started}

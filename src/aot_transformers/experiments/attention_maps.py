@@ -109,10 +109,8 @@ class Options(StudyOptions):
 
 
 def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification, dict, torch.Tensor, torch.Tensor]:
-    """The model whose maps are drawn: `o.model` loaded, or a small AoT-MSSA trained on `o.dataset` first.
-
-    Returns the classifier, the data split, and the normalisation mean and std (the training statistics).
-    """
+    """`o.model` loaded, or a small AoT-MSSA trained on `o.dataset` first; with the data split and the normalisation
+    mean and std (the training statistics)."""
     dataset = o.dataset
     classifier = None
     if o.model is not None:
@@ -137,19 +135,16 @@ def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification,
         if o.save_model:
             classifier.save_pretrained(study.folder / "model")
     else:
-        stored_mean = getattr(classifier.config, "image_mean", None)
-        stored_std = getattr(classifier.config, "image_std", None)
-        if stored_mean is not None and stored_std is not None:
-            mean, std = torch.tensor(stored_mean), torch.tensor(stored_std)
+        stored = getattr(classifier.config, "image_mean", None), getattr(classifier.config, "image_std", None)
+        if None not in stored:
+            mean, std = map(torch.tensor, stored)
     study.results["dataset"] = dataset
     return classifier, data, mean, std
 
 
 def figure7(study: Study, o: Options, classifier, data: dict, mean: torch.Tensor, std: torch.Tensor) -> None:
-    """AoT Fig. 7: [CLS]-to-patch attention of every head of the penultimate layer (or `o.layer`).
-
-    Measured: the share of that attention on "ink" patches (MNIST) against the share uniform attention gives.
-    """
+    """AoT Fig. 7: [CLS]-to-patch attention of every head of the penultimate layer (or `o.layer`), and its share on
+    the object (`object_attention_share`)."""
     side = classifier.config.image_size
     dataset = study.results["dataset"]
     val_images, val_labels = data["val_images"], data["val_labels"]
@@ -182,11 +177,7 @@ def figure7(study: Study, o: Options, classifier, data: dict, mean: torch.Tensor
 
 
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
-    """Plot the [CLS] attention of each head of one layer (default: the penultimate, as AoT's Fig. 7; `Options`).
-
-    The paper's Fig. 7 is an ImageNet-1K AoT-MSSA; here a small AoT-MSSA trained on the local MNIST digits (or a
-    saved model given with `model`), since ImageNet training does not fit this CPU.
-    """
+    """AoT's Fig. 7 (an ImageNet-1K AoT-MSSA there) for a saved or freshly trained small classifier (`Options`)."""
     o = Options.parse(options)
     study = Study("attention-maps", "Attention maps (AoT Fig. 7)", o, out)
     classifier, data, mean, std = classifier_for(study, o)

@@ -163,8 +163,12 @@ def centroid_regulariser(tokens: torch.Tensor, heads: torch.Tensor, kind: str = 
     return value
 
 
-def _assignment_cost(heads: torch.Tensor, centroids: torch.Tensor, signed: bool) -> torch.Tensor:
-    """min over permutations of Σ_k cost(μ_k, μ*_π(k)); heads, centroids (..., K, d) → (...)."""
+def centroid_distance(heads: torch.Tensor, centroids: torch.Tensor, signed: bool = False) -> torch.Tensor:
+    """Eq. (11): min over permutations π and signs s of (Σ_k ‖μ_k − s_k μ*_π(k)‖²)^{1/2}; batched over leading dims
+    (heads, centroids (..., K, d) → (...)); with `signed`, the signs are not minimised over.
+
+    The linear risk cannot tell μ_k from −μ_k (μ_k enters every head twice) nor the heads apart (they are summed).
+    """
     if heads.shape[-2:] != centroids.shape[-2:]:
         raise ValueError(f"`heads` {tuple(heads.shape)} and `centroids` {tuple(centroids.shape)} must have one shape.")
     heads, centroids = heads.detach().to(torch.float64), centroids.to(torch.float64)
@@ -177,20 +181,12 @@ def _assignment_cost(heads: torch.Tensor, centroids: torch.Tensor, signed: bool)
     return torch.stack(totals).min(0).values.clamp(min=0.0).sqrt()
 
 
-def centroid_distance(heads: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    """Eq. (11): min over permutations π and signs s of (Σ_k ‖μ_k − s_k μ*_π(k)‖²)^{1/2}; batched over leading dims.
-
-    The linear risk cannot tell μ_k from −μ_k (μ_k enters every head twice) nor the heads apart (they are summed).
-    """
-    return _assignment_cost(heads, centroids, signed=False)
-
-
 def signed_centroid_distance(heads: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
     """Eq. (36) of App. H: √min{‖μ̂₀ − μ₀*‖² + ‖μ̂₁ − μ₁*‖², ‖μ̂₀ − μ₁*‖² + ‖μ̂₁ − μ₀*‖²} — sign flips count.
 
     The softmax heads are not sign-symmetric (the centering and r₀ break the symmetry), so this finer distance.
     """
-    return _assignment_cost(heads, centroids, signed=True)
+    return centroid_distance(heads, centroids, signed=True)
 
 
 # --- Initialisation and projected SGD.
@@ -373,7 +369,6 @@ def monte_carlo_risk(
     predict, centroids: torch.Tensor, sigma: float, seq_len: int, num_sequences: int, seed: int = 0
 ) -> tuple[float, float]:
     """Monte Carlo risk (Eq. 5) of `predict(tokens)`: mean over sequences and its 4-standard-error tolerance."""
-    check_int("num_sequences", num_sequences)
     tokens, _ = sample_gaussian_mixture(num_sequences, seq_len, centroids, sigma, make_generator(seed))
     per_sequence = (tokens - predict(tokens)).square().sum(-1).mean(-1)  # (B,): one i.i.d. value per sequence
     return theory.monte_carlo_tolerance(per_sequence)

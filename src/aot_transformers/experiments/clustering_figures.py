@@ -673,11 +673,8 @@ PART_FUNCTIONS = {
 
 
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
-    """The clustering paper's figures and closed forms (`Options` lists the options and the paper's defaults).
-
-    The paper's full setting (10 runs of 10⁴ iterations, a 30-point ρ grid, d up to 200) takes hours on a laptop
-    (App. F–H); README.md gives the scaled-down command whose results are committed.
-    """
+    """The clustering paper's figures and closed forms (`Options` lists the options and the paper's defaults);
+    README.md gives the scaled-down command whose results are committed."""
     o = Options.parse(options)
     _paired(o)
     study = Study("clustering", "Attention-based clustering (Maulen-Soto, Marion, Boyer)", o, out)

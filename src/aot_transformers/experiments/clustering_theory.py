@@ -22,7 +22,8 @@ from .study import check_choice, check_int, check_real
 VALUES = ("identity", "projected")
 
 
-def _check_mixture(dim: int, num_clusters: int, sigma: float) -> None:
+def _check_mixture(dim: int, num_clusters: int, sigma: float, seq_len: int | None = None) -> int | None:
+    """Check the mixture's d, K and σ (and L if given); return L."""
     check_int("num_clusters", num_clusters)
     check_int("dim", dim)
     if dim < num_clusters:
@@ -30,6 +31,7 @@ def _check_mixture(dim: int, num_clusters: int, sigma: float) -> None:
             f"`dim` (d = {dim}) must be >= `num_clusters` (K = {num_clusters}): K orthonormal centroids need d >= K."
         )
     check_real("sigma", sigma, 0.0)
+    return None if seq_len is None else check_int("seq_len", seq_len)
 
 
 def monte_carlo_tolerance(per_sample: torch.Tensor, z: float = 4.0) -> tuple[float, float]:
@@ -214,8 +216,7 @@ def oracle_conditional_mean_factor(sigma: float, seq_len: int, lam: float) -> fl
 
 def oracle_conditional_variance(dim: int, sigma: float, seq_len: int, lam: float) -> float:
     """Prop. D.2 (behind Prop. 4.2): Var[T_lin(X)₁ | Z₁ = c] = E‖T_lin(X)₁‖² − ‖E[T_lin(X)₁ | Z₁ = c]‖² at μ = μ*."""
-    _check_mixture(dim, 2, sigma)
-    n = check_int("seq_len", seq_len)
+    n = _check_mixture(dim, 2, sigma, seq_len)
     s2 = sigma**2
     second = (
         4 * lam**2 / n**2 * (1 + s2 * (dim + 16) + 8 * s2**2 * (dim + 7) + 8 * s2**3 * (dim + 4))
@@ -283,8 +284,7 @@ def oracle_linear_attention_risk_exact(
     Eq. (27) of the paper for K = 2, written with moments: E[XᵀĈPX] and E[XᵀPĈ²PX] split the double sum over
     (m, m') by which indices coincide with ℓ, with CP = aP (a = 1/K + σ²) and PX ⟂ (I − P)X.
     """
-    _check_mixture(dim, num_clusters, sigma)
-    check_int("seq_len", seq_len)
+    _check_mixture(dim, num_clusters, sigma, seq_len)
     m, length = _second_moments(dim, sigma, num_clusters), seq_len
     a = m["a"]
     x_px = m["p2"] + m["p1"] * m["q1"]  # E[‖X‖²‖PX‖²]
@@ -302,8 +302,7 @@ def oracle_linear_attention_risk_exact(
 
 def in_context_conditional_mean_factor(dim: int, sigma: float, seq_len: int, lam: float) -> float:
     """Prop. 5.1: E[T_ctx(X)₁ | μ*, Z₁ = c] = (2λ/L)[(1 + (d + 2)σ²) + (L − 1)(½ + σ²)] μ*_c."""
-    _check_mixture(dim, 2, sigma)
-    length = check_int("seq_len", seq_len)
+    length = _check_mixture(dim, 2, sigma, seq_len)
     s2 = sigma**2
     return 2 * lam / length * ((1 + (dim + 2) * s2) + (length - 1) * (0.5 + s2))
 
@@ -333,8 +332,7 @@ def in_context_conditional_variance(dim: int, sigma: float, seq_len: int, lam: f
     E‖T_ctx(X)₁‖² does not depend on c (the swap of the two centroids is an isometry), so it is the unconditional
     (2λ)² E[XᵀĈ²X]; its limit is Prop. 5.2's 2λ²σ²(1 + 4σ² + 2dσ⁴).
     """
-    _check_mixture(dim, 2, sigma)
-    check_int("seq_len", seq_len)
+    _check_mixture(dim, 2, sigma, seq_len)
     _, second = _in_context_moments(dim, sigma, seq_len)
     return (2 * lam) ** 2 * second - in_context_conditional_mean_factor(dim, sigma, seq_len, lam) ** 2
 
@@ -373,8 +371,7 @@ def in_context_quantization_risk_exact(
     dim: int, sigma: float, seq_len: int, lam: float, num_clusters: int = 2
 ) -> float:
     """Exact finite-L risk of T_ctx = 2λ Ĉ X_ℓ: E‖X‖² − 4λ E[XᵀĈX] + 4λ² E[XᵀĈ²X] (see `_in_context_moments`)."""
-    _check_mixture(dim, num_clusters, sigma)
-    check_int("seq_len", seq_len)
+    _check_mixture(dim, num_clusters, sigma, seq_len)
     first, second = _in_context_moments(dim, sigma, seq_len, num_clusters)
     x1 = _second_moments(dim, sigma, num_clusters)["x1"]
     c = 2 * lam

@@ -139,12 +139,11 @@ def thresholding_pattern_holds(
     projected = torch.einsum("nd,kdp->knp", tokens, subspaces.to(tokens.dtype))  # (K, N, p)
     weights = torch.softmax(scaling * projected @ projected.transpose(-1, -2), dim=-1)  # (K, N, N)
     kept = weights > tau
-    own = labels  # (N,)
     index = torch.arange(tokens.shape[0])
-    own_kept = kept[own, index]  # (N, N): the token's own head
+    own_kept = kept[labels, index]  # (N, N): the token's own head
     self_kept = own_kept[index, index]
     only_self = own_kept.sum(-1) == 1
-    others_silent = kept.any(-1).sum(0) - kept[own, index].any(-1).to(torch.long) == 0  # no other head keeps a key
+    others_silent = kept.any(-1).sum(0) - own_kept.any(-1).to(torch.long) == 0  # no other head keeps a key
     return self_kept & only_self & others_silent
 
 
@@ -228,11 +227,8 @@ class Options(StudyOptions):
 
 
 def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, generator, ax) -> None:
-    """AoT Theorem 1 / Fig. 4 at one noise level δ: per-layer SNR with φ = h∘softmax and with softmax.
-
-    Beside the measured ratio per layer, the claim lists which of Theorem 1's hypotheses (`theorem1_hypotheses`)
-    hold for this (N, K, p, δ, τ), and whether the thresholding pattern of the proof held for every token.
-    """
+    """AoT Theorem 1 / Fig. 4 at one noise level δ: per-layer SNR with φ = h∘softmax and with softmax, beside which
+    of Theorem 1's hypotheses hold and whether the proof's thresholding pattern did."""
     num_layers, tau, target = o.num_layers, o.tau, 1.0 + o.step_size * o.tau
     tokens, labels = sample_noisy_subspace_mixture(o.num_tokens, subspaces, delta, generator)
     for phi in PHIS:

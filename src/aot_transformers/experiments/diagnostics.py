@@ -168,7 +168,7 @@ def run(
     preset (random weights), on `num_samples` images of the shared MNIST/CIFAR-10 files or sequences of `seq_len`
     tokens of the text file `data` (default: the shared tinyshakespeare); results.json, PNGs and summary.md in `out`
     (default `out/experiments/inspect`). With `knn_k` (an int, or a fraction of the keys in (0, 1]), also KVT's Fig. 2
-    diagnostics per layer, dense attention against k-NN attention with that k (`knn_evidence.layer_diagnostics`).
+    diagnostics per layer, dense attention against k-NN attention with that k (`knn_evidence.dense_vs_knn`).
     """
     check_int("num_samples", num_samples)
     check_int("seq_len", seq_len, 2)
@@ -219,16 +219,13 @@ def run(
 def _knn_comparison(study: Study, network, inputs: torch.Tensor, knn_k: float | int) -> dict:
     """KVT Fig. 2's three metrics per layer with the model's dense attention and with k-NN attention (`knn_k`)."""
     from ..attention_aot import check_knn_k
-    from .knn_evidence import layer_diagnostics, plot_layer_diagnostics, set_k
+    from .knn_evidence import dense_vs_knn, set_k
 
     check_knn_k(knn_k)
     original = network.config.knn_k
-    series = {}
     try:
-        for name, k in (("dense", None), (f"knn_k={knn_k}", knn_k)):
-            set_k(network, k)
-            series[name] = layer_diagnostics(network, inputs)
+        return dense_vs_knn(
+            study, {None: network, knn_k: network}, knn_k, f"knn_k={knn_k}", inputs, "knn_comparison.png"
+        )
     finally:
         set_k(network, original)
-    plot_layer_diagnostics(study.figure("knn_comparison.png", ncols=3), series)
-    return series

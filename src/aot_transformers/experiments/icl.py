@@ -287,11 +287,8 @@ def _layers(kind: str, o: Options) -> int:
 
 
 def task_curves(study: Study, o: Options, task: str, time_limit: float, ax) -> None:
-    """AoT Fig. 6 for one task: normalised squared error against in-context examples, models and baselines.
-
-    Each model is trained on fresh prompts (Garg et al.'s protocol), then evaluated on `eval_prompts` prompts
-    beside least squares and Lasso (the paper's α = 0.01).
-    """
+    """AoT Fig. 6 for one task: normalised squared error against in-context examples of each model, trained on fresh
+    prompts (Garg et al.'s protocol), and of least squares and Lasso, on the same `eval_prompts` prompts."""
     dim, num_points, sparsity = o.dim, o.num_points, o.sparsity
     normaliser = zero_estimator_error(dim, task, sparsity)
     xs, ys, _ = sample_prompts(o.eval_prompts, num_points, dim, task, sparsity, make_generator(o.seed + 10_000))
@@ -309,11 +306,7 @@ def task_curves(study: Study, o: Options, task: str, time_limit: float, ax) -> N
         )
         with torch.no_grad():  # `train_regressor` leaves the model in eval mode
             curves[kind] = error_curve((model(xs, ys) - ys).square(), normaliser)
-        training[kind] = {
-            **history,
-            "layers": layers,
-            "parameters": sum(p.numel() for p in model.backbone.parameters()),
-        }
+        training[kind] = {**history, "layers": layers, "parameters": model.backbone.num_parameters()}
     study.results["tasks"][task] = {"curves": curves, "training": training, "normaliser": normaliser}
     for name, curve in curves.items():
         style = "--" if name == "least squares" or name.startswith("Lasso") else "-"

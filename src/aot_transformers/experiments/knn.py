@@ -71,28 +71,20 @@ def attention_distance_to_mean(
 
 
 def noise_distillation_curve(
-    noise_ratios: Sequence[float],
-    ks: Sequence[int | float | None],
-    num_tokens: int = 128,
-    dim: int = 32,
-    num_noise_means: int = 8,
-    mean_norm: float = 3.0,
-    sigma: float = 0.3,
-    num_trials: int = 32,
-    seed: int = 0,
+    noise_ratios: Sequence[float], ks: Sequence[int | float | None], seed: int = 0, **sampling: Any
 ) -> dict[str, list[float]]:
     """Distance of the attention output to the relevant mean, per k (None = dense), for each noise ratio.
 
-    Scores are scaled by 1/√d, as in a transformer head. The same tokens are used for every k.
+    `sampling` goes to `sample_noisy_tokens`, with other defaults here: 128 tokens, d = 32, `mean_norm` 3, `sigma`
+    0.3, 32 trials. Scores are scaled by 1/√d, as in a transformer head. The same tokens are used for every k.
     """
+    sampling = {"num_tokens": 128, "dim": 32, "mean_norm": 3.0, "sigma": 0.3, "num_trials": 32, **sampling}
     generator = make_generator(seed)
     curves: dict[str, list[float]] = {_k_label(k): [] for k in ks}
     for ratio in noise_ratios:
-        tokens, relevant, mu = sample_noisy_tokens(
-            num_tokens, dim, ratio, num_noise_means, mean_norm, sigma, num_trials, generator
-        )
+        tokens, relevant, mu = sample_noisy_tokens(noise_ratio=ratio, generator=generator, **sampling)
         for k in ks:
-            curves[_k_label(k)].append(attention_distance_to_mean(tokens, relevant, mu, k, dim**-0.5))
+            curves[_k_label(k)].append(attention_distance_to_mean(tokens, relevant, mu, k, sampling["dim"] ** -0.5))
     return curves
 
 
@@ -152,7 +144,7 @@ def distillation(study: Study, o: Options) -> None:
     """KVT's noise-distillation lemma: ‖attention output − μ‖ of dense against top-k attention, per noise ratio."""
     ratios = o.noise_ratios
     ks: list[int | float | None] = [None, 0.5, 0.25]
-    curves = noise_distillation_curve(ratios, ks, o.num_tokens, o.dim, num_trials=o.num_trials, seed=o.seed)
+    curves = noise_distillation_curve(ratios, ks, o.seed, num_tokens=o.num_tokens, dim=o.dim, num_trials=o.num_trials)
     ax = study.figure("noise_distillation.png")[0, 0]
     for label, curve in curves.items():
         ax.plot(ratios, curve, marker="o", label=label)
@@ -188,9 +180,8 @@ def speed(study: Study, o: Options) -> None:
             config = vision_config(architecture, k, hidden_size=o.hidden_size, num_layers=o.num_layers)
             model = AoTForImageClassification(config)
             history = _vision.train_classifier(model, data, o.epochs, 64, 1e-3, seed=o.seed)
-            parameters = sum(p.numel() for p in model.parameters())
             key = f"{architecture}/{_k_label(k)}"
-            runs[key] = dict(history, architecture=architecture, knn_k=k, parameters=parameters)
+            runs[key] = dict(history, architecture=architecture, knn_k=k, parameters=model.num_parameters())
     num_train, tokens = len(data["train_labels"]), (32 // 4) ** 2 + 1
     record = {"runs": runs, "num_train": num_train, "num_val": len(data["val_labels"]), "tokens_per_image": tokens}
     study.results["training_speed"] = record

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
+import timeit
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -89,15 +89,9 @@ def slow_vs_fast(study: Study, o: Options) -> None:
     shapes = (o.timing_batch * 3, n, d)
     tq, tk, tv = (torch.randn(*shapes, generator=generator) for _ in range(3))
     knn_fast(tq, tk, tv, k)  # warm-up
-    slow = fast = math.inf
-    for _ in range(3):  # best of three: the machine is shared
-        start = time.perf_counter()
-        for b in range(shapes[0]):
-            knn_slow(tq[b], tk[b], tv[b], k)
-        slow = min(slow, time.perf_counter() - start)
-        start = time.perf_counter()
-        knn_fast(tq, tk, tv, k)
-        fast = min(fast, time.perf_counter() - start)
+    # Best of three: the machine is shared.
+    slow = min(timeit.repeat(lambda: [knn_slow(tq[b], tk[b], tv[b], k) for b in range(shapes[0])], number=1, repeat=3))
+    fast = min(timeit.repeat(lambda: knn_fast(tq, tk, tv, k), number=1, repeat=3))
     study.results["slow_vs_fast"] = {
         "tokens": n, "dim": d, "k": k, "agreement_equal_norm_keys": agree_equal, "agreement_gaussian_keys": agree_raw,
         "max_output_difference_equal_norms": difference, "slow_seconds": slow, "fast_seconds": fast,
@@ -300,25 +294,28 @@ def layer_diagnostics(model, pixel_values: torch.Tensor) -> dict[str, list[float
     return {"cosine_similarity": cosine, "attention_std": spread, "residual_ratio": ratio}
 
 
-def plot_layer_diagnostics(axes, series: dict[str, dict[str, list[float]]]) -> None:
-    """Fig. 2's three panels (axes (1, 3)): each metric of `layer_diagnostics` per layer, one line per series."""
+def dense_vs_knn(study: Study, models: dict, k: float | int, name: str, inputs: torch.Tensor, filename: str) -> dict:
+    """`layer_diagnostics` of `models[None]` with dense attention and of `models[k]` with k-NN attention (series
+    `name`), drawn as Fig. 2's three panels (each metric per layer, one line per series) into `filename`."""
+    series = {}
+    for label, key in (("dense", None), (name, k)):
+        set_k(models[key], key)
+        series[label] = layer_diagnostics(models[key], inputs)
+    axes = study.figure(filename, ncols=3)
     titles = {"cosine_similarity": "token cosine similarity", "attention_std": "std of attention weights",
               "residual_ratio": "‖f_l(t)‖ / ‖t‖"}  # fmt: skip
     for col, (metric, title) in enumerate(titles.items()):
-        for name, values in series.items():
-            axes[0, col].plot(range(len(values[metric])), values[metric], "o--", label=name)
+        for label, values in series.items():
+            axes[0, col].plot(range(len(values[metric])), values[metric], "o--", label=label)
         set_axes(axes[0, col], xlabel="layer", title=title)
+    return series
 
 
 def fig2(study: Study, models: dict, k: float, data: dict) -> None:
-    images = data["val_images"][:128]
-    series = {}
-    for name, key in (("dense", None), (f"k={k:g}·n", k)):
-        set_k(models[key], key)
-        series[name] = layer_diagnostics(models[key], images)
+    name = f"k={k:g}·n"
+    series = dense_vs_knn(study, models, k, name, data["val_images"][:128], "fig2_layer_diagnostics.png")
     study.results["fig2"] = series
-    plot_layer_diagnostics(study.figure("fig2_layer_diagnostics.png", ncols=3), series)
-    dense, sparse = series["dense"], series[f"k={k:g}·n"]
+    dense, sparse = series["dense"], series[name]
     higher = sum(s > d for s, d in zip(sparse["cosine_similarity"], dense["cosine_similarity"], strict=True))
     study.claim(
         "Fig. 2(a): k-NN tokens are more similar to each other than dense ones (per layer)",

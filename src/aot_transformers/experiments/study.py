@@ -256,11 +256,9 @@ class Study:
         self.start = time.perf_counter()
         self._drawn: list[tuple[Any, str]] = []
 
-    def claim(self, quantity: str, measured: str, paper: str, holds: bool | None = None) -> Claim:
+    def claim(self, quantity: str, measured: str, paper: str, holds: bool | None = None) -> None:
         """Add a summary row: the measured value beside the paper's statement, and whether it held."""
-        claim = Claim(quantity, measured, paper, None if holds is None else bool(holds))
-        self.claims.append(claim)
-        return claim
+        self.claims.append(Claim(quantity, measured, paper, None if holds is None else bool(holds)))
 
     def figure(self, filename: str, ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 3.6)):
         """The axes of a new figure (`new_figure`), listed in the summary and saved as `filename` by `finish`."""

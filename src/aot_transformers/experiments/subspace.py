@@ -35,11 +35,9 @@ def subspace_attention(
     r"""Multi-head subspace self-attention as a function, the AoT paper's Eq. (4) with a choice of φ.
 
     `MSSA(Z) = Σ_k U_k U_kᵀ Z φ(scaling · Zᵀ U_k U_kᵀ Z)` with tokens as rows: for head k,
-    `u = X U_k` (B, N, p), `A = scaling · u uᵀ`, output `Σ_k φ(A) u U_kᵀ`. The experiments use it with known
-    subspaces: with rank-1 `U_k = μ_k` and φ linear it is the two-head clustering predictor of Maulen-Soto et al.;
-    with a single `U = I` and φ linear, in-context quantization. The models' MSSA layer computes exactly this with
-    `tie_output_projection=True` and without query normalisation (tested); by default it learns a separate output
-    projection instead of `[U_1 … U_K]` and, in the causal LM, normalises the queries.
+    `u = X U_k` (B, N, p), `A = scaling · u uᵀ`, output `Σ_k φ(A) u U_kᵀ`. The models' MSSA layer computes exactly
+    this with `tie_output_projection=True` and without query normalisation (tested); by default it learns a separate
+    output projection instead of `[U_1 … U_K]` and, in the causal LM, normalises the queries.
 
     Args:
         hidden_states: Tokens `X` of shape (B, N, d), the shape of the output.
