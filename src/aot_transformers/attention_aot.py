@@ -17,43 +17,18 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from numbers import Integral, Real
 
 import torch
-import torch.nn.functional as F
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
+
+from .configuration_aot import check_knn_k, check_number
 
 # Below this many candidate keys per kept key, the two-stage top-k does not pay (benchmarks/README.md, k-NN kernel).
 _TWO_STAGE_GROUP = 4
 # Bytes of (B, H, C, Tk) temporaries a chunk of C queries may hold, as `_KNN_CHUNK_BUFFERS` score-sized buffers: this
 # sets C on every device (`knn_chunk_size` caps it; benchmarks/README.md, k-NN kernel).
 _KNN_CHUNK_BUDGET, _KNN_CHUNK_BUFFERS = 32 * 2**20, 4
-_KNN_K_ALLOWED = "an int >= 1 (keys kept per query) or a float in (0, 1] (the fraction of the keys a query may see)"
-
-
-def check_knn_k(knn_k) -> int | float:
-    """`knn_k` as a Python int or float, or a clear error naming the value (numpy scalars are accepted)."""
-    if knn_k is None:
-        raise ValueError(
-            f"attn_implementation='knn' needs `knn_k` in the model's config: {_KNN_K_ALLOWED}, e.g. "
-            "`from_pretrained(..., attn_implementation='knn', knn_k=0.5)`."
-        )
-    if isinstance(knn_k, bool) or not isinstance(knn_k, Real):
-        raise TypeError(f"`knn_k` must be {_KNN_K_ALLOWED}, got {knn_k!r} ({type(knn_k).__name__}).")
-    integral = isinstance(knn_k, Integral)
-    if not (1 <= knn_k < 2**62 if integral else 0.0 < float(knn_k) <= 1.0):
-        raise ValueError(f"`knn_k` must be {_KNN_K_ALLOWED} (an int below 2**62), got {knn_k}.")
-    return int(knn_k) if integral else float(knn_k)
-
-
-def check_knn_chunk_size(chunk_size) -> int:
-    """`knn_chunk_size` as a Python int >= 1 (None: 256), or a clear error naming the value."""
-    if chunk_size is None:
-        return 256
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, Integral) or chunk_size < 1:
-        raise ValueError(f"`knn_chunk_size` must be an int >= 1 (queries scored at once), got {chunk_size!r}.")
-    return int(chunk_size)
 
 
 def resolve_knn_k(knn_k: int | float, num_visible: torch.Tensor) -> torch.Tensor:
@@ -115,36 +90,31 @@ def _keep(knn_k, scores, visible) -> torch.Tensor:
     return resolve_knn_k(knn_k, every if visible is None else visible.sum(dim=-1, keepdim=True))
 
 
-def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Two numbers per query of a chunk's (B, H, C, Tk) `scores` (hidden keys at -inf; `visible` a boolean mask or
     None) that give the keys it keeps by the module docstring's rule: `threshold`, the k-th largest visible score, and
     `cutoff`, the index of the last key kept among those tied at it (None: every visible key is kept), (B, H, C, 1)
-    each, and their `_kept_mask`. `max_k`: `_max_knn_k(knn_k, Tk)`, or None to sort (`torch.export`: Tk symbolic)."""
+    each. `max_k`: `_max_knn_k(knn_k, Tk)`, or None to sort (`torch.export`: Tk symbolic)."""
     if max_k is not None and max_k >= scores.shape[-1]:  # every visible key is kept
-        threshold = scores.masked_fill(scores == -math.inf, math.inf).amin(dim=-1, keepdim=True)
-        return threshold, None, _kept_mask(scores, threshold, None)
+        return scores.masked_fill(scores == -math.inf, math.inf).amin(dim=-1, keepdim=True), None
     keep = _keep(knn_k, scores, visible)
     if max_k is None:
         threshold = torch.sort(scores, dim=-1, descending=True)[0].gather(-1, (keep - 1).expand(*scores.shape[:-1], 1))
     else:
         threshold = _top_width(scores, visible, keep, max_k)[1]
-    above = torch.gt(scores, threshold, out=torch.empty_like(scores))
-    tied = torch.eq(scores, threshold, out=torch.empty_like(scores))
-    # The kept tied keys are the first `keep - above` of them by key index (float counts: exact below 2**24 keys).
-    cutoff = (tied.cumsum(dim=-1) < keep - above.sum(dim=-1, keepdim=True)).sum(dim=-1, keepdim=True)
-    return threshold, cutoff, _kept_mask(scores, threshold, cutoff, above, tied)
+    # The kept tied keys are the first `keep - above` of them by key index.
+    tied_keep = (keep - (scores > threshold).sum(dim=-1, keepdim=True)).to(torch.int32)
+    return threshold, torch.searchsorted((scores == threshold).cumsum(dim=-1, dtype=torch.int32), tied_keep)
 
 
-def _kept_mask(scores, threshold, cutoff, above=None, tied=None) -> torch.Tensor:
-    """The keys kept by `_knn_threshold`'s statistics as floats, 1 kept and 0 not (`above`, `tied`: `scores >
-    threshold`, `== threshold` as floats, if at hand). On CPU a float comparison writes floats as fast as bools, and
-    a product with a float mask is cheaper than a masked fill."""
-    if cutoff is None:
-        return torch.ge(scores, threshold, out=torch.empty_like(scores))
-    positions = torch.arange(scores.shape[-1], device=scores.device, dtype=scores.dtype)  # exact below 2**24 keys
-    above = torch.gt(scores, threshold, out=torch.empty_like(scores)) if above is None else above
-    tied = torch.eq(scores, threshold, out=torch.empty_like(scores)) if tied is None else tied
-    return above.addcmul_(tied, torch.le(positions, cutoff, out=torch.empty_like(scores)))
+def _rejected(scores, threshold, cutoff) -> torch.Tensor:
+    """Where `_knn_threshold`'s statistics reject a key: below its bound, which is `threshold` up to key `cutoff` and
+    the next float above it after (so the tied keys past the cutoff are rejected); one comparison per score."""
+    if cutoff is not None:
+        positions = torch.arange(scores.shape[-1], device=scores.device)
+        above = torch.nextafter(threshold, threshold.new_full((), math.inf))
+        threshold = torch.where(positions <= cutoff, threshold, above)
+    return scores < threshold
 
 
 def _knn_kept_keys(scores, visible, knn_k, width) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,20 +148,12 @@ def _scores(query, key, visible, bias, scaling, softcap) -> torch.Tensor:
     return scores
 
 
-def _softmax(scores, sinks, kept=None):
-    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value. With a
-    float mask `kept`, the softmax over the keys where it is 1 as `(weights, total)`, weights / total (the forward
-    divides its (C, D) output, not the (C, Tk) weights): a softmax of every key times the mask, with no masked fill."""
+def _softmax(scores, sinks):
+    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value."""
     if sinks is None:
-        weights, sink = torch.softmax(scores, dim=-1), 0.0
-    else:
-        sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)
-        weights, sink = weights[..., :-1], weights[..., -1:]
-    if kept is None:
-        return weights
-    weights = weights.mul_(kept)
-    return weights, weights.sum(dim=-1, keepdim=True) + sink
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
 def _chunks(visible, bias, causal, query, key, chunk_size):
@@ -244,22 +206,21 @@ class _KnnAttentionFunction(torch.autograd.Function):
             ctx.rng_state = generator.get_state()
         for start, stop, end, chunk_visible, chunk_bias in _chunks(visible, bias, causal, query, key, chunk_size):
             scores = _scores(query[:, :, start:stop], key[:, :, :end], chunk_visible, chunk_bias, scaling, softcap)
-            width, total = _max_knn_k(knn_k, end), None
+            width = _max_knn_k(knn_k, end)
             if save_kept:
                 indices, kept_scores = _knn_kept_keys(scores, chunk_visible, knn_k, width)
                 probs = _softmax(kept_scores, sinks)  # (B, H, C, width)
                 stats[0][:, :, start:stop, :width], stats[1][:, :, start:stop, :width] = indices, probs
                 probs = scores.zero_().scatter_(-1, indices, probs)  # (B, H, C, Tk')
             else:
-                threshold, cutoff, kept = _knn_threshold(scores, chunk_visible, knn_k, width)
+                threshold, cutoff = _knn_threshold(scores, chunk_visible, knn_k, width)
                 stats[0][:, :, start:stop], stats[1][:, :, start:stop] = threshold, end if cutoff is None else cutoff
-                probs, total = _softmax(scores, sinks, kept)  # P = probs / total
+                probs = _softmax(scores.masked_fill_(_rejected(scores, threshold, cutoff), -math.inf), sinks)
             del scores
             if generator is not None:
                 probs = probs * (torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout)
                 probs = probs / (1.0 - dropout)
-            chunk_output = torch.matmul(probs.to(value.dtype), value[:, :, :end])
-            output[:, :, start:stop] = chunk_output if total is None else chunk_output / total
+            output[:, :, start:stop] = torch.matmul(probs.to(value.dtype), value[:, :, :end])
             del probs
         ctx.save_for_backward(query, key, value, visible, bias, sinks, *stats)
         ctx.options = causal, scaling, softcap, knn_k, chunk_size, dropout, save_kept
@@ -289,10 +250,9 @@ class _KnnAttentionFunction(torch.autograd.Function):
                 grad_scores = dense.scatter_(-1, indices, grad_kept)  # the same slots
             else:
                 scores = _scores(chunk_query, chunk_key, chunk_visible, chunk_bias, scaling, softcap)
-                kept = _kept_mask(scores, stats[0][:, :, start:stop], stats[1][:, :, start:stop])
-                probs, total = _softmax(scores, sinks, kept)
-                probs = probs.div_(total)  # the forward's P
-                del scores, kept
+                rejected = _rejected(scores, stats[0][:, :, start:stop], stats[1][:, :, start:stop])
+                probs = _softmax(scores.masked_fill_(rejected, -math.inf), sinks)  # the forward's P
+                del scores, rejected
                 used = probs
                 if generator is not None:  # the output used P ∘ M / (1 - p)
                     kept = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
@@ -319,18 +279,21 @@ class _KnnAttentionFunction(torch.autograd.Function):
         return grad_query, grad_key, grad_value, None, grad_bias, grad_sinks, *([None] * 7)
 
 
-def _knn_attention_dense(
-    query, key, value, visible, bias, sinks, causal, scaling, softcap, knn_k, dropout, rng, max_k
+def _dense_attention(
+    query, key, value, visible, bias, sinks, causal, scaling, softcap, dropout, rng, knn_k=None, max_k=None
 ):
-    """k-NN attention in one piece through autograd: (B, H, Tq, D) output and (B, H, Tq, Tk) weights. Used when the
-    weights are requested (they then carry gradients, as dense attention's do), under `torch.compile` and under
-    `torch.export` (`max_k=None`: a sort instead of a top-k of symbolic size). Same kept set as the chunks."""
+    """Attention in one piece through autograd: (B, H, Tq, D) output and (B, H, Tq, Tk) weights (before dropout). The
+    eager backend, and k-NN attention (`knn_k`) when the weights are requested (they then carry gradients, as dense
+    attention's do), under `torch.compile` and under `torch.export` (`max_k=None`: a sort instead of a top-k of
+    symbolic size), with the same kept set as the chunks."""
     if causal:  # keys past the last query: never seen
         visible = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
     scores = _scores(query, key, visible, bias, scaling, softcap)
-    with torch.no_grad():
-        rejected = _knn_threshold(scores.detach(), visible, knn_k, max_k)[2] == 0
-    weights = _softmax(scores.masked_fill(rejected, -math.inf), sinks).to(query.dtype)
+    if knn_k is not None:
+        with torch.no_grad():
+            rejected = _rejected(scores, *_knn_threshold(scores.detach(), visible, knn_k, max_k))
+        scores = scores.masked_fill(rejected, -math.inf)
+    weights = _softmax(scores, sinks).to(query.dtype)
     kept = torch.rand(weights.shape, device=weights.device, generator=rng) >= dropout if dropout > 0.0 else None
     return torch.matmul(weights if kept is None else weights * kept / (1 - dropout), value), weights
 
@@ -383,7 +346,7 @@ def knn_attention_forward(
     `generator` draws the dropout masks (default: the device's global generator)."""
     config = getattr(module, "config", None)
     knn_k = check_knn_k(knn_k if knn_k is not None else getattr(config, "knn_k", None))
-    max_chunk = check_knn_chunk_size(knn_chunk_size or getattr(config, "knn_chunk_size", None))
+    max_chunk = check_number("knn_chunk_size", knn_chunk_size or getattr(config, "knn_chunk_size", None) or 256)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if query.shape[1] != key.shape[1]:  # GQA: each key/value head serves H / Hkv query heads
         key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
@@ -393,8 +356,8 @@ def knn_attention_forward(
     exporting = torch.compiler.is_exporting()
     if output_attentions or exporting or torch.compiler.is_compiling():
         max_k = None if exporting else _max_knn_k(knn_k, key.shape[2])
-        args = (visible, bias, s_aux, causal, scaling, softcap, knn_k, dropout, generator, max_k)
-        output, weights = _knn_attention_dense(query, key, value, *args)
+        args = (visible, bias, s_aux, causal, scaling, softcap, dropout, generator, knn_k, max_k)
+        output, weights = _dense_attention(query, key, value, *args)
         return output.transpose(1, 2).contiguous(), weights if output_attentions else None
     output = _KnnAttentionFunction.apply(
         query, key, value, visible, bias, s_aux, causal, scaling, softcap, knn_k, max_chunk, dropout, generator
@@ -416,11 +379,8 @@ def eager_attention_forward(
     """Dense attention with explicit weights, the `"eager"` backend: boolean or additive masks, and a missing mask
     read as SDPA reads it (module docstring)."""
     visible, bias = _masks(attention_mask, None)
-    if visible is None and _is_causal(module, is_causal, query.shape[2]):
-        visible = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
-    scores = _scores(query, key, visible, bias, scaling, None)  # (B, H, Tq, Tk)
-    weights = torch.softmax(scores, dim=-1).to(query.dtype)
-    output = torch.matmul(F.dropout(weights, p=dropout, training=dropout > 0.0), value)  # (B, H, Tq, D)
+    causal = visible is None and _is_causal(module, is_causal, query.shape[2])
+    output, weights = _dense_attention(query, key, value, visible, bias, None, causal, scaling, None, dropout, None)
     return output.transpose(1, 2).contiguous(), weights
 
 
