@@ -90,31 +90,36 @@ def _keep(knn_k, scores, visible) -> torch.Tensor:
     return resolve_knn_k(knn_k, every if visible is None else visible.sum(dim=-1, keepdim=True))
 
 
-def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Two numbers per query of a chunk's (B, H, C, Tk) `scores` (hidden keys at -inf; `visible` a boolean mask or
     None) that give the keys it keeps by the module docstring's rule: `threshold`, the k-th largest visible score, and
     `cutoff`, the index of the last key kept among those tied at it (None: every visible key is kept), (B, H, C, 1)
-    each. `max_k`: `_max_knn_k(knn_k, Tk)`, or None to sort (`torch.export`: Tk symbolic)."""
+    each, and their `_kept_mask`. `max_k`: `_max_knn_k(knn_k, Tk)`, or None to sort (`torch.export`: Tk symbolic)."""
     if max_k is not None and max_k >= scores.shape[-1]:  # every visible key is kept
-        return scores.masked_fill(scores == -math.inf, math.inf).amin(dim=-1, keepdim=True), None
+        threshold = scores.masked_fill(scores == -math.inf, math.inf).amin(dim=-1, keepdim=True)
+        return threshold, None, _kept_mask(scores, threshold, None)
     keep = _keep(knn_k, scores, visible)
     if max_k is None:
         threshold = torch.sort(scores, dim=-1, descending=True)[0].gather(-1, (keep - 1).expand(*scores.shape[:-1], 1))
     else:
         threshold = _top_width(scores, visible, keep, max_k)[1]
-    # The kept tied keys are the first `keep - above` of them by key index.
-    tied_keep = (keep - (scores > threshold).sum(dim=-1, keepdim=True)).to(torch.int32)
-    return threshold, torch.searchsorted((scores == threshold).cumsum(dim=-1, dtype=torch.int32), tied_keep)
+    above = torch.gt(scores, threshold, out=torch.empty_like(scores))
+    tied = torch.eq(scores, threshold, out=torch.empty_like(scores))
+    # The kept tied keys are the first `keep - above` of them by key index (float counts: exact below 2**24 keys).
+    cutoff = torch.searchsorted(tied.cumsum(dim=-1), (keep - above.sum(dim=-1, keepdim=True)).to(tied.dtype))
+    return threshold, cutoff, _kept_mask(scores, threshold, cutoff, above, tied)
 
 
-def _rejected(scores, threshold, cutoff) -> torch.Tensor:
-    """Where `_knn_threshold`'s statistics reject a key: below its bound, which is `threshold` up to key `cutoff` and
-    the next float above it after (so the tied keys past the cutoff are rejected); one comparison per score."""
-    if cutoff is not None:
-        positions = torch.arange(scores.shape[-1], device=scores.device)
-        above = torch.nextafter(threshold, threshold.new_full((), math.inf))
-        threshold = torch.where(positions <= cutoff, threshold, above)
-    return scores < threshold
+def _kept_mask(scores, threshold, cutoff, above=None, tied=None) -> torch.Tensor:
+    """The keys kept by `_knn_threshold`'s statistics as floats, 1 kept and 0 not (`above`, `tied`: `scores >
+    threshold`, `== threshold` as floats, if at hand). On CPU a float comparison writes floats as fast as bools, and
+    a product with a float mask is cheaper than a masked fill."""
+    if cutoff is None:
+        return torch.ge(scores, threshold, out=torch.empty_like(scores))
+    positions = torch.arange(scores.shape[-1], device=scores.device, dtype=scores.dtype)  # exact below 2**24 keys
+    above = torch.gt(scores, threshold, out=torch.empty_like(scores)) if above is None else above
+    tied = torch.eq(scores, threshold, out=torch.empty_like(scores)) if tied is None else tied
+    return above.addcmul_(tied, torch.le(positions, cutoff, out=torch.empty_like(scores)))
 
 
 def _knn_kept_keys(scores, visible, knn_k, width) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,12 +153,20 @@ def _scores(query, key, visible, bias, scaling, softcap) -> torch.Tensor:
     return scores
 
 
-def _softmax(scores, sinks):
-    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value."""
+def _softmax(scores, sinks, kept=None):
+    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value. With a
+    float mask `kept`, the softmax over the keys where it is 1 as `(weights, total)`, weights / total (the forward
+    divides its (C, D) output, not the (C, Tk) weights): a softmax of every key times the mask, with no masked fill."""
     if sinks is None:
-        return torch.softmax(scores, dim=-1)
-    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        weights, sink = torch.softmax(scores, dim=-1), 0.0
+    else:
+        sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)
+        weights, sink = weights[..., :-1], weights[..., -1:]
+    if kept is None:
+        return weights
+    weights = weights.mul_(kept)
+    return weights, weights.sum(dim=-1, keepdim=True) + sink
 
 
 def _chunks(visible, bias, causal, query, key, chunk_size):
@@ -206,21 +219,22 @@ class _KnnAttentionFunction(torch.autograd.Function):
             ctx.rng_state = generator.get_state()
         for start, stop, end, chunk_visible, chunk_bias in _chunks(visible, bias, causal, query, key, chunk_size):
             scores = _scores(query[:, :, start:stop], key[:, :, :end], chunk_visible, chunk_bias, scaling, softcap)
-            width = _max_knn_k(knn_k, end)
+            width, total = _max_knn_k(knn_k, end), None
             if save_kept:
                 indices, kept_scores = _knn_kept_keys(scores, chunk_visible, knn_k, width)
                 probs = _softmax(kept_scores, sinks)  # (B, H, C, width)
                 stats[0][:, :, start:stop, :width], stats[1][:, :, start:stop, :width] = indices, probs
                 probs = scores.zero_().scatter_(-1, indices, probs)  # (B, H, C, Tk')
             else:
-                threshold, cutoff = _knn_threshold(scores, chunk_visible, knn_k, width)
+                threshold, cutoff, kept = _knn_threshold(scores, chunk_visible, knn_k, width)
                 stats[0][:, :, start:stop], stats[1][:, :, start:stop] = threshold, end if cutoff is None else cutoff
-                probs = _softmax(scores.masked_fill_(_rejected(scores, threshold, cutoff), -math.inf), sinks)
+                probs, total = _softmax(scores, sinks, kept)  # P = probs / total
             del scores
             if generator is not None:
                 probs = probs * (torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout)
                 probs = probs / (1.0 - dropout)
-            output[:, :, start:stop] = torch.matmul(probs.to(value.dtype), value[:, :, :end])
+            chunk_output = torch.matmul(probs.to(value.dtype), value[:, :, :end])
+            output[:, :, start:stop] = chunk_output if total is None else chunk_output / total
             del probs
         ctx.save_for_backward(query, key, value, visible, bias, sinks, *stats)
         ctx.options = causal, scaling, softcap, knn_k, chunk_size, dropout, save_kept
@@ -250,9 +264,10 @@ class _KnnAttentionFunction(torch.autograd.Function):
                 grad_scores = dense.scatter_(-1, indices, grad_kept)  # the same slots
             else:
                 scores = _scores(chunk_query, chunk_key, chunk_visible, chunk_bias, scaling, softcap)
-                rejected = _rejected(scores, stats[0][:, :, start:stop], stats[1][:, :, start:stop])
-                probs = _softmax(scores.masked_fill_(rejected, -math.inf), sinks)  # the forward's P
-                del scores, rejected
+                kept = _kept_mask(scores, stats[0][:, :, start:stop], stats[1][:, :, start:stop])
+                probs, total = _softmax(scores, sinks, kept)
+                probs = probs.div_(total)  # the forward's P
+                del scores, kept
                 used = probs
                 if generator is not None:  # the output used P ∘ M / (1 - p)
                     kept = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
@@ -291,7 +306,7 @@ def _dense_attention(
     scores = _scores(query, key, visible, bias, scaling, softcap)
     if knn_k is not None:
         with torch.no_grad():
-            rejected = _rejected(scores, *_knn_threshold(scores.detach(), visible, knn_k, max_k))
+            rejected = _knn_threshold(scores.detach(), visible, knn_k, max_k)[2] == 0
         scores = scores.masked_fill(rejected, -math.inf)
     weights = _softmax(scores, sinks).to(query.dtype)
     kept = torch.rand(weights.shape, device=weights.device, generator=rng) >= dropout if dropout > 0.0 else None
