@@ -153,20 +153,27 @@ def _scores(query, key, visible, bias, scaling, softcap) -> torch.Tensor:
     return scores
 
 
-def _softmax(scores, sinks, kept=None):
-    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value. With a
-    float mask `kept`, the softmax over the keys where it is 1 as `(weights, total)`, weights / total (the forward
-    divides its (C, D) output, not the (C, Tk) weights): a softmax of every key times the mask, with no masked fill."""
+def _softmax(scores, sinks):
+    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value."""
     if sinks is None:
-        weights, sink = torch.softmax(scores, dim=-1), 0.0
-    else:
-        sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)
-        weights, sink = weights[..., :-1], weights[..., -1:]
-    if kept is None:
-        return weights
-    weights = weights.mul_(kept)
-    return weights, weights.sum(dim=-1, keepdim=True) + sink
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+
+
+def _kept_softmax(scores, sinks, kept, top=None, total=None):
+    """The softmax over the keys where the float mask `kept` is 1 (and the sinks), in place of `scores`, as weights
+    exp(s - top) / total, and `top` and `total` (B, H, C, 1); the backward passes the forward's (four passes over the
+    scores, no reduction). The forward divides its (C, D) output by `total`, not the (C, Tk) weights. The largest
+    visible score is always kept, so it is the kept keys' maximum; a product with a float mask is cheaper than a
+    masked fill."""
+    if top is not None:
+        return scores.sub_(top).exp_().mul_(kept).div_(total)
+    sink = None if sinks is None else sinks.to(scores.dtype).reshape(1, -1, 1, 1)
+    top = scores.amax(dim=-1, keepdim=True)
+    top = top if sink is None else torch.maximum(top, sink)
+    weights = scores.sub_(top).exp_().mul_(kept)
+    return weights, top, weights.sum(dim=-1, keepdim=True) + (0.0 if sink is None else (sink - top).exp())
 
 
 def _chunks(visible, bias, causal, query, key, chunk_size):
@@ -208,9 +215,10 @@ class _KnnAttentionFunction(torch.autograd.Function):
         per_query = batch * heads * num_keys * stat_dtype.itemsize * _KNN_CHUNK_BUFFERS  # `chunk_size` caps the chunks
         chunk_size = max(1, min(chunk_size, _KNN_CHUNK_BUDGET // max(1, per_query)))
         output = query.new_empty(batch, heads, q_len, value.shape[-1])
-        width = max_k if save_kept else 1  # kept indices and probabilities, or thresholds and tie cutoffs
+        # Saved per query: the kept keys' indices and probabilities, or threshold, tie cutoff, softmax maximum, total.
+        width = max_k if save_kept else 1
         stats = [query.new_empty(batch, heads, q_len, width, dtype=dtype) for dtype in (torch.int32, stat_dtype)]
-        stats = stats if save_kept else stats[::-1]
+        stats = stats if save_kept else [*stats[::-1], torch.empty_like(stats[1]), torch.empty_like(stats[1])]
         generator = None
         if dropout > 0.0:  # the backward replays the masks from the generator's state at the start
             generator = rng or torch.default_generator
@@ -227,8 +235,11 @@ class _KnnAttentionFunction(torch.autograd.Function):
                 probs = scores.zero_().scatter_(-1, indices, probs)  # (B, H, C, Tk')
             else:
                 threshold, cutoff, kept = _knn_threshold(scores, chunk_visible, knn_k, width)
-                stats[0][:, :, start:stop], stats[1][:, :, start:stop] = threshold, end if cutoff is None else cutoff
-                probs, total = _softmax(scores, sinks, kept)  # P = probs / total
+                probs, top, total = _kept_softmax(scores, sinks, kept)  # P = probs / total
+                for stat, chunk_stat in zip(
+                    stats, (threshold, end if cutoff is None else cutoff, top, total), strict=True
+                ):
+                    stat[:, :, start:stop] = chunk_stat
             del scores
             if generator is not None:
                 probs = probs * (torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout)
@@ -264,10 +275,11 @@ class _KnnAttentionFunction(torch.autograd.Function):
                 grad_scores = dense.scatter_(-1, indices, grad_kept)  # the same slots
             else:
                 scores = _scores(chunk_query, chunk_key, chunk_visible, chunk_bias, scaling, softcap)
-                kept = _kept_mask(scores, stats[0][:, :, start:stop], stats[1][:, :, start:stop])
-                probs, total = _softmax(scores, sinks, kept)
-                probs = probs.div_(total)  # the forward's P
-                del scores, kept
+                threshold, cutoff, top, total = (stat[:, :, start:stop] for stat in stats)
+                probs = _kept_softmax(
+                    scores, sinks, _kept_mask(scores, threshold, cutoff), top, total
+                )  # the forward's P
+                del scores
                 used = probs
                 if generator is not None:  # the output used P ∘ M / (1 - p)
                     kept = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
