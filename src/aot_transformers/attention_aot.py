@@ -8,7 +8,7 @@ as T5's position bias) or None, which means what it means to SDPA: `is_causal` a
 k-NN attention (KVT, https://arxiv.org/abs/2106.00515) keeps, for each query, the k highest-scoring keys it may see:
 exactly min(k, visible) keys — with a fractional k, min(ceil(k · visible), visible), at least 1 — the lowest key
 indices among keys tied at the k-th score. It runs in chunks of queries sized by a byte budget; its backward reads the
-kept keys saved per query (small integer k) or recomputes each chunk from two numbers saved per query: memory
+kept keys saved per query (small integer k) or recomputes each chunk from four numbers saved per query: memory
 O(chunk · Tk + T · (D + k)) per head, and no step reads a tensor value into Python. Part of the remote-code unit: the
 models look their kernel up in `ATTENTION_FUNCTIONS` first, then in transformers' `ALL_ATTENTION_FUNCTIONS`.
 """
@@ -200,8 +200,9 @@ def _saves_kept_keys(knn_k, max_k, head_dim, softcap, dropout) -> bool:
 class _KnnAttentionFunction(torch.autograd.Function):
     """Chunked exact k-NN attention whose backward holds no (Tq, Tk) tensor (as flash attention). For a small integer
     k (`_saves_kept_keys`) the forward saves each query's kept keys and probabilities, (B, H, Tq, k); otherwise the
-    k-th largest visible score and a tie cutoff, from which the backward recomputes the chunk's scores, kept set (no
-    top-k) and probabilities with the same functions. Dropout masks are drawn again from the forward's generator state.
+    k-th largest visible score, a tie cutoff and the softmax's maximum and total, from which the backward recomputes
+    the chunk's scores, kept set (no top-k) and probabilities. Dropout masks are drawn again from the forward's
+    generator state.
     """
 
     @staticmethod
