@@ -1,5 +1,6 @@
 """The dry run of a recipe: its own command, launcher config and argument files, scaled down by its `dry_run.yaml`
-(tiny preset, local data from ../shared/data, 2 CPU processes on gloo, a handful of steps), with three checks:
+(tiny preset, local data from ../shared/data, 2 CPU processes on gloo unless it says `processes`, a handful of
+steps), with three checks:
 
 1. the training loss falls;
 2. a second launch of the same command with more steps resumes from the first one's checkpoint (the recipes set
@@ -46,7 +47,7 @@ from aot_transformers.errors import RunError, UsageError, run_command  # noqa: E
 RESUME_MARK = "dry_run_resume_mark"
 MODULES = {"lm": "aot_transformers.training.lm", "image": "aot_transformers.training.image"}
 SPEC_FILE = "dry_run.yaml"
-SPEC_KEYS = {"entry", "stages"}
+SPEC_KEYS = {"entry", "stages", "processes", "resume"}
 STAGE_KEYS = {"name", "arguments", "overrides", "evaluate"}
 # The one-line error of an `aot` command (`aot train lm: error: …`, `python -m …: error: …`).
 ERROR_LINE = re.compile(r"^\S.*?: error: .+")
@@ -87,6 +88,11 @@ def load_spec(recipe: Path) -> dict:
         raise UsageError(f"{file}: unknown entries {unknown} (allowed: {sorted(SPEC_KEYS)})")
     if spec.get("entry") not in MODULES:
         raise UsageError(f"{file}: entry {spec.get('entry')!r} is not one of {sorted(MODULES)}")
+    processes = spec.get("processes", 2)
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise UsageError(f"{file}: processes must be an integer >= 1 (default 2)")
+    if not isinstance(spec.get("resume", True), bool):
+        raise UsageError(f"{file}: resume must be true or false (default true: check that a second launch resumes)")
     stages = spec.get("stages")
     if not isinstance(stages, list) or not stages:
         raise UsageError(f"{file}: `stages` must be a non-empty list of stages")
@@ -112,9 +118,11 @@ def load_spec(recipe: Path) -> dict:
     return spec
 
 
-def check_inputs(recipe: Path, data_dir: Path, steps: int, processes: int) -> dict:
+def check_inputs(recipe: Path, data_dir: Path, steps: int, processes: int | None) -> dict:
     """Every input of a dry run, before anything is written or launched: the recipe's spec (`load_spec`)."""
     for name, value in (("--steps", steps), ("--processes", processes)):
+        if value is None and name == "--processes":
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UsageError("is not allowed", argument=name, value=value, allowed="an integer >= 1")
     spec = load_spec(recipe)
@@ -229,16 +237,24 @@ def check_export(folder: Path, entry: str) -> dict:
 
 
 def dry_run(
-    recipe: Path, output_dir: Path, data_dir: Path, steps: int = 4, processes: int = 2, resume_check: bool = True
+    recipe: Path,
+    output_dir: Path,
+    data_dir: Path,
+    steps: int = 4,
+    processes: int | None = None,
+    resume_check: bool = True,
 ) -> dict:
-    """Run every stage of `recipe`'s dry run (see the module docstring) and return the summary. Without
-    `resume_check` the first stage is launched once (check 2 is skipped).
+    """Run every stage of `recipe`'s dry run (see the module docstring) and return the summary. `processes`
+    defaults to the spec's (2 unless it says otherwise). Without `resume_check`, or with the spec's `resume: false`
+    (a run that cannot resume), the first stage is launched once (check 2 is skipped).
 
     Every input is checked first (`UsageError`); the stages run in a new `<output_dir>/.dry-run.*` folder whose
     contents replace those of the same names in `output_dir` only once every check has passed (`RunError`
     otherwise, with nothing in `output_dir` deleted)."""
     recipe, output_dir, data_dir = Path(recipe), Path(output_dir), Path(data_dir)
     spec = check_inputs(recipe, data_dir, steps, processes)
+    processes = processes or spec.get("processes", 2)
+    resume_check = resume_check and spec.get("resume", True)
     entry = spec["entry"]
     module = MODULES[entry]
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -337,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", help="default: runs/dry-run/<recipe>")
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--steps", type=positive_int, default=4, help="optimizer steps per launch (default: 4)")
-    parser.add_argument("--processes", type=positive_int, default=2)
+    parser.add_argument("--processes", type=positive_int, help="default: the recipe's dry_run.yaml, else 2")
     parser.add_argument("--no-resume-check", action="store_true", help="launch the first stage once")
     args = parser.parse_args(argv)
 

@@ -152,3 +152,15 @@ def test_cpu_budget_claim_aot_mssa_learns_linear_regression(tmp_path):
     """The CPU-budget claim (minutes): `pytest -m slow tests/test_experiments_icl.py`."""
     results = I.run(out=tmp_path, tasks=("linear",), models=("aot-mssa",))
     assert results["tasks"]["linear"]["curves"]["aot-mssa"][2 * 5] <= 0.25
+
+
+def test_table5_parameter_counts_include_gpt2s_unused_token_embedding(tmp_path):
+    """AoT Table 5's 7.5M / 8.55M / 9.63M are reproduced only with GPT-2's 50,257 x 128 token embedding, which the ICL
+    models never use; without it AoT-MSSA has a third of the transformer's parameters."""
+    rows = I.run(out=tmp_path, parameter_check=True)["table5"]
+    for kind, (_layers, printed) in I.TABLE5.items():
+        decimals = len(printed.split(".")[1])
+        assert printed in {f"{count / 1e6:.{decimals}f}" for count in rows[kind]["parameters"].values()}, kind
+    without = {kind: row["parameters"][41] - row["unused"] for kind, row in rows.items() if kind in I.TABLE5}
+    assert 0.3 < without["aot-mssa"] / without["transformer"] < 0.35
+    assert rows["gpt2"] - rows["transformer"]["parameters"][101] == 16 * 4 * 128  # GPT-2's attention biases

@@ -53,7 +53,7 @@ def parse(recipe: str, file: str):
     from aot_transformers.training.image import parse_image_arguments
     from aot_transformers.training.lm import parse_lm_arguments
 
-    parse_ = parse_lm_arguments if recipe in LM_RECIPES else parse_image_arguments
+    parse_ = parse_lm_arguments if recipe.endswith(("openwebtext", "openwebtext-tp")) else parse_image_arguments
     # --use_cpu: bf16 on a machine without a GPU is refused otherwise
     return parse_([str(RECIPES / recipe / file), "--output_dir", "/tmp/unused", "--use_cpu", "true"])
 
@@ -239,6 +239,76 @@ def test_fsdp_loss_curve_equals_ddp_and_exports_a_plain_folder(dry_runs):
         assert difference.abs().max() < 1e-4 and difference.norm() < 1e-4 * replicated[name].norm(), name
     card = (folder / "README.md").read_text()
     assert "FSDP2 (sharded by AoTLayer)" in card
+
+
+TP_RECIPE = "aot-mssa-l-large-openwebtext-tp"
+
+
+def test_tensor_parallel_recipe_is_the_fsdp_recipe_with_tensor_parallelism():
+    """The TP x FSDP recipe trains what the FSDP recipe trains (same file but for the parallelism and checkpoints),
+    on 40 processes: tensor parallel 5 (a divisor of the Large preset's 25 heads) x 8 FSDP shards of 60 sequences."""
+    from aot_transformers import AoTConfig
+
+    tp, fsdp = (
+        yaml.safe_load((RECIPES / name / "train.yaml").read_text())
+        for name in (TP_RECIPE, "aot-mssa-l-large-openwebtext")
+    )
+    parallelism = {
+        "output_dir",
+        "fsdp",
+        "fsdp_config",
+        "resume_from_checkpoint",
+        "parallelism_config",
+        "save_only_model",
+    }
+    assert {k: v for k, v in tp.items() if k not in parallelism} == {
+        k: v for k, v in fsdp.items() if k not in parallelism
+    }
+    sizes = tp["parallelism_config"]
+    launcher = yaml.safe_load((RECIPES / TP_RECIPE / "accelerate.yaml").read_text())
+    assert sizes["tp_size"] * sizes["dp_shard_size"] == launcher["num_processes"] == 40
+    assert AoTConfig.from_preset(tp["preset"]).num_attention_heads % sizes["tp_size"] == 0
+    assert sizes["dp_shard_size"] * tp["per_device_train_batch_size"] * tp["gradient_accumulation_steps"] == 480
+    assert tp["save_only_model"] and "fsdp" not in tp and "resume_from_checkpoint" not in tp
+    training = parse(TP_RECIPE, "train.yaml")[-1]
+    assert training.parallelism_config == sizes and not training.fsdp
+    spec = yaml.safe_load((RECIPES / TP_RECIPE / "dry_run.yaml").read_text())
+    (stage,) = spec["stages"]
+    assert set(stage["overrides"]) - SCALE_KEYS == {"parallelism_config"}
+    assert spec["processes"] == 4 == stage["overrides"]["parallelism_config"]["tp_size"] * 2 and not spec["resume"]
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel_runs(tmp_path_factory):
+    """The TP x FSDP dry run (4 processes) and the FSDP recipe's (2 processes), one launch each."""
+    if not DATA.is_dir():
+        pytest.skip("../shared/data is not present")
+    root = tmp_path_factory.mktemp("tp-runs")
+    return {
+        recipe: dry_run.dry_run(RECIPES / recipe, root / recipe, DATA, steps=4, resume_check=False)
+        for recipe in (TP_RECIPE, "aot-mssa-l-large-openwebtext")
+    }, root
+
+
+@needs_data
+def test_tensor_parallel_dry_run_follows_the_fsdp_run_and_exports_a_plain_folder(tensor_parallel_runs):
+    """Tensor parallel 2 x FSDP2 2 on 4 CPU processes (gloo) against FSDP2 on 2: the same batches (the first step's
+    loss is equal: same data, same initial weights), a loss within 1e-4 of the FSDP run's at every step (AdamW's
+    normalised steps carry the float noise of the other reduction order), a falling loss, and a final folder of one
+    safetensors file that loads through the Auto classes and was evaluated."""
+    runs, root = tensor_parallel_runs
+    tp, fsdp = runs[TP_RECIPE], runs["aot-mssa-l-large-openwebtext"]
+    assert tp["processes"] == 4 and not tp["stages"][0]["resumed"]
+    tp_losses = [loss for _, loss in tp["stages"][0]["losses"]]
+    fsdp_losses = [loss for _, loss in fsdp["stages"][0]["losses"]]
+    assert len(tp_losses) == 4 and tp_losses[-1] < tp_losses[0]
+    assert tp_losses[0] == pytest.approx(fsdp_losses[0], rel=1e-6)
+    torch.testing.assert_close(torch.tensor(tp_losses), torch.tensor(fsdp_losses), rtol=1e-4, atol=0)
+    assert tp["stages"][0]["export"]["class"] == "AoTForCausalLM" and tp["stages"][0]["export"]["evaluated"]
+    folder = root / TP_RECIPE / "train" / "model"
+    assert [p.name for p in folder.glob("*.safetensors")] == ["model.safetensors"]
+    assert "distributed_config" not in json.loads((folder / "config.json").read_text())
+    assert "tensor parallel 2 x FSDP2 2" in (folder / "README.md").read_text()
 
 
 @needs_data

@@ -176,9 +176,7 @@ def remove_stale_staging(target: str | os.PathLike) -> list[Path]:
     folder was in place. Returns the folders removed."""
     target = Path(target)
     removed = []
-    if not target.parent.is_dir():
-        return removed
-    for path in target.parent.glob(f".{glob.escape(target.name)}.*"):
+    for path in target.parent.glob(f".{glob.escape(target.name)}.*") if target.parent.is_dir() else []:
         if not path.is_dir():
             continue
         stale = path.name == f".{target.name}.old" and target.is_dir()

@@ -64,12 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("folder", help="a folder written by save_pretrained / aot export, or downloaded")
     verify.set_defaults(func=_verify)
     from .graph_export import register as register_graph_export  # `aot export onnx`
-
-    register_graph_export(subcommands)
     from .serving import register as register_serve  # `aot serve`: transformers' OpenAI-compatible server
 
-    register_serve(subcommands)
-    for register in _subcommand_registrars():
+    for register in (register_graph_export, register_serve, *_subcommand_registrars()):
         register(subcommands)
     return parser
 

@@ -85,20 +85,17 @@ def report_error(error: BaseException, prog: str = "aot") -> int:
     if isinstance(error, KeyboardInterrupt):
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if isinstance(error, (UsageError, ValueError, TypeError)):
-        if debug_enabled():
-            traceback.print_exception(error)
-        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
-        return EXIT_USAGE
-    known = isinstance(error, RunError)
-    message = one_line(error) if known else f"{type(error).__name__}: {one_line(error)}"
     if debug_enabled():
         traceback.print_exception(error)
-        print(f"{prog}: error: {message}", file=sys.stderr)
-    else:
+    if isinstance(error, (UsageError, ValueError, TypeError)):
+        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+        return EXIT_USAGE
+    message = one_line(error) if isinstance(error, RunError) else f"{type(error).__name__}: {one_line(error)}"
+    if not debug_enabled():
         log = _write_traceback(error)
         where = f"; traceback in {log}" if log else ""
-        print(f"{prog}: error: {message} (run with --debug for the traceback{where})", file=sys.stderr)
+        message += f" (run with --debug for the traceback{where})"
+    print(f"{prog}: error: {message}", file=sys.stderr)
     return EXIT_RUN_FAILED
 
 

@@ -151,15 +151,9 @@ def _knn_failure(model: AoTPreTrainedModel, detail: str) -> GraphExportError:
 def export_program(
     model: AoTPreTrainedModel, batch_size: int = 2, sequence_length: int = 8
 ) -> torch.export.ExportedProgram:
-    """`torch.export` the logits of `model` with a dynamic batch (and sequence length, for text models).
-
-    The program takes `input_ids` and `attention_mask` (text; 1 for real tokens) or `pixel_values` (images) and
-    returns a tensor: logits for `AoTForCausalLM` / `AoTForImageClassification`, the last hidden state for `AoTModel`.
-    `model` is put in eval mode; the program is exported without gradients (an inference graph).
-
-    Raises:
-        GraphExportError: For a model that is not exportable, including k-NN models until the k-NN kernel exports.
-    """
+    """`torch.export` the logits of `model` (inputs and outputs as in the module docstring; `AoTModel`: its last
+    hidden state) with a dynamic batch and, for text models, sequence length: an inference graph, `model` in eval
+    mode. Raises `GraphExportError` for a model that is not exportable (k-NN models until the k-NN kernel exports)."""
     return _export(export_spec(model, batch_size, sequence_length), model)
 
 

@@ -1,13 +1,7 @@
-"""Export of AoT models as self-contained folders that load with `trust_remote_code=True`, and publishing them to
-the Hugging Face Hub (model cards are rendered by `aot_transformers.model_card`).
-
-- `export_model` writes a folder atomically (temporary folder, then rename);
-- `push_to_hub` uploads a folder with `HfApi.upload_folder` and deliberate ignore patterns (hidden files except the
-  Hub's `.eval_results/`, caches, Trainer checkpoints and pickled optimizer state stay local). It never writes into
-  the folder, so a failed push leaves it exactly as it was and raises `HubPushError` naming the cause;
-- `upload_checkpoint` pushes a Trainer checkpoint during training (`--hub_strategy`).
-
-Every Hub call takes an `endpoint`, so the same code talks to the Hub, a private mirror, or a local stand-in server.
+"""Export of AoT models as self-contained folders that load with `trust_remote_code=True` (`export_model`, atomic),
+and publishing them to the Hugging Face Hub (`push_to_hub`; `upload_checkpoint` during training, `--hub_strategy`).
+Model cards are rendered by `aot_transformers.model_card`. Every Hub call takes an `endpoint`: the Hub, a private
+mirror, or a local stand-in server.
 """
 
 from __future__ import annotations
@@ -290,12 +284,8 @@ def push_to_hub(
 ) -> PushResult:
     """Upload an exported model folder to a Hub repository (created if needed) with `HfApi.upload_folder`.
 
-    Nothing is uploaded when the folder holds a symbolic link out of it, a pickle that would be uploaded (`*.bin`,
-    `*.pt`, … in any case; Trainer checkpoints stay local, and so does `training_args.bin`, with a logged notice), or
-    code that `aot verify` does not pass (`UsageError`). The folder is read, never written: when it has no
-    `README.md`, a model card rendered from its config is uploaded from memory in a second commit. Whatever fails
-    (network, authentication, a card the Hub refuses, server error), the local folder is left as it was and
-    `HubPushError` says what went wrong.
+    The folder is read, never written: Trainer checkpoints and `training_args.bin` stay local (with a logged notice),
+    and when it has no `README.md`, a model card rendered from its config is uploaded from memory in a second commit.
 
     Args:
         folder: A folder written by `export_model` or by `aot train`.
@@ -311,8 +301,10 @@ def push_to_hub(
         The repository URL, commit URL and commit id, and the uploaded files.
 
     Raises:
-        UsageError: Bad input (not an export, a bad repo id, a link, pickle or unverified code); nothing uploaded.
-        HubPushError: The push itself failed; the local folder is unchanged.
+        UsageError: Bad input (not an export, a bad repo id, a link out of the folder, a pickle that would be uploaded
+            (`*.bin`, `*.pt`, … in any case), or code that `aot verify` does not pass); nothing uploaded.
+        HubPushError: The push itself failed (network, authentication, a card the Hub refuses, server error); the
+            local folder is unchanged.
     """
     from huggingface_hub import HfApi
     from huggingface_hub.utils import HFValidationError, filter_repo_objects, validate_repo_id

@@ -5,10 +5,8 @@ the Hub's `.eval_results/` folder. Shared by `training/`, `evaluation/` and `hub
 report is anything with `results` (task or split -> metrics and `source`), `settings` and `date`: the
 `EvaluationReport` of `aot eval`, or a `results.json` as `card_for_folder` reads it.
 
-Metadata is what the Hub accepts: `base_model` only as a Hub repository id (a local base is described in the text),
-a known `license`, `model-index` entries with task, dataset and metrics. When results are added, existing card
-content is kept: results of other datasets or metrics stay, results of the same task, dataset and metric are
-replaced, and the markdown table lives between two HTML comments so a later run replaces it in place.
+Metadata is what the Hub accepts: `base_model` only as a Hub repository id, a known `license`, `model-index` entries
+with task, dataset and metrics.
 """
 
 from __future__ import annotations
@@ -253,13 +251,8 @@ def training_results_json(
 
     by_split: dict[str, dict[str, Any]] = {}
     for result in results:
-        entry = by_split.setdefault(
-            result.get("split") or "validation",
-            {
-                "task_type": task,
-                "source": {"type": TRAINING_SOURCE, "path": result.get("dataset"), "split": result.get("split")},
-            },
-        )
+        source = {"type": TRAINING_SOURCE, "path": result.get("dataset"), "split": result.get("split")}
+        entry = by_split.setdefault(result.get("split") or "validation", {"task_type": task, "source": source})
         entry[result["metric"]] = result["value"]
     payload = {
         "model": model_name,
@@ -393,8 +386,9 @@ def add_eval_results(
     card_path: str | os.PathLike, report, table: Callable[[str], str], model_name: str | None = None
 ) -> Path:
     """Add an `aot eval` report to the card at `card_path` (a `README.md`, or a model folder holding one), creating
-    it if needed (named `model_name`, default the folder's name): `model-index` entries, the markdown table
-    `table(name in the card)` between `SECTION_START` and `SECTION_END`, and beside a `README.md` the Hub's
+    it if needed (named `model_name`, default the folder's name): `model-index` entries (replacing those of the same
+    task, dataset and metric, keeping the others), the markdown table `table(name in the card)` between
+    `SECTION_START` and `SECTION_END` (replaced in place by a later run), and beside a `README.md` the Hub's
     `.eval_results/` file. The caller checks that every metric is finite. Returns the card's path; raises
     `UsageError` when the card cannot be read or its folder does not exist."""
     import yaml

@@ -112,20 +112,9 @@ class ClozeExample:
 
 
 def wikitext_documents(lines: Iterable[str], source: str | Path = "<wikitext>") -> list[str]:
-    """Group raw WikiText lines into articles.
-
-    Args:
-        lines: The lines of a raw WikiText split, with or without their newline (the Hub rows keep it; blank
-            lines are empty strings there and `" \\n"` in the published files: both read as empty lines).
-        source: Named in error messages.
-
-    Returns:
-        One string per article, from its title line to the line before the next title, blank lines at its end
-        removed.
-
-    Raises:
-        DataFormatError: When text appears before the first article title (not a raw WikiText split).
-    """
+    """Group the lines of a raw WikiText split (with or without their newline) into articles: one string per article,
+    from its title line to the line before the next title, blank lines at its end removed. `DataFormatError` (naming
+    `source`) when text appears before the first article title (not a raw WikiText split)."""
     articles: list[list[str]] = []
     for number, line in enumerate(lines, start=1):
         text = line.rstrip("\n")
@@ -146,18 +135,9 @@ def wikitext_documents(lines: Iterable[str], source: str | Path = "<wikitext>") 
 
 
 def ptb_documents(sentences: Iterable[str], source: str | Path = "<ptb>") -> list[str]:
-    """The Penn Treebank split as one document: one sentence a line.
-
-    Args:
-        sentences: The sentences (surrounding whitespace is removed, as in the Hub copy).
-        source: Named in error messages.
-
-    Returns:
-        A one-element list: the sentences joined by newlines, with a final newline.
-
-    Raises:
-        DataFormatError: On a blank line, a line that looks like JSON, or no sentence at all.
-    """
+    """The Penn Treebank split as a one-element list: the sentences (stripped, as in the Hub copy) joined by newlines,
+    with a final newline. `DataFormatError` (naming `source`) on a blank line, a line that looks like JSON, or no
+    sentence at all."""
     kept = []
     for number, sentence in enumerate(sentences, start=1):
         text = sentence.strip()
@@ -172,16 +152,8 @@ def ptb_documents(sentences: Iterable[str], source: str | Path = "<ptb>") -> lis
 
 
 def lambada_passages(texts: Iterable[str], source: str | Path = "<lambada>", first_line: int = 1) -> list[str]:
-    """Check LAMBADA passages: each needs a context and a last word to predict.
-
-    Args:
-        texts: The passages.
-        source: Named in error messages.
-        first_line: Line (or row) number of the first passage in `source`.
-
-    Raises:
-        DataFormatError: For a passage with fewer than two space-separated words.
-    """
+    """The LAMBADA passages, checked: each needs a context and a last word to predict. `DataFormatError` (naming
+    `source` and the line, counted from `first_line`) for a passage with fewer than two space-separated words."""
     passages = []
     for number, text in enumerate(texts, start=first_line):
         if not isinstance(text, str) or len(text.split(" ")) < 2 or not text.split(" ")[-1]:

@@ -217,14 +217,9 @@ class LanguageModelScorer:
     def score_windows(
         self, windows: Sequence[Window], description: str = "scoring", greedy: bool = True
     ) -> list[Score]:
-        """Score windows in batches of similar length (longest first, so a memory error shows at once).
-
-        Args:
-            windows: The windows.
-            description: Label of the progress bar.
-            greedy: Also check whether each target is the arg-max (an extra pass over the logits; the rolling
-                scores do not need it and report `is_greedy=False`).
-        """
+        """Score `windows` in batches of similar length (longest first, so a memory error shows at once), under a
+        progress bar labelled `description`. With `greedy`, also check whether each target is the arg-max (an extra
+        pass over the logits; the rolling scores do not need it and report `is_greedy=False`)."""
         order = sorted(range(len(windows)), key=lambda i: -len(windows[i].tokens))
         results: list[Score] = [None] * len(windows)  # type: ignore[list-item]
         disable = not self.progress or not windows

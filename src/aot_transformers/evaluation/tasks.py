@@ -237,13 +237,8 @@ def find_data_file(dataset: str, data_dir: str | Path) -> Path | None:
 def resolve_sources(
     tasks: Sequence[str], data_dir: str | Path | None = None, data: Mapping[str, str | Path] | None = None
 ) -> dict[str, DataSource]:
-    """The source of each dataset the tasks need: `data[task or dataset]`, else a file under `data_dir`, else Hub.
-
-    Args:
-        tasks: Task names (checked).
-        data_dir: Folder searched for the published file names.
-        data: Per-task or per-dataset overrides: a path or `hub:REPO_ID[:CONFIG[:SPLIT]]`.
-    """
+    """The source of each dataset the `tasks` (checked) need: `data[task or dataset]` (a path or
+    `hub:REPO_ID[:CONFIG[:SPLIT]]`), else a file of a published name under `data_dir`, else the Hub."""
     overrides: dict[str, str | Path] = {}
     for key, spec in (data or {}).items():
         if key not in TASKS and key not in DATASETS:
@@ -384,14 +379,8 @@ _RUNNERS = {"perplexity": _perplexity_metrics, "last_word": _last_word_metrics, 
 
 
 def run_task(scorer: LanguageModelScorer, task: str, data: Sequence, source: DataSource | None = None) -> TaskResult:
-    """Compute the metrics of `task` on already-loaded `data` (see the module docstring for each number).
-
-    Args:
-        scorer: Wraps the model and tokenizer.
-        task: A name of `TASKS`.
-        data: The dataset as `load_source` returns it (possibly cut with `limit`).
-        source: Recorded in the result.
-    """
+    """Compute the metrics of `task` (a name of `TASKS`; see the module docstring for each number) with `scorer` on
+    `data` as `load_source` returns it (possibly cut with `limit`); `source` is recorded in the result."""
     spec = TASKS[parse_task_names([task])[0]]
     if not data:
         raise EvaluationError(f"{task}: no data to evaluate.")

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import GPT2Config, GPT2Model
 
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTModel
@@ -46,6 +47,9 @@ TASKS = ("linear", "sparse_linear")
 MODELS = ("aot-mssa", "aot-mhsa", "transformer", "aot-hybrid", "aot-full-mlp")
 MSSA_MODELS = ("aot-mssa", "aot-hybrid", "aot-full-mlp")
 TOKEN_LAYOUTS = ("pairs", "garg")
+# AoT Table 5 (`aot-icml2025.txt` lines 578-582): layers and printed parameter count of the ICL models (width 128, 8
+# heads, d = 20).
+TABLE5 = {"aot-mssa": (32, "7.5"), "aot-mhsa": (32, "8.55"), "transformer": (16, "9.63")}
 
 
 def sample_prompts(
@@ -275,6 +279,38 @@ class Options(StudyOptions):
     time_budget: Positive = arg(1800.0, "seconds for the whole run")
     tokens: str = arg("pairs", "token layout: pairs (y tokens carry their x) or garg (Garg et al.)", TOKEN_LAYOUTS)
     seed: Seed = arg(0, "random seed")
+    parameter_check: bool = arg(False, "only count the parameters of AoT Table 5's models (no training)")
+
+
+def table5_parameters(study: Study) -> None:
+    """AoT Table 5's parameter counts, rebuilt: the backbones at the table's sizes with Garg et al.'s read-in (d = 20)
+    and read-out and GPT-2's 50,257 x 128 token embedding, which Garg et al.'s model carries and never uses (inputs
+    arrive through the read-in), for prompts of 41 points (the paper's) and 101 (Garg et al.'s position table)."""
+    rows = study.results["table5"] = {}
+    for kind, (layers, printed) in TABLE5.items():
+        counts = {}
+        for points in (41, 101):
+            config = backbone_config(kind, 128, layers, 8, max_points=points)
+            config.vocab_size = 50257
+            model = InContextRegressor(config, dim=20, tokens="garg")
+            counts[points] = sum(p.numel() for p in model.parameters())
+        unused = 50257 * 128
+        rows[kind] = {"layers": layers, "paper_millions": float(printed), "parameters": counts, "unused": unused}
+        decimals = len(printed.split(".")[1])
+        matches = [points for points, count in counts.items() if f"{count / 1e6:.{decimals}f}" == printed]
+        study.claim(
+            f"{kind} ({layers} layers): parameters for 41 / 101 points; without the unused token embedding",
+            f"{counts[41] / 1e6:.3f}M / {counts[101] / 1e6:.3f}M; {(counts[41] - unused) / 1e6:.3f}M",
+            f"Table 5: {printed}M (equal at its precision for {matches or 'neither'})",
+            bool(matches),
+        )
+    gpt2 = GPT2Model(GPT2Config(n_positions=202, n_embd=128, n_layer=16, n_head=8)).num_parameters()
+    rows["gpt2"] = gpt2 + (20 * 128 + 128) + (128 + 1)  # with Garg et al.'s read-in and read-out
+    study.note(
+        f"Garg et al.'s own transformer (transformers' GPT2Model: attention biases, 2 x 101 positions) with the "
+        f"read-in and read-out has {rows['gpt2'] / 1e6:.3f}M parameters; the unused token embedding is "
+        f"{50257 * 128:,} of them."
+    )
 
 
 def _layers(kind: str, o: Options) -> int:
@@ -347,7 +383,11 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     check_int("num_points", o.num_points, 2 * dim + 1)
     if "sparse_linear" in tasks:
         check_int("sparsity", o.sparsity, 1, dim)
-    study = Study("icl", "In-context regression (AoT Fig. 6, after Garg et al.)", o, out)
+    title = "In-context regression (AoT Fig. 6, after Garg et al.)"
+    study = Study("icl", "AoT Table 5: the ICL models' parameters" if o.parameter_check else title, o, out)
+    if o.parameter_check:
+        table5_parameters(study)
+        return study.finish()
     study.results["tasks"] = {}
     seconds_per_model = o.time_budget * 0.9 / (len(tasks) * len(models))  # a tenth for evaluation, baselines
     axes = study.figure("icl_error_curves.png", ncols=len(tasks))

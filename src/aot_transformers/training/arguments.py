@@ -90,6 +90,8 @@ def parse_dataclasses(classes: tuple[type, ...], argv: list[str] | None = None) 
         raise TrainingSetupError(f"{message} (see `aot train --help`)")
 
     parser.error = one_line_error
+    for action in parser._actions:  # TrainingArguments types it as accelerate's ParallelismConfig: read JSON instead
+        action.type = json.loads if action.dest == "parallelism_config" else action.type
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         check_fsdp_config(argv)

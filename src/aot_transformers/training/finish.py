@@ -17,6 +17,7 @@ pushes in the background, so a failed checkpoint push neither stops the run nor 
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -188,7 +189,7 @@ def _full_state_model(trainer):
     unsharded copy of the model, since the trained one holds only its shard of each parameter (DTensors)."""
     accelerator = trainer.accelerator
     model = accelerator.unwrap_model(trainer.model)
-    if not getattr(trainer, "is_fsdp_enabled", False):
+    if not (getattr(trainer, "is_fsdp_enabled", False) or getattr(model, "is_distributed_loading_by_transformers", 0)):
         return model, False
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -203,7 +204,9 @@ def _full_state_model(trainer):
     cls = next(
         c for c in type(model).__mro__ if issubclass(c, AoTPreTrainedModel) and not c.__name__.startswith("FSDP")
     )
-    full = cls(model.config)
+    config = copy.copy(model.config)
+    config.distributed_config = None  # a tensor-parallel run's sharding (transformers' DistributedConfig): not kept
+    full = cls(config)
     missing, unexpected = full.load_state_dict(state_dict, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import ParallelismConfig
+from accelerate.utils import DistributedType
 
 from .._io import is_pickle_name, looks_like_path
 from ..configuration_aot import AoTConfig
@@ -154,6 +156,57 @@ def check_checkpoint_weights(folder: str | None, model, skip_prefixes: tuple[str
         raise refuse(f"its weights lack {shown}, which would be initialised at random; save the complete model again")
 
 
+def tensor_parallel_config(training_args, config):
+    """transformers' `DistributedConfig` for a run whose `parallelism_config` (`{"tp_size": T, "dp_shard_size": S}`)
+    asks for tensor parallelism, combined with FSDP2 over `dp_shard_size` ranks: `from_pretrained(...,
+    distributed_config=...)` shards the model when it loads, and Trainer trains it as it is. None without
+    `parallelism_config`. Refuses what cannot work, before any data is read."""
+    sizes = training_args.parallelism_config
+    if sizes is None:
+        return None
+    from transformers.distributed.configuration_utils import DistributedConfig
+
+    def refuse(problem: str, allowed: str | None = None) -> TrainingSetupError:
+        return TrainingSetupError(problem, argument="--parallelism_config", value=sizes, allowed=allowed)
+
+    if isinstance(sizes, ParallelismConfig):
+        sizes = {"tp_size": sizes.tp_size, "dp_shard_size": sizes.dp_shard_size}
+    if not isinstance(sizes, dict) or set(sizes) - {"tp_size", "dp_shard_size"}:
+        raise refuse("is not supported", allowed='{"tp_size": T, "dp_shard_size": S} (in the arguments file)')
+    tp, shards = sizes.get("tp_size") or 1, sizes.get("dp_shard_size") or 1
+    if tp < 2:
+        raise refuse("needs tp_size >= 2 (FSDP alone: --fsdp with --fsdp_config)")
+    if config.num_attention_heads % tp:
+        raise refuse(f"tp_size must divide the {config.num_attention_heads} attention heads")
+    if config.tie_output_projection:
+        raise refuse("cannot train a tied MSSA output projection (tie_output_projection=True) tensor-parallel")
+    if training_args.fsdp:
+        raise refuse("shards with FSDP2 over dp_shard_size itself; drop --fsdp and --fsdp_config")
+    if training_args.resume_from_checkpoint or (
+        training_args.save_strategy != "no" and not training_args.save_only_model
+    ):
+        raise refuse(
+            "cannot checkpoint the optimizer of a model sharded as it loads (transformers), so cannot resume",
+            allowed="with --save_only_model true (or --save_strategy no) and no --resume_from_checkpoint",
+        )
+    if tp * shards != training_args.world_size:
+        raise refuse(f"tp_size x dp_shard_size must equal the {training_args.world_size} processes")
+    training_args.parallelism_config = ParallelismOnAnyDevice(tp_size=tp, dp_shard_size=shards)
+    # Each process reads its own batches: accelerate's batch dispatcher (its default for streamed data) does not
+    # see its own "dp_shard" mesh dimension and would give every FSDP group the same batch.
+    training_args.accelerator_config.dispatch_batches = False
+    return DistributedConfig(tp_size=tp, fsdp_size=shards)
+
+
+class ParallelismOnAnyDevice(ParallelismConfig):
+    """accelerate's `ParallelismConfig`, accepted on CPU processes (gloo) too: accelerate refuses `MULTI_CPU` by its
+    type, though the model sharded by transformers (DTensor, FSDP2) trains there; the CPU dry runs need it."""
+
+    def _validate_accelerator(self, accelerator) -> None:
+        if accelerator.distributed_type != DistributedType.MULTI_CPU:
+            super()._validate_accelerator(accelerator)
+
+
 def use_training_attention(model, training_args) -> None:
     """Train MSSA models on CPU with the `"shared_projection"` backend: with query = key = value its backward folds
     into fewer matmuls (`aot_transformers.shared_projection`; `python -m benchmarks.bench_attention`). It falls
@@ -169,5 +222,6 @@ __all__ = [
     "check_checkpoint_weights",
     "config_field_names",
     "parse_overrides",
+    "tensor_parallel_config",
     "use_training_attention",
 ]

@@ -23,7 +23,13 @@ from ..errors import run_command
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
 from .lora import LoraArguments
-from .model_setup import build_config, check_checkpoint_weights, check_fits_in_memory, use_training_attention
+from .model_setup import (
+    build_config,
+    check_checkpoint_weights,
+    check_fits_in_memory,
+    tensor_parallel_config,
+    use_training_attention,
+)
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
 from .run_state import run_identity, run_state_callbacks, start_run, train_unless_finished
 
@@ -45,6 +51,7 @@ class TrainingRun:
     lora: LoraArguments | None = None
     optimizer: tuple[type, dict] | None = None  # `Trainer(optimizer_cls_and_kwargs=...)`
     identity: dict[str, Any] | None = None  # what the run's checkpoints are made from (`run_state.run_identity`)
+    distributed: Any = None  # transformers' `DistributedConfig` of a tensor-parallel run
     lock: Any = None  # the output folder's lock, held until the run ends
     resume: str | None = None  # the checkpoint training resumes from
     trainer: Any = None
@@ -85,6 +92,9 @@ class TrainingRun:
         import torch
 
         config = build_config(self.model_args, default_preset, **fields)
+        self.distributed = tensor_parallel_config(self.training_args, config)
+        if self.distributed is not None and self.lora is not None:
+            raise TrainingSetupError("LoRA adapters are trained without tensor parallelism here", argument="--lora_r")
         with torch.device("meta"):  # shapes only, nothing allocated
             model = model_cls(config)
         check_fits_in_memory(model)
@@ -110,7 +120,12 @@ class TrainingRun:
         """The checkpoint's model (fine-tuning) or a new one, with the training attention backend and, with LoRA,
         its adapters."""
         name = self.model_args.model_name_or_path
-        model = model_cls.from_pretrained(name, config=config, **from_pretrained) if name else model_cls(config)
+        if self.distributed is not None:
+            model = self._load_sharded(model_cls, config, name, **from_pretrained)
+        elif name:
+            model = model_cls.from_pretrained(name, config=config, **from_pretrained)
+        else:
+            model = model_cls(config)
         if self.task == "text-generation":
             model.config.use_cache = False  # no cache while training; generation turns it back on
         use_training_attention(model, self.training_args)
@@ -119,6 +134,33 @@ class TrainingRun:
 
             model = apply_lora(model, self.lora, self.task)
         logger.info("Model: %s parameters%s", f"{sum(p.numel() for p in model.parameters()):,}", note)
+        return model
+
+    def _load_sharded(self, model_cls, config, name: str | None, **from_pretrained: Any):
+        """The model sharded by `self.distributed` as it loads: a new model is built and saved by the main process
+        (every rank builds the same one from the seed), loaded by all, and removed."""
+        import shutil
+        from pathlib import Path
+
+        import torch.distributed as dist
+
+        folder = name or Path(self.training_args.output_dir) / "tensor-parallel-init"
+        if not name:
+            with self.training_args.main_process_first(desc="the new model, saved to shard it as it loads"):
+                if self.training_args.process_index == 0:
+                    model_cls(config).save_pretrained(folder)
+        model = model_cls.from_pretrained(
+            folder, config=config, distributed_config=self.distributed, **from_pretrained
+        )
+        if not name:
+            dist.barrier()
+            if self.training_args.process_index == 0:
+                shutil.rmtree(folder)
+        tp, shards, args = self.distributed.tp_size, self.distributed.fsdp_size, self.training_args
+        self.summary["parallelism"] = f"tensor parallel {tp} x FSDP2 {shards} (transformers' DistributedConfig)"
+        self.summary["global batch size"] = (
+            args.per_device_train_batch_size * args.gradient_accumulation_steps * shards
+        )
         return model
 
     def make_trainer(self, trainer_cls, model, train, validation, processor, **kwargs: Any):

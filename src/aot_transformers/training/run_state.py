@@ -181,15 +181,10 @@ def check_resume_identity(resume: str | None, identity: dict[str, Any]) -> None:
 
 
 def claim_output_dir(output_dir: str | os.PathLike, identity: dict[str, Any], write: bool = True) -> None:
-    """Refuse a run into a folder that holds the checkpoints or final export (`<output_dir>/model`) of a different
-    run, before anything is written; then (with `write`, the main process) record this run in
-    `<output_dir>/RUN_RECORD`.
-
-    The folder's run is the one its `RUN_RECORD` and its checkpoints' records name; a folder with checkpoints or an
-    export and no record at all (an older aot-transformers, another tool) is refused too: nothing says it is this
-    run's: one line names the folder, the fields that differ and how to resume or choose another folder. Stale
-    temporary files of a killed record write are removed.
-    """
+    """Refuse, before anything is written, a run into a folder that holds the checkpoints or final export
+    (`<output_dir>/model`) of a different run (as its own and its checkpoints' `RUN_RECORD` name it), or of no recorded
+    run at all (an older aot-transformers, another tool); then (with `write`, the main process) record this run in
+    `<output_dir>/RUN_RECORD`. Stale temporary files of a killed record write are removed."""
     root = Path(output_dir)
     checkpoints = sorted(p for p in root.glob("checkpoint-*") if p.is_dir() and CHECKPOINT_PATTERN.match(p.name))
     export = root / "model"

@@ -474,13 +474,10 @@ def random_crop_flip(pixel_values, padding: int):
     batch, _, height, width = pixel_values.shape
     if padding > 0:
         padded = F.pad(pixel_values, (padding, padding, padding, padding))  # (B, C, S+2p, S+2p)
-        top = torch.randint(0, 2 * padding + 1, (batch,))
-        left = torch.randint(0, 2 * padding + 1, (batch,))
-        rows = (top[:, None] + torch.arange(height)[None, :])[:, None, :, None]  # (B, 1, S, 1)
-        cols = (left[:, None] + torch.arange(width)[None, :])[:, None, None, :]  # (B, 1, 1, S)
-        batch_index = torch.arange(batch)[:, None, None, None]
-        channels = torch.arange(pixel_values.shape[1])[None, :, None, None]
-        pixel_values = padded[batch_index, channels, rows, cols]
+        top = torch.randint(0, 2 * padding + 1, (batch,)).tolist()
+        left = torch.randint(0, 2 * padding + 1, (batch,)).tolist()
+        crops = [image[:, t : t + height, x : x + width] for image, t, x in zip(padded, top, left, strict=True)]
+        pixel_values = torch.stack(crops)
     flip = torch.rand(batch) < 0.5
     pixel_values = torch.where(flip[:, None, None, None], pixel_values.flip(-1), pixel_values)
     return pixel_values
