@@ -52,6 +52,21 @@ def is_hub_id(name: str | None) -> bool:
     return True
 
 
+def writable_folder(path: str | os.PathLike, argument: str, error: type[UsageError] = UsageError) -> Path:
+    """Create the folder `path` if needed; refuse a file, or a folder this process cannot write (`error` naming
+    `argument` and the path)."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise error("is a file, not a folder", argument=argument, value=str(path))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as problem:
+        raise error(f"cannot be created ({problem.strerror or problem})", argument=argument, value=str(path)) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise error("is not writable", argument=argument, value=str(path))
+    return folder
+
+
 def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

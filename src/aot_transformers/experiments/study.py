@@ -9,7 +9,6 @@ numbers to the record, and returns `study.finish()`, which writes `results.json`
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -76,18 +75,7 @@ def make_generator(seed: int) -> torch.Generator:
 
 def output_dir(out: str | Path | None, study: str) -> Path:
     """The folder a study writes into (created): `out`, or `out/experiments/<study>` under the working directory."""
-    from ..errors import UsageError
-
-    path = Path(out) if out is not None else DEFAULT_OUTPUT_ROOT / study
-    if path.exists() and not path.is_dir():
-        raise UsageError("is a file, not a folder", argument="--out", value=str(path))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"cannot be created ({error.strerror or error})", argument="--out", value=str(path)) from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError("is not writable", argument="--out", value=str(path))
-    return path
+    return _io.writable_folder(out if out is not None else DEFAULT_OUTPUT_ROOT / study, "--out")
 
 
 def _jsonable(value: Any) -> Any:

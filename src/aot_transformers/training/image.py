@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, check_dataset_name, parse_dataclasses
@@ -153,10 +154,7 @@ def train_image(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return run_training(prepare_image_training(*args, **kwargs))
 
 
-def parse_image_arguments(argv: list[str] | None = None):
-    """Parse `(ImageModelArguments, ImageDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
-    TrainingArguments)`."""
-    return parse_dataclasses(IMAGE_ARGUMENTS, argv)
+parse_image_arguments = partial(parse_dataclasses, IMAGE_ARGUMENTS)  # (argv=None): TrainingArguments last
 
 
 def main(argv: list[str] | None = None) -> int:

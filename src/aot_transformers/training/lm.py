@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -278,11 +279,7 @@ def train_lm(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return run_training(prepare_lm_training(*args, **kwargs))
 
 
-def parse_lm_arguments(argv: list[str] | None = None):
-    """Parse `(LMModelArguments, TextDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
-    TrainingArguments)` from the command line, from a single .json / .yaml file, or from a recipe file followed by
-    overriding flags."""
-    return parse_dataclasses(LM_ARGUMENTS, argv)
+parse_lm_arguments = partial(parse_dataclasses, LM_ARGUMENTS)  # (argv=None): TrainingArguments last
 
 
 def main(argv: list[str] | None = None) -> int:
