@@ -122,7 +122,6 @@ def export_model(
     overwrite: bool = True,
     model_card: Any = None,
     extra_files: dict[str, str | bytes | os.PathLike] | None = None,
-    state_dict: dict | None = None,
     protected: tuple[str | os.PathLike, ...] = (),
 ) -> Path:
     """Write `model` (safetensors, config with a complete `auto_map`, code files) and its tokenizer or image
@@ -138,7 +137,6 @@ def export_model(
             `FileExistsError`.
         model_card: A `huggingface_hub.ModelCard` (or its text), written as `README.md`.
         extra_files: More files for the folder: name -> text, bytes, or the path of a file to copy.
-        state_dict: The weights to save instead of `model.state_dict()` (the gathered full weights of an FSDP run).
         protected: Folders that must survive (a training run's output folder): `save_directory` may be neither one
             of them nor a parent of one.
 
@@ -154,17 +152,17 @@ def export_model(
     if model_card is not None:
         files["README.md"] = str(model_card)
     processors = (tokenizer, image_processor)
-    return write_export(model, save_directory, processors, files, overwrite, protected, state_dict=state_dict)
+    return write_export(model, save_directory, processors, files, overwrite, protected)
 
 
-def write_export(model, save_directory, processors, files: dict, overwrite=True, protected=(), **save_options) -> Path:
-    """Write `model.save_pretrained(..., **save_options)` (safetensors), the `processors` that are not None and
-    `files` (see `write_extra_files`) into `save_directory` atomically, with the `EXPORT_MANIFEST` listing them; with
-    `overwrite`, only over an earlier export (`check_replaceable`). Serves `export_model` and LoRA adapters."""
+def write_export(model, save_directory, processors, files: dict, overwrite=True, protected=()) -> Path:
+    """Write `model` (safetensors), the `processors` that are not None and `files` (see `write_extra_files`) into
+    `save_directory` atomically, with the `EXPORT_MANIFEST` listing them; with `overwrite`, only over an earlier
+    export (`check_replaceable`). Serves `export_model` and LoRA adapters."""
     if overwrite:
         check_replaceable(save_directory, protected)
     with atomic_folder(save_directory, overwrite) as staging:
-        model.save_pretrained(staging, safe_serialization=True, **save_options)
+        model.save_pretrained(staging, safe_serialization=True)
         for processor in processors:
             if processor is not None:
                 processor.save_pretrained(staging)

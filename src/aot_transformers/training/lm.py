@@ -74,7 +74,6 @@ def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
 def train_bpe_tokenizer(
     texts: Iterable[str],
     vocab_size: int,
-    min_frequency: int = 2,
     show_progress: bool = True,
     length: int | None = None,
 ):
@@ -83,7 +82,7 @@ def train_bpe_tokenizer(
 
     Every byte is in the initial alphabet, so any text encodes without unknown tokens; `<|endoftext|>` (id 0) is
     the BOS, EOS and padding token. `vocab_size` counts it and must be at least 257 (256 bytes + `<|endoftext|>`);
-    pairs seen fewer than `min_frequency` times are not merged. Returns a `transformers.PreTrainedTokenizerFast`
+    pairs seen only once are not merged. Returns a `transformers.PreTrainedTokenizerFast`
     with exactly `vocab_size` tokens (fewer if the text is too short to learn that many merges).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -99,7 +98,7 @@ def train_bpe_tokenizer(
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        min_frequency=min_frequency,
+        min_frequency=2,
         special_tokens=[END_OF_TEXT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
