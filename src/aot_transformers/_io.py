@@ -1,5 +1,6 @@
-"""The plumbing every wing shares: atomic writes, the folder lock, and what names a Hub repository, a pickle or a code
-file. Defined once here; `training/`, `evaluation/`, `experiments/` and `hub.py` import it and nothing of each other.
+"""The plumbing every wing shares: atomic writes, the folder lock, the fields of command-line options, and what names a
+Hub repository, a pickle or a code file. Defined once here; `training/`, `evaluation/`, `experiments/` and `hub.py`
+import it and nothing of each other.
 
 Atomic means a kill or a power loss leaves the old file (folder) or the new one, never a mix: write beside the target,
 fsync, rename over it, fsync the folder. Temporary names carry their writer's host and pid, so whatever a killed writer
@@ -15,8 +16,9 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,14 @@ from .modeling_aot import PICKLE_SUFFIXES
 EVAL_RESULTS_DIR = ".eval_results"  # the Hub's folder of evaluation results, the one hidden folder a push uploads
 LOCK_FILE = ".aot.lock"
 STAGING_MARKER = ".aot_staging"  # inside a staging folder while it is written: the pid and host writing it
+
+
+def arg(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
+    """A dataclass field with its help text (and allowed values) for `HfArgumentParser`; lists are copied."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": list(choices)}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def is_pickle_name(name: str) -> bool:

@@ -79,12 +79,14 @@ def check_common_fields(body: dict, served: str) -> None:
     _field(body, "seed", _is_int, "an integer")
 
 
-def fit_to_context(body: dict, fields: tuple[str, ...], prompt_tokens: int, context: int | None, what: str) -> None:
-    """Refuse a prompt or a token limit the model's context cannot hold; default the limit to what is left."""
+def fit_to_context(body: dict, fields: tuple[str, ...], prompt_tokens: int, model, what: str) -> None:
+    """Refuse a prompt or a token limit the model's context (`max_position_embeddings`) cannot hold; default the
+    limit to what is left."""
     limits = {field: _field(body, field, lambda v: _is_int(v) and v >= 1, "a positive integer") for field in fields}
     if prompt_tokens == 0:
         raise RequestError(400, what, f"{what}: empty (allowed: at least one token)")
-    if context is None:
+    context = getattr(model.config, "max_position_embeddings", None)
+    if not isinstance(context, int) or context < 1:
         return
     if prompt_tokens >= context:
         raise RequestError(
@@ -104,11 +106,6 @@ def fit_to_context(body: dict, fields: tuple[str, ...], prompt_tokens: int, cont
             f"{context} tokens (allowed: at most {context - prompt_tokens})",
             "context_length_exceeded",
         )
-
-
-def _context_length(model) -> int | None:
-    value = getattr(model.config, "max_position_embeddings", None)
-    return value if isinstance(value, int) and value > 0 else None
 
 
 def _tokenizer(processor):
@@ -229,7 +226,7 @@ def _install() -> None:
         if not isinstance(prompt, str) or not prompt:
             raise RequestError(400, "prompt", f"prompt: {prompt!r} is not allowed (allowed: a non-empty string)")
         tokens = len(_tokenizer(processor)(prompt)["input_ids"])
-        fit_to_context(body, ("max_tokens",), tokens, _context_length(model), "prompt")
+        fit_to_context(body, ("max_tokens",), tokens, model, "prompt")
 
     def check_chat(handler, body: dict, model, processor, served: str) -> None:
         check_messages(body.get("messages"), "messages")
@@ -239,7 +236,7 @@ def _install() -> None:
             raise RequestError(400, "messages", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
         tokens = chat_prompt_tokens(handler, processor, body["messages"], body)
         # transformers reads `max_completion_tokens` first, then `max_tokens`: both are checked
-        fit_to_context(body, ("max_completion_tokens", "max_tokens"), tokens, _context_length(model), "messages")
+        fit_to_context(body, ("max_completion_tokens", "max_tokens"), tokens, model, "messages")
 
     def check_response(handler, body: dict, model, processor, served: str) -> None:
         if body.get("input") in (None, "", []):
@@ -248,7 +245,7 @@ def _install() -> None:
             raise RequestError(400, "input", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
         messages = handler._normalize_input(dict(body))
         tokens = chat_prompt_tokens(handler, processor, messages, {**body, "tools": None})
-        fit_to_context(body, ("max_output_tokens",), tokens, _context_length(model), "input")
+        fit_to_context(body, ("max_output_tokens",), tokens, model, "input")
 
     def guarded(name: str, check):
         """transformers' handler `name`, whose requests pass `check_common_fields` and `check` first."""

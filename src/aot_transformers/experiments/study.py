@@ -19,6 +19,7 @@ from typing import Annotated, Any, get_args, get_origin, get_type_hints
 import torch
 
 from .. import _io
+from .._io import arg as arg  # the studies declare their options with it
 
 DEFAULT_OUTPUT_ROOT = Path("out") / "experiments"
 
@@ -141,14 +142,6 @@ Count = Annotated[int, Range(1)]  # an int >= 1
 Seed = Annotated[int, Range(0)]
 NonNegative = Annotated[float, Range(0.0)]
 Positive = Annotated[float, Range(0.0, open_low=True)]
-
-
-def arg(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
-    """A dataclass field with its help text (and allowed values) for `HfArgumentParser`; lists are copied."""
-    metadata = {"help": help} if choices is None else {"help": help, "choices": list(choices)}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 def _check_value(name: str, value: Any, kind: Any, choices: Sequence[str] | None) -> Any:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from typing import Any
 
+from .._io import arg
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, check_dataset_name, parse_dataclasses
 from .lora import LoraArguments
 from .optim import OptimizerArguments
@@ -35,9 +35,7 @@ DEFAULT_IMAGE_PRESET = "aot-v-tiny"
 class ImageModelArguments(ModelArguments):
     """Which model to train (see `ModelArguments`; default preset aot-v-tiny) and at which image size."""
 
-    image_size: int | None = field(
-        default=None, metadata={"help": "Side the images are resized to (default: the config's image_size)."}
-    )
+    image_size: int | None = arg(None, "Side the images are resized to (default: the config's image_size).")
 
 
 def _augmenting_trainer_class():
@@ -154,7 +152,10 @@ def train_image(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return run_training(prepare_image_training(*args, **kwargs))
 
 
-parse_image_arguments = partial(parse_dataclasses, IMAGE_ARGUMENTS)  # (argv=None): TrainingArguments last
+def parse_image_arguments(argv: list[str] | None = None):
+    """Parse `(ImageModelArguments, ImageDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
+    TrainingArguments)`."""
+    return parse_dataclasses(IMAGE_ARGUMENTS, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

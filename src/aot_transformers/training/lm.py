@@ -14,12 +14,11 @@ import math
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_folder, looks_like_path, read_json, write_json
+from .._io import arg, atomic_folder, looks_like_path, read_json, write_json
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
 from .finish import perplexity
 from .lora import LoraArguments
@@ -41,13 +40,10 @@ END_OF_TEXT = "<|endoftext|>"  # the BOS, EOS and padding token of the byte-leve
 class LMModelArguments(ModelArguments):
     """Which model to train (see `ModelArguments`; default preset aot-mssa-l-tiny) and with which tokenizer."""
 
-    tokenizer_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "A tokenizer folder or Hub id (default: the checkpoint's, else train a byte-level BPE)."},
+    tokenizer_name_or_path: str | None = arg(
+        None, "A tokenizer folder or Hub id (default: the checkpoint's, else train a byte-level BPE)."
     )
-    tokenizer_vocab_size: int | None = field(
-        default=None, metadata={"help": "Vocabulary of the trained BPE (default: the model's vocab_size)."}
-    )
+    tokenizer_vocab_size: int | None = arg(None, "Vocabulary of the trained BPE (default: the model's vocab_size).")
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
@@ -219,7 +215,7 @@ def prepare_lm_training(
         block_size=block_size,
         tokenizer=model_args.tokenizer_name_or_path or model_args.tokenizer_vocab_size,
     )
-    run.source = source = load_text_source(data_args, seed=training_args.seed)
+    run.source = source = load_text_source(data_args)
     tokenizer = load_or_train_tokenizer(model_args, config, source, training_args, run.resume, data_args)
     if len(tokenizer) > config.vocab_size:  # every token id must index the model's embedding
         raise TrainingSetupError(
@@ -278,7 +274,11 @@ def train_lm(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return run_training(prepare_lm_training(*args, **kwargs))
 
 
-parse_lm_arguments = partial(parse_dataclasses, LM_ARGUMENTS)  # (argv=None): TrainingArguments last
+def parse_lm_arguments(argv: list[str] | None = None):
+    """Parse `(LMModelArguments, TextDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
+    TrainingArguments)` from the command line, from a single .json / .yaml file, or from a recipe file followed by
+    overriding flags."""
+    return parse_dataclasses(LM_ARGUMENTS, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
