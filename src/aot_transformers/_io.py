@@ -101,19 +101,16 @@ def temporary_prefix(path: Path) -> str:
     return f".{path.name}.{socket.gethostname()}-{os.getpid()}."
 
 
-def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+def remove_stale_temporaries(path: str | os.PathLike) -> None:
     """Remove the temporary files and folders of `path` (`.<name>.<host>-<pid>.*` beside it) that a writer killed
-    mid-write left behind: those naming this host and a process that no longer runs. Returns what was removed."""
+    mid-write left behind: those naming this host and a process that no longer runs."""
     path = Path(path)
     pattern = re.compile(rf"^\.{re.escape(path.name)}\.(?P<host>.+)-(?P<pid>\d+)\.[^.]+$")
-    removed = []
     host = socket.gethostname()
     for candidate in path.parent.glob(f".{glob.escape(path.name)}.*") if path.parent.is_dir() else []:
         match = pattern.match(candidate.name)
         if match and match["host"] == host and not process_alive(int(match["pid"])):
             shutil.rmtree(candidate, ignore_errors=True) if candidate.is_dir() else candidate.unlink(missing_ok=True)
-            removed.append(candidate)
-    return removed
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -195,12 +192,11 @@ def atomic_folder(target: str | os.PathLike, overwrite: bool = True) -> Iterator
         raise
 
 
-def remove_stale_staging(target: str | os.PathLike) -> list[Path]:
+def remove_stale_staging(target: str | os.PathLike) -> None:
     """Remove the staging folders of `target` (`.<name>.*` beside it) left by a writer that was killed: those whose
     marker names a dead process of this host, and the `.<name>.old` backup of a rename interrupted after the new
-    folder was in place. Returns the folders removed."""
+    folder was in place."""
     target = Path(target)
-    removed = []
     for path in target.parent.glob(f".{glob.escape(target.name)}.*") if target.parent.is_dir() else []:
         if not path.is_dir():
             continue
@@ -214,8 +210,6 @@ def remove_stale_staging(target: str | os.PathLike) -> list[Path]:
                 stale = False  # unreadable: possibly being written right now; left alone
         if stale:
             shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
 
 
 class FolderLockedError(RuntimeError):
