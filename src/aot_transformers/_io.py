@@ -131,10 +131,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     fsync_directory(path.parent)
 
 
-def write_json(path: str | os.PathLike, data: Any, indent: int = 1, sort_keys: bool = True) -> Path:
-    """Write `data` as JSON (with a final newline) to `path` atomically; returns the path."""
+def write_json(path: str | os.PathLike, data: Any, indent: int = 1, sort_keys: bool = True) -> None:
+    """Write `data` as JSON (with a final newline) to `path` atomically."""
     atomic_write_text(path, json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n")
-    return Path(path)
 
 
 def load_json(path: str | os.PathLike, what: str = "") -> Any:
