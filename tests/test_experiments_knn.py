@@ -90,6 +90,18 @@ def test_run_with_training_on_cifar_files(tmp_path, shared_data):
     assert (tmp_path / "training_speed.png").exists()
 
 
+def test_training_speed_over_seeds_reports_the_seed_spread(tmp_path, shared_data):
+    results = K.run(out=tmp_path, noise_ratios=(0.5,), num_tokens=16, num_trials=2, data_dir=shared_data, per_class=6,
+                    epochs=2, hidden_size=16, num_layers=1, num_seeds=2, architectures=["vit"])  # fmt: skip
+    runs = results["training_speed"]["runs"]
+    assert set(runs) == {"vit/dense", "vit/k = 0.5·n"}
+    for entry in runs.values():
+        assert len(entry["per_seed"]) == 2 and len(entry["val_accuracy"]) == len(entry["val_accuracy_std"]) == 2
+        curves = torch.tensor([h["val_accuracy"] for h in entry["per_seed"]])
+        torch.testing.assert_close(torch.tensor(entry["val_accuracy"]), curves.mean(0))
+    assert "epochs to reach" in results["claims"][-1]["quantity"] and "± " in results["claims"][-1]["measured"]
+
+
 def test_train_classifier_times_its_epochs_from_the_start_of_training():
     import time
 

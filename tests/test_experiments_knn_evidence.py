@@ -18,6 +18,7 @@ from aot_transformers.experiments.knn_evidence import (
     knn_slow,
     layer_diagnostics,
     relevant_recall,
+    run,
     selections_agree,
     set_k,
 )
@@ -61,6 +62,24 @@ def test_lemma3_recall_rises_to_one_with_the_dimension():
     high = relevant_recall(1024, 1024, 64, math.ceil(1024 * 1024**-0.25), 50, generator)
     assert low["recall"] < 0.9 < high["recall"] == 1.0
     assert high["needed_k"] <= math.ceil(1024 * 1024**-0.25) < low["needed_k"]
+
+
+def test_lemma3_under_assumption_3_1_the_count_falls_faster_than_n_over_d(tmp_path):
+    """Eq. 35 with κ = τ = 0: the keys scoring at least the weakest relevant one number at most c·n/d."""
+    results = run(out=tmp_path, parts=["lemma3_assumption"], lemma3_dims=[128, 1024])
+    rows = results["lemma3_assumption"]["rows"]
+    assert rows[0]["needed_k"] > rows[1]["needed_k"] >= 8 and results["lemma3_assumption"]["slope"] <= -1
+    assert results["claims"][0]["holds"] is True and "lemma3" not in results and "k_sweep" not in results
+
+
+def test_lemma4_noise_part_decays_like_k_to_the_minus_half(tmp_path):
+    """Lemma 4's first term: at a fixed k1/k the noise part falls like k^(-1/2); with every key relevant it is the
+    whole error, with noisy keys the error keeps a bias that does not fall with k."""
+    results = run(out=tmp_path, parts=["lemma4"], lemma4_ks=[4, 16, 64, 256], lemma4_fractions=[1.0, 0.5])
+    table = results["lemma4"]["fractions"]
+    assert all(abs(row["noise_slope"] + 0.5) < 0.1 for row in table.values())
+    assert table["1"]["error"] == pytest.approx(table["1"]["noise"]) and table["0.5"]["error_slope"] > -0.4
+    assert [c["holds"] for c in results["claims"]] == [True, True] and (tmp_path / "lemma4_k_sweep.png").exists()
 
 
 def tiny_classifier(knn_k=None) -> AoTForImageClassification:
@@ -114,7 +133,7 @@ def test_study_writes_every_claim_and_figure(tmp_path, capsys):
     results = json.loads((tmp_path / "results.json").read_text())
     for key in ("slow_vs_fast", "lemma3", "k_sweep", "lemma1", "fig2"):
         assert key in results
-    assert len(results["claims"]) == 8
+    assert len(results["claims"]) == 11  # 8, and Lemma 3 under Assumption 3.1, Lemma 4 at two fractions
     for png in ("lemma3_recall.png", "fig1_k_sweep.png", "lemma1_gradients.png", "fig2_layer_diagnostics.png",
                 "figs3_4_attention_maps.png"):  # fmt: skip
         assert (tmp_path / png).stat().st_size > 0

@@ -8,7 +8,7 @@ as T5's position bias) or None, which means what it means to SDPA: `is_causal` a
 k-NN attention (KVT, https://arxiv.org/abs/2106.00515) keeps, for each query, the k highest-scoring keys it may see:
 exactly min(k, visible) keys — with a fractional k, min(ceil(k · visible), visible), at least 1 — the lowest key
 indices among keys tied at the k-th score. It runs in chunks of queries sized by a byte budget; its backward reads the
-kept keys saved per query (small integer k) or recomputes each chunk from two numbers saved per query: memory
+kept keys saved per query (small integer k) or recomputes each chunk from four numbers saved per query: memory
 O(chunk · Tk + T · (D + k)) per head, and no step reads a tensor value into Python. Part of the remote-code unit: the
 models look their kernel up in `ATTENTION_FUNCTIONS` first, then in transformers' `ALL_ATTENTION_FUNCTIONS`.
 """
@@ -17,43 +17,18 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from numbers import Integral, Real
 
 import torch
-import torch.nn.functional as F
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
+
+from .configuration_aot import check_knn_k, check_number
 
 # Below this many candidate keys per kept key, the two-stage top-k does not pay (benchmarks/README.md, k-NN kernel).
 _TWO_STAGE_GROUP = 4
 # Bytes of (B, H, C, Tk) temporaries a chunk of C queries may hold, as `_KNN_CHUNK_BUFFERS` score-sized buffers: this
 # sets C on every device (`knn_chunk_size` caps it; benchmarks/README.md, k-NN kernel).
 _KNN_CHUNK_BUDGET, _KNN_CHUNK_BUFFERS = 32 * 2**20, 4
-_KNN_K_ALLOWED = "an int >= 1 (keys kept per query) or a float in (0, 1] (the fraction of the keys a query may see)"
-
-
-def check_knn_k(knn_k) -> int | float:
-    """`knn_k` as a Python int or float, or a clear error naming the value (numpy scalars are accepted)."""
-    if knn_k is None:
-        raise ValueError(
-            f"attn_implementation='knn' needs `knn_k` in the model's config: {_KNN_K_ALLOWED}, e.g. "
-            "`from_pretrained(..., attn_implementation='knn', knn_k=0.5)`."
-        )
-    if isinstance(knn_k, bool) or not isinstance(knn_k, Real):
-        raise TypeError(f"`knn_k` must be {_KNN_K_ALLOWED}, got {knn_k!r} ({type(knn_k).__name__}).")
-    integral = isinstance(knn_k, Integral)
-    if not (1 <= knn_k < 2**62 if integral else 0.0 < float(knn_k) <= 1.0):
-        raise ValueError(f"`knn_k` must be {_KNN_K_ALLOWED} (an int below 2**62), got {knn_k}.")
-    return int(knn_k) if integral else float(knn_k)
-
-
-def check_knn_chunk_size(chunk_size) -> int:
-    """`knn_chunk_size` as a Python int >= 1 (None: 256), or a clear error naming the value."""
-    if chunk_size is None:
-        return 256
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, Integral) or chunk_size < 1:
-        raise ValueError(f"`knn_chunk_size` must be an int >= 1 (queries scored at once), got {chunk_size!r}.")
-    return int(chunk_size)
 
 
 def resolve_knn_k(knn_k: int | float, num_visible: torch.Tensor) -> torch.Tensor:
@@ -131,7 +106,7 @@ def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.T
     above = torch.gt(scores, threshold, out=torch.empty_like(scores))
     tied = torch.eq(scores, threshold, out=torch.empty_like(scores))
     # The kept tied keys are the first `keep - above` of them by key index (float counts: exact below 2**24 keys).
-    cutoff = (tied.cumsum(dim=-1) < keep - above.sum(dim=-1, keepdim=True)).sum(dim=-1, keepdim=True)
+    cutoff = torch.searchsorted(tied.cumsum(dim=-1), (keep - above.sum(dim=-1, keepdim=True)).to(tied.dtype))
     return threshold, cutoff, _kept_mask(scores, threshold, cutoff, above, tied)
 
 
@@ -178,20 +153,27 @@ def _scores(query, key, visible, bias, scaling, softcap) -> torch.Tensor:
     return scores
 
 
-def _softmax(scores, sinks, kept=None):
-    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value. With a
-    float mask `kept`, the softmax over the keys where it is 1 as `(weights, total)`, weights / total (the forward
-    divides its (C, D) output, not the (C, Tk) weights): a softmax of every key times the mask, with no masked fill."""
+def _softmax(scores, sinks):
+    """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value."""
     if sinks is None:
-        weights, sink = torch.softmax(scores, dim=-1), 0.0
-    else:
-        sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)
-        weights, sink = weights[..., :-1], weights[..., -1:]
-    if kept is None:
-        return weights
-    weights = weights.mul_(kept)
-    return weights, weights.sum(dim=-1, keepdim=True) + sink
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+
+
+def _kept_softmax(scores, sinks, kept, top=None, total=None):
+    """The softmax over the keys where the float mask `kept` is 1 (and the sinks), in place of `scores`, as weights
+    exp(s - top) / total, and `top` and `total` (B, H, C, 1); the backward passes the forward's (four passes over the
+    scores, no reduction). The forward divides its (C, D) output by `total`, not the (C, Tk) weights. The largest
+    visible score is always kept, so it is the kept keys' maximum; a product with a float mask is cheaper than a
+    masked fill."""
+    if top is not None:
+        return scores.sub_(top).exp_().mul_(kept).div_(total)
+    sink = None if sinks is None else sinks.to(scores.dtype).reshape(1, -1, 1, 1)
+    top = scores.amax(dim=-1, keepdim=True)
+    top = top if sink is None else torch.maximum(top, sink)
+    weights = scores.sub_(top).exp_().mul_(kept)
+    return weights, top, weights.sum(dim=-1, keepdim=True) + (0.0 if sink is None else (sink - top).exp())
 
 
 def _chunks(visible, bias, causal, query, key, chunk_size):
@@ -218,8 +200,9 @@ def _saves_kept_keys(knn_k, max_k, head_dim, softcap, dropout) -> bool:
 class _KnnAttentionFunction(torch.autograd.Function):
     """Chunked exact k-NN attention whose backward holds no (Tq, Tk) tensor (as flash attention). For a small integer
     k (`_saves_kept_keys`) the forward saves each query's kept keys and probabilities, (B, H, Tq, k); otherwise the
-    k-th largest visible score and a tie cutoff, from which the backward recomputes the chunk's scores, kept set (no
-    top-k) and probabilities with the same functions. Dropout masks are drawn again from the forward's generator state.
+    k-th largest visible score, a tie cutoff and the softmax's maximum and total, from which the backward recomputes
+    the chunk's scores, kept set (no top-k) and probabilities. Dropout masks are drawn again from the forward's
+    generator state.
     """
 
     @staticmethod
@@ -233,9 +216,10 @@ class _KnnAttentionFunction(torch.autograd.Function):
         per_query = batch * heads * num_keys * stat_dtype.itemsize * _KNN_CHUNK_BUFFERS  # `chunk_size` caps the chunks
         chunk_size = max(1, min(chunk_size, _KNN_CHUNK_BUDGET // max(1, per_query)))
         output = query.new_empty(batch, heads, q_len, value.shape[-1])
-        width = max_k if save_kept else 1  # kept indices and probabilities, or thresholds and tie cutoffs
+        # Saved per query: the kept keys' indices and probabilities, or threshold, tie cutoff, softmax maximum, total.
+        width = max_k if save_kept else 1
         stats = [query.new_empty(batch, heads, q_len, width, dtype=dtype) for dtype in (torch.int32, stat_dtype)]
-        stats = stats if save_kept else stats[::-1]
+        stats = stats if save_kept else [*stats[::-1], torch.empty_like(stats[1]), torch.empty_like(stats[1])]
         generator = None
         if dropout > 0.0:  # the backward replays the masks from the generator's state at the start
             generator = rng or torch.default_generator
@@ -252,8 +236,11 @@ class _KnnAttentionFunction(torch.autograd.Function):
                 probs = scores.zero_().scatter_(-1, indices, probs)  # (B, H, C, Tk')
             else:
                 threshold, cutoff, kept = _knn_threshold(scores, chunk_visible, knn_k, width)
-                stats[0][:, :, start:stop], stats[1][:, :, start:stop] = threshold, end if cutoff is None else cutoff
-                probs, total = _softmax(scores, sinks, kept)  # P = probs / total
+                probs, top, total = _kept_softmax(scores, sinks, kept)  # P = probs / total
+                for stat, chunk_stat in zip(
+                    stats, (threshold, end if cutoff is None else cutoff, top, total), strict=True
+                ):
+                    stat[:, :, start:stop] = chunk_stat
             del scores
             if generator is not None:
                 probs = probs * (torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout)
@@ -289,10 +276,11 @@ class _KnnAttentionFunction(torch.autograd.Function):
                 grad_scores = dense.scatter_(-1, indices, grad_kept)  # the same slots
             else:
                 scores = _scores(chunk_query, chunk_key, chunk_visible, chunk_bias, scaling, softcap)
-                kept = _kept_mask(scores, stats[0][:, :, start:stop], stats[1][:, :, start:stop])
-                probs, total = _softmax(scores, sinks, kept)
-                probs = probs.div_(total)  # the forward's P
-                del scores, kept
+                threshold, cutoff, top, total = (stat[:, :, start:stop] for stat in stats)
+                probs = _kept_softmax(
+                    scores, sinks, _kept_mask(scores, threshold, cutoff), top, total
+                )  # the forward's P
+                del scores
                 used = probs
                 if generator is not None:  # the output used P ∘ M / (1 - p)
                     kept = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
@@ -319,18 +307,21 @@ class _KnnAttentionFunction(torch.autograd.Function):
         return grad_query, grad_key, grad_value, None, grad_bias, grad_sinks, *([None] * 7)
 
 
-def _knn_attention_dense(
-    query, key, value, visible, bias, sinks, causal, scaling, softcap, knn_k, dropout, rng, max_k
+def _dense_attention(
+    query, key, value, visible, bias, sinks, causal, scaling, softcap, dropout, rng, knn_k=None, max_k=None
 ):
-    """k-NN attention in one piece through autograd: (B, H, Tq, D) output and (B, H, Tq, Tk) weights. Used when the
-    weights are requested (they then carry gradients, as dense attention's do), under `torch.compile` and under
-    `torch.export` (`max_k=None`: a sort instead of a top-k of symbolic size). Same kept set as the chunks."""
+    """Attention in one piece through autograd: (B, H, Tq, D) output and (B, H, Tq, Tk) weights (before dropout). The
+    eager backend, and k-NN attention (`knn_k`) when the weights are requested (they then carry gradients, as dense
+    attention's do), under `torch.compile` and under `torch.export` (`max_k=None`: a sort instead of a top-k of
+    symbolic size), with the same kept set as the chunks."""
     if causal:  # keys past the last query: never seen
         visible = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
     scores = _scores(query, key, visible, bias, scaling, softcap)
-    with torch.no_grad():
-        rejected = _knn_threshold(scores.detach(), visible, knn_k, max_k)[2] == 0
-    weights = _softmax(scores.masked_fill(rejected, -math.inf), sinks).to(query.dtype)
+    if knn_k is not None:
+        with torch.no_grad():
+            rejected = _knn_threshold(scores.detach(), visible, knn_k, max_k)[2] == 0
+        scores = scores.masked_fill(rejected, -math.inf)
+    weights = _softmax(scores, sinks).to(query.dtype)
     kept = torch.rand(weights.shape, device=weights.device, generator=rng) >= dropout if dropout > 0.0 else None
     return torch.matmul(weights if kept is None else weights * kept / (1 - dropout), value), weights
 
@@ -383,7 +374,7 @@ def knn_attention_forward(
     `generator` draws the dropout masks (default: the device's global generator)."""
     config = getattr(module, "config", None)
     knn_k = check_knn_k(knn_k if knn_k is not None else getattr(config, "knn_k", None))
-    max_chunk = check_knn_chunk_size(knn_chunk_size or getattr(config, "knn_chunk_size", None))
+    max_chunk = check_number("knn_chunk_size", knn_chunk_size or getattr(config, "knn_chunk_size", None) or 256)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if query.shape[1] != key.shape[1]:  # GQA: each key/value head serves H / Hkv query heads
         key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
@@ -393,8 +384,8 @@ def knn_attention_forward(
     exporting = torch.compiler.is_exporting()
     if output_attentions or exporting or torch.compiler.is_compiling():
         max_k = None if exporting else _max_knn_k(knn_k, key.shape[2])
-        args = (visible, bias, s_aux, causal, scaling, softcap, knn_k, dropout, generator, max_k)
-        output, weights = _knn_attention_dense(query, key, value, *args)
+        args = (visible, bias, s_aux, causal, scaling, softcap, dropout, generator, knn_k, max_k)
+        output, weights = _dense_attention(query, key, value, *args)
         return output.transpose(1, 2).contiguous(), weights if output_attentions else None
     output = _KnnAttentionFunction.apply(
         query, key, value, visible, bias, s_aux, causal, scaling, softcap, knn_k, max_chunk, dropout, generator
@@ -416,11 +407,8 @@ def eager_attention_forward(
     """Dense attention with explicit weights, the `"eager"` backend: boolean or additive masks, and a missing mask
     read as SDPA reads it (module docstring)."""
     visible, bias = _masks(attention_mask, None)
-    if visible is None and _is_causal(module, is_causal, query.shape[2]):
-        visible = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
-    scores = _scores(query, key, visible, bias, scaling, None)  # (B, H, Tq, Tk)
-    weights = torch.softmax(scores, dim=-1).to(query.dtype)
-    output = torch.matmul(F.dropout(weights, p=dropout, training=dropout > 0.0), value)  # (B, H, Tq, D)
+    causal = visible is None and _is_causal(module, is_causal, query.shape[2])
+    output, weights = _dense_attention(query, key, value, visible, bias, None, causal, scaling, None, dropout, None)
     return output.transpose(1, 2).contiguous(), weights
 
 

@@ -36,12 +36,13 @@ VISION_ARCHITECTURES = ("AoTVisionModel", "AoTForImageClassification")
 ATTENTION_MAP_BACKENDS = ("eager", "knn")
 
 
-def _check_number(name: str, value: Any, allowed: str = "[1, inf)") -> int | float:
+def check_number(name: str, value: Any, allowed: str = "[1, inf)") -> int | float:
     """`value` as a Python int (`allowed` "[m, inf)") or float (any other interval, e.g. "(0.0, 1.0]"), numpy
     scalars and Fractions included, or a clear error."""
     integer = "." not in allowed
     low, high = (float(bound) for bound in allowed[1:-1].split(", "))
-    text = f"an int >= {int(low)}" if integer else f"a number in {allowed}"
+    text = f"an int >= {int(low)}" if high == float("inf") else f"an int in {allowed}"
+    text = text if integer else f"a number in {allowed}"
     if isinstance(value, bool) or not isinstance(value, Integral if integer else Real):
         raise TypeError(f"`{name}` must be {text}, got {value!r} ({type(value).__name__}).")
     value = int(value) if integer else float(value)
@@ -50,6 +51,18 @@ def _check_number(name: str, value: Any, allowed: str = "[1, inf)") -> int | flo
     if not (above and below):
         raise ValueError(f"`{name}` must be {text}, got {value}.")
     return value
+
+
+def check_knn_k(knn_k) -> int | float:
+    """`knn_k` as a Python int or float, or a clear error naming the value (numpy scalars are accepted)."""
+    if knn_k is None:
+        raise ValueError(
+            "attn_implementation='knn' needs `knn_k` in the model's config: an int >= 1 (keys kept per query) or a "
+            "float in (0, 1] (the fraction of the keys a query may see), e.g. `from_pretrained(..., "
+            "attn_implementation='knn', knn_k=0.5)`."
+        )
+    integer = isinstance(knn_k, Integral) and not isinstance(knn_k, bool)
+    return check_number("knn_k", knn_k, f"[1, {2**62}]" if integer else "(0.0, 1.0]")  # 2**62: no int64 overflow
 
 
 class AoTConfig(PretrainedConfig):
@@ -139,7 +152,7 @@ class AoTConfig(PretrainedConfig):
     def _check_aot_fields(self) -> None:
         # Numbers are stored as Python ints and floats (numpy scalars and Fractions would not serialise).
         for name in INT_FIELDS:
-            setattr(self, name, _check_number(name, getattr(self, name)))
+            setattr(self, name, check_number(name, getattr(self, name)))
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
@@ -149,10 +162,9 @@ class AoTConfig(PretrainedConfig):
             if getattr(self, name) not in choices:
                 raise ValueError(f"`{name}` must be one of {list(choices)}, got {getattr(self, name)!r}.")
         if self.knn_k is not None:  # keys kept per query, or a fraction of the visible keys
-            integer = isinstance(self.knn_k, Integral) and not isinstance(self.knn_k, bool)
-            self.knn_k = _check_number("knn_k", self.knn_k, "[1, inf)" if integer else "(0.0, 1.0]")
+            self.knn_k = check_knn_k(self.knn_k)
         for name, allowed in INTERVALS.items():
-            setattr(self, name, _check_number(name, getattr(self, name), allowed))
+            setattr(self, name, check_number(name, getattr(self, name), allowed))
         for name in BOOL_FIELDS:
             if not isinstance(value := getattr(self, name), bool):
                 raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
@@ -168,7 +180,7 @@ class AoTConfig(PretrainedConfig):
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             value = getattr(self, name)
             if value is not None:
-                values = [_check_number(name, v, "[0, inf)") for v in (value if isinstance(value, list) else [value])]
+                values = [check_number(name, v, "[0, inf)") for v in (value if isinstance(value, list) else [value])]
                 setattr(self, name, values if isinstance(value, list) else values[0])
                 if max(values, default=0) >= self.vocab_size:
                     raise ValueError(f"`{name}` ({value}) must be < `vocab_size` ({self.vocab_size}).")

@@ -21,7 +21,8 @@ from __future__ import annotations
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .attention_aot import check_knn_chunk_size, check_knn_k, knn_attention_forward
+from .attention_aot import knn_attention_forward
+from .configuration_aot import check_knn_k, check_number
 
 KNN_ATTENTION = "knn"
 # The installed package's kernel, whatever a model folder's copy of `attention_aot` registered before it (AoT models
@@ -44,7 +45,8 @@ def _check_knn_settings_at_load(self, attn_implementation, *args, **kwargs):
     """Bad `knn_k` / `knn_chunk_size` raise when the model is built or switched to "knn", not at its first forward."""
     if attn_implementation == KNN_ATTENTION:
         check_knn_k(getattr(self.config, "knn_k", None))
-        check_knn_chunk_size(getattr(self.config, "knn_chunk_size", None))
+        if (chunk_size := getattr(self.config, "knn_chunk_size", None)) is not None:
+            check_number("knn_chunk_size", chunk_size)
     return _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs)
 
 

@@ -3,7 +3,8 @@
 1. **Slow vs fast definition** (Sec. 3.1, Eqs. 3–5; App. A.2, Table 3): Euclidean k nearest keys against the k
    largest scores q·k (the same keys when the keys have equal norms), and Table 3's timing ratio on this CPU.
 2. **Lemma 1** (Sec. 3.2, Eq. 6): the W_Q, W_K gradients are proportional to Var_a(x), so they shrink with k.
-3. **Lemma 3** (Sec. 3.2, Eq. 8): with k of order n·d^(−c), the k best-scoring keys contain every relevant one.
+3. **Lemma 3** (Sec. 3.2, Eq. 8): with k of order n·d^(−c), the k best-scoring keys contain every relevant one
+   (planted data; and under the paper's Assumption 3.1, Eq. 35). **Lemma 4**: its O(k^(−1/2)) term, a k sweep.
 4. **Fig. 2**: per layer, dense vs k-NN: token cosine similarity (Eq. 9), spread of the attention weights and the
    residual-to-main-branch ratio (also `aot inspect MODEL --knn-k K`).
 5. **Fig. 1**: accuracy against k (several seeds) of a small ViT-shaped classifier on MNIST digits.
@@ -21,14 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
 from .attention_maps import cls_attention_maps, layer_attentions
-from .knn import vision_config
+from .knn import sample_noisy_tokens, vision_config
 from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg, close, make_generator, set_axes
+from .subspace import subspace_attention
+
+PARTS = ("slow_vs_fast", "lemma3", "lemma3_assumption", "lemma4", "trained")
 
 
 @dataclass
@@ -46,6 +51,9 @@ class Options(StudyOptions):
     timing_batch: Count = arg(8, "images in the slow-vs-fast timing")
     lemma3_dims: list[Annotated[int, Range(2)]] = arg([16, 64, 256, 1024], "dimensions d of the Lemma 3 sweep")
     lemma3_exponent: Annotated[float, Range(0.0, 1.0, open_low=True)] = arg(0.25, "c in k = ceil(n·d^(−c))")
+    lemma4_ks: list[Annotated[int, Range(2)]] = arg([4, 8, 16, 32, 64, 128, 256, 512], "k of the Lemma 4 sweep")
+    lemma4_fractions: list[Annotated[float, Range(0.0, 1.0, open_low=True)]] = arg([1.0, 0.75], "Lemma 4's k1/k")
+    parts: list[str] = arg(list(PARTS), "which parts to run", PARTS)
     data_dir: str | None = arg(None, "folder of the shared data (default: ../shared/data)")
 
 
@@ -124,7 +132,11 @@ def relevant_recall(n: int, d: int, num_relevant: int, k: int, trials: int, gene
     mu = mu / mu.norm(dim=-1, keepdim=True) * d ** (3 / 8)
     keys = torch.randn(trials, n, d, generator=generator)
     keys[:, :num_relevant] += mu
-    query = mu + torch.randn(trials, 1, d, generator=generator)
+    return _recall(mu + torch.randn(trials, 1, d, generator=generator), keys, num_relevant, k)
+
+
+def _recall(query: torch.Tensor, keys: torch.Tensor, num_relevant: int, k: int) -> dict:
+    """Recall at k and the k keeping every relevant key (Eq. 8's left side) of the first `num_relevant` keys."""
     scores = (query @ keys.transpose(-1, -2)).squeeze(1)  # (T, n)
     ranks = scores.argsort(dim=-1, descending=True).argsort(dim=-1)  # rank of each key
     recall = (ranks[:, :num_relevant] < k).float().mean()
@@ -153,6 +165,62 @@ def lemma3(study: Study, o: Options) -> None:
         "with k = O(n d^(-c2)) every relevant key is kept w.h.p.",
         last["recall"] >= 0.99 and last["needed_k"] <= last["k"],
     )
+
+
+def lemma3_assumption(study: Study, o: Options) -> None:
+    """Lemma 3 (Lemma 5, Eq. 35) under Assumption 3.1: q = β*K + ε, β* = 1/s on s = 8 relevant keys, K's n = 1,024
+    rows i.i.d. N(0, I_d) (τ = 0, κ = 0), ε ~ N(0, I_d). Eq. 35 then bounds the keys scoring at least the weakest
+    relevant one by c·n/d: judged on the log-log slope of that count over the last step of the d sweep."""
+    n, s, c, generator, rows = 1024, 8, o.lemma3_exponent, make_generator(5), []
+    for d in o.lemma3_dims:
+        keys = torch.randn(100, n, d, generator=generator)
+        query = keys[:, :s].mean(1, keepdim=True) + torch.randn(100, 1, d, generator=generator)  # β* = 1/s on M*
+        k = max(s, math.ceil(n * d ** (-c)))
+        rows.append({"d": d, "k": k, **_recall(query, keys, s, k)})
+    (d0, k0), (d1, k1) = ((r["d"], r["needed_k"]) for r in (rows * 2)[-2:])  # one d: no slope (nan)
+    slope = math.log(k1 / k0) / math.log(d1 / d0) if d1 != d0 else math.nan
+    study.results["lemma3_assumption"] = {"tokens": n, "relevant": s, "sigma": 1.0, "rows": rows, "slope": slope}
+    study.claim(
+        f"Lemma 3 under Assumption 3.1: keys scoring ≥ the weakest of {s} relevant (n = {n}), and c = count·d/n",
+        ", ".join(f"d={r['d']}: {r['needed_k']} (c = {r['needed_k'] * r['d'] / n:.1f})" for r in rows)
+        + f"; log-log slope from d={d0} to {d1}: {slope:.2f}",
+        "≤ c·n·d^(2κ+τ−1) = c·n/d here (Eq. 35, Lemma 5): slope ≤ −1",
+        slope <= -1,
+    )
+
+
+def lemma4(study: Study, o: Options) -> None:
+    """Lemma 4's O(k^(−1/2)) term: softmax over k tokens (`knn.sample_noisy_tokens`, d = 64, ‖μ‖ = 2, noise 1/d per
+    coordinate, W_Q W_Kᵀ = W_V = I), k1/k of them around the query's mean μ. Noise part: distance to the output on the
+    noiseless tokens; error: distance to μ. Judged: the noise part's log-log slope, `close` to −1/2."""
+    d, generator, table = 64, make_generator(4), {}
+    identity = torch.eye(d).unsqueeze(0)
+    for fraction in o.lemma4_fractions:
+        noise, error = [], []
+        for k in o.lemma4_ks:
+            state, outputs = generator.get_state(), []
+            for sigma in (d**-0.5, 0.0):  # the same means, with and without the noise
+                generator.set_state(state)
+                tokens, relevant, mu = sample_noisy_tokens(k, d, 1 - fraction, 8, 2.0, sigma, 64, generator)
+                outputs.append(subspace_attention(tokens, identity, phi="softmax", scaling=d**-0.5))
+            noise.append(float((outputs[0] - outputs[1]).norm(dim=-1)[relevant].mean()))
+            error.append(float((outputs[0] - mu[:, None]).norm(dim=-1)[relevant].mean()))
+        slopes = [float(np.polyfit(np.log(o.lemma4_ks), np.log(v), 1)[0]) for v in (noise, error)]
+        table[f"{fraction:g}"] = {"noise": noise, "error": error, "noise_slope": slopes[0], "error_slope": slopes[1]}
+        study.claim(
+            f"Lemma 4: log-log slope in k of the noise part, k1/k = {fraction:g} (k = {o.lemma4_ks[0]}…"
+            f"{o.lemma4_ks[-1]}, d = {d})",
+            f"{slopes[0]:.3f} (noise {noise[0]:.3f} → {noise[-1]:.3f}); error to μ: slope {slopes[1]:.3f}, "
+            f"{error[0]:.3f} → {error[-1]:.3f}",
+            "O(k^(−1/2)): slope −1/2 (Lemma 4, first term)",
+            close(-slopes[0], 0.5),
+        )
+    study.results["lemma4"] = {"ks": o.lemma4_ks, "dim": d, "fractions": table}
+    ax = study.figure("lemma4_k_sweep.png")[0, 0]
+    for fraction, row in table.items():
+        ax.loglog(o.lemma4_ks, row["noise"], "o-", label=f"noise part, k1/k = {fraction}")
+        ax.loglog(o.lemma4_ks, row["error"], "x--", label=f"error to μ, k1/k = {fraction}")
+    set_axes(ax, xlabel="k", ylabel="‖output − ·‖", title=f"Lemma 4 at fixed k1/k, d = {d}")
 
 
 # --- Trained models: Fig. 1 (k sweep), Lemma 1, Fig. 2 and Figs 3–4 all read the same classifiers.
@@ -352,9 +420,14 @@ def figs3_4(study: Study, models: dict, k: float, data: dict) -> None:
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """Every claim of the module docstring (`Options`); the trained-model claims share one k sweep."""
     o = Options.parse(options)
-    study = Study("knn-evidence", "KVT's evidence for k-NN attention: definitions, Lemmas 1 and 3, Figs 1–4", o, out)
-    slow_vs_fast(study, o)
-    lemma3(study, o)
+    study = Study(
+        "knn-evidence", "KVT's evidence for k-NN attention: definitions, Lemmas 1, 3 and 4, Figs 1–4", o, out
+    )
+    for part in (slow_vs_fast, lemma3, lemma3_assumption, lemma4):
+        if part.__name__ in o.parts:
+            part(study, o)
+    if "trained" not in o.parts:
+        return study.finish()
     data = _data(o)
     models = k_sweep(study, o, data)
     lemma1(study, o, models[None], data)
