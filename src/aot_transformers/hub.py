@@ -34,7 +34,7 @@ PUSH_IGNORE_PATTERNS += ["*.pyc", "training_args.bin"] + [
 EXPORT_MANIFEST = ".aot_export.json"  # written by every export: marks the folder as ours and lists its files
 
 
-def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathLike, ...] = ()) -> Path:
+def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathLike, ...] = ()) -> None:
     """Check that writing an export to `target` destroys nothing but an earlier export.
 
     `target` may be missing, an empty folder, or a folder an earlier `export_model` / LoRA export wrote (its
@@ -57,12 +57,12 @@ def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathL
             what = "the run's output folder" if resolved == folder else f"a parent of the run's output folder {folder}"
             raise refused(f"is {what}; exporting there would delete it")
     if not target.exists():
-        return target
+        return
     if not target.is_dir():
         raise refused("is a file, not a folder")
     present = {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file() or p.is_symlink()}
     if not present:
-        return target
+        return
     manifest = target / EXPORT_MANIFEST
     try:
         written = set(json.loads(manifest.read_text(encoding="utf-8"))["files"])
@@ -82,7 +82,6 @@ def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathL
             f"is an earlier export with files added since ({shown}); refusing to replace it. Move them away or choose "
             "another folder"
         )
-    return target
 
 
 def check_finite_weights(model, refuse: Callable[[str], Exception]) -> None:
@@ -151,8 +150,7 @@ def export_model(
     files = dict(extra_files or {})
     if model_card is not None:
         files["README.md"] = str(model_card)
-    processors = (tokenizer, image_processor)
-    return write_export(model, save_directory, processors, files, overwrite, protected)
+    return write_export(model, save_directory, (tokenizer, image_processor), files, overwrite, protected)
 
 
 def write_export(model, save_directory, processors, files: dict, overwrite=True, protected=()) -> Path:

@@ -154,17 +154,14 @@ def render_model_card(
         model_name=model_name,
         eval_results=eval_results or None,
     )
-    default_summary = (
-        f"A causal language model ({config.num_hidden_layers} layers, width {config.hidden_size})."
-        if is_text
-        else f"An image classifier ({config.num_hidden_layers} layers, width {config.hidden_size}, "
-        f"{config.num_labels} classes)."
-    )
     return ModelCard.from_template(
         card_data,
         template_str=card_template(),
         model_name=model_name,
-        summary=default_summary,
+        summary=f"A causal language model ({config.num_hidden_layers} layers, width {config.hidden_size})."
+        if is_text
+        else f"An image classifier ({config.num_hidden_layers} layers, width {config.hidden_size}, "
+        f"{config.num_labels} classes).",
         knn_k=config.knn_k,
         architecture=architecture_rows(config, num_parameters, is_text),
         repo_id=repo_id,  # the loading snippet: of the adapter (on `base`) or of the model (a text model or not)

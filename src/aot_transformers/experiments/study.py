@@ -74,11 +74,6 @@ def make_generator(seed: int) -> torch.Generator:
 # --- Artifacts.
 
 
-def output_dir(out: str | Path | None, study: str) -> Path:
-    """The folder a study writes into (created): `out`, or `out/experiments/<study>` under the working directory."""
-    return _io.writable_folder(out if out is not None else DEFAULT_OUTPUT_ROOT / study, "--out")
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return _jsonable(value.detach().cpu().tolist())
@@ -233,7 +228,8 @@ class Study:
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.folder = output_dir(self.out, self.name)
+        # The folder it writes into (created): `out`, or `out/experiments/<name>` under the working directory.
+        self.folder = _io.writable_folder(DEFAULT_OUTPUT_ROOT / self.name if self.out is None else self.out, "--out")
         self.start = time.perf_counter()
         self._drawn: list[tuple[Any, str]] = []
 

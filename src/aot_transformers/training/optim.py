@@ -53,12 +53,8 @@ def optimizer_cls_and_kwargs(arguments: OptimizerArguments | None, training_args
         ) from None
     if not training_args.learning_rate > 0:
         raise TrainingSetupError("", argument="--learning_rate", value=training_args.learning_rate, allowed="> 0")
-    kwargs = {
-        "lr": training_args.learning_rate,
-        "betas": (arguments.lion_beta1, arguments.lion_beta2),
-        "weight_decay": training_args.weight_decay,
-    }
-    return Lion, kwargs
+    betas = (arguments.lion_beta1, arguments.lion_beta2)
+    return Lion, {"lr": training_args.learning_rate, "betas": betas, "weight_decay": training_args.weight_decay}
 
 
 __all__ = ["OPTIMIZERS", "OptimizerArguments", "optimizer_cls_and_kwargs"]
