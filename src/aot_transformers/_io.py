@@ -1,5 +1,6 @@
-"""The plumbing every wing shares: atomic writes, the folder lock, and what names a Hub repository, a pickle or a code
-file. Defined once here; `training/`, `evaluation/`, `experiments/` and `hub.py` import it and nothing of each other.
+"""The plumbing every wing shares: atomic writes, the folder lock, the fields of command-line options, and what names a
+Hub repository, a pickle or a code file. Defined once here; `training/`, `evaluation/`, `experiments/` and `hub.py`
+import it and nothing of each other.
 
 Atomic means a kill or a power loss leaves the old file (folder) or the new one, never a mix: write beside the target,
 fsync, rename over it, fsync the folder. Temporary names carry their writer's host and pid, so whatever a killed writer
@@ -15,8 +16,9 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,14 @@ from .modeling_aot import PICKLE_SUFFIXES
 EVAL_RESULTS_DIR = ".eval_results"  # the Hub's folder of evaluation results, the one hidden folder a push uploads
 LOCK_FILE = ".aot.lock"
 STAGING_MARKER = ".aot_staging"  # inside a staging folder while it is written: the pid and host writing it
+
+
+def arg(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
+    """A dataclass field with its help text (and allowed values) for `HfArgumentParser`; lists are copied."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": list(choices)}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def is_pickle_name(name: str) -> bool:
@@ -52,6 +62,21 @@ def is_hub_id(name: str | None) -> bool:
     return True
 
 
+def writable_folder(path: str | os.PathLike, argument: str, error: type[UsageError] = UsageError) -> Path:
+    """Create the folder `path` if needed; refuse a file, or a folder this process cannot write (`error` naming
+    `argument` and the path)."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise error("is a file, not a folder", argument=argument, value=str(path))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as problem:
+        raise error(f"cannot be created ({problem.strerror or problem})", argument=argument, value=str(path)) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise error("is not writable", argument=argument, value=str(path))
+    return folder
+
+
 def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -76,19 +101,16 @@ def temporary_prefix(path: Path) -> str:
     return f".{path.name}.{socket.gethostname()}-{os.getpid()}."
 
 
-def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+def remove_stale_temporaries(path: str | os.PathLike) -> None:
     """Remove the temporary files and folders of `path` (`.<name>.<host>-<pid>.*` beside it) that a writer killed
-    mid-write left behind: those naming this host and a process that no longer runs. Returns what was removed."""
+    mid-write left behind: those naming this host and a process that no longer runs."""
     path = Path(path)
     pattern = re.compile(rf"^\.{re.escape(path.name)}\.(?P<host>.+)-(?P<pid>\d+)\.[^.]+$")
-    removed = []
     host = socket.gethostname()
     for candidate in path.parent.glob(f".{glob.escape(path.name)}.*") if path.parent.is_dir() else []:
         match = pattern.match(candidate.name)
         if match and match["host"] == host and not process_alive(int(match["pid"])):
             shutil.rmtree(candidate, ignore_errors=True) if candidate.is_dir() else candidate.unlink(missing_ok=True)
-            removed.append(candidate)
-    return removed
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -109,10 +131,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     fsync_directory(path.parent)
 
 
-def write_json(path: str | os.PathLike, data: Any, indent: int = 1, sort_keys: bool = True) -> Path:
-    """Write `data` as JSON (with a final newline) to `path` atomically; returns the path."""
+def write_json(path: str | os.PathLike, data: Any, indent: int = 1, sort_keys: bool = True) -> None:
+    """Write `data` as JSON (with a final newline) to `path` atomically."""
     atomic_write_text(path, json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n")
-    return Path(path)
 
 
 def load_json(path: str | os.PathLike, what: str = "") -> Any:
@@ -170,12 +191,11 @@ def atomic_folder(target: str | os.PathLike, overwrite: bool = True) -> Iterator
         raise
 
 
-def remove_stale_staging(target: str | os.PathLike) -> list[Path]:
+def remove_stale_staging(target: str | os.PathLike) -> None:
     """Remove the staging folders of `target` (`.<name>.*` beside it) left by a writer that was killed: those whose
     marker names a dead process of this host, and the `.<name>.old` backup of a rename interrupted after the new
-    folder was in place. Returns the folders removed."""
+    folder was in place."""
     target = Path(target)
-    removed = []
     for path in target.parent.glob(f".{glob.escape(target.name)}.*") if target.parent.is_dir() else []:
         if not path.is_dir():
             continue
@@ -189,8 +209,6 @@ def remove_stale_staging(target: str | os.PathLike) -> list[Path]:
                 stale = False  # unreadable: possibly being written right now; left alone
         if stale:
             shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
 
 
 class FolderLockedError(RuntimeError):

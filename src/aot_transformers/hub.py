@@ -34,7 +34,7 @@ PUSH_IGNORE_PATTERNS += ["*.pyc", "training_args.bin"] + [
 EXPORT_MANIFEST = ".aot_export.json"  # written by every export: marks the folder as ours and lists its files
 
 
-def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathLike, ...] = ()) -> Path:
+def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathLike, ...] = ()) -> None:
     """Check that writing an export to `target` destroys nothing but an earlier export.
 
     `target` may be missing, an empty folder, or a folder an earlier `export_model` / LoRA export wrote (its
@@ -57,12 +57,12 @@ def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathL
             what = "the run's output folder" if resolved == folder else f"a parent of the run's output folder {folder}"
             raise refused(f"is {what}; exporting there would delete it")
     if not target.exists():
-        return target
+        return
     if not target.is_dir():
         raise refused("is a file, not a folder")
     present = {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file() or p.is_symlink()}
     if not present:
-        return target
+        return
     manifest = target / EXPORT_MANIFEST
     try:
         written = set(json.loads(manifest.read_text(encoding="utf-8"))["files"])
@@ -82,7 +82,6 @@ def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathL
             f"is an earlier export with files added since ({shown}); refusing to replace it. Move them away or choose "
             "another folder"
         )
-    return target
 
 
 def check_finite_weights(model, refuse: Callable[[str], Exception]) -> None:
@@ -122,7 +121,6 @@ def export_model(
     overwrite: bool = True,
     model_card: Any = None,
     extra_files: dict[str, str | bytes | os.PathLike] | None = None,
-    state_dict: dict | None = None,
     protected: tuple[str | os.PathLike, ...] = (),
 ) -> Path:
     """Write `model` (safetensors, config with a complete `auto_map`, code files) and its tokenizer or image
@@ -138,7 +136,6 @@ def export_model(
             `FileExistsError`.
         model_card: A `huggingface_hub.ModelCard` (or its text), written as `README.md`.
         extra_files: More files for the folder: name -> text, bytes, or the path of a file to copy.
-        state_dict: The weights to save instead of `model.state_dict()` (the gathered full weights of an FSDP run).
         protected: Folders that must survive (a training run's output folder): `save_directory` may be neither one
             of them nor a parent of one.
 
@@ -153,18 +150,17 @@ def export_model(
     files = dict(extra_files or {})
     if model_card is not None:
         files["README.md"] = str(model_card)
-    processors = (tokenizer, image_processor)
-    return write_export(model, save_directory, processors, files, overwrite, protected, state_dict=state_dict)
+    return write_export(model, save_directory, (tokenizer, image_processor), files, overwrite, protected)
 
 
-def write_export(model, save_directory, processors, files: dict, overwrite=True, protected=(), **save_options) -> Path:
-    """Write `model.save_pretrained(..., **save_options)` (safetensors), the `processors` that are not None and
-    `files` (see `write_extra_files`) into `save_directory` atomically, with the `EXPORT_MANIFEST` listing them; with
-    `overwrite`, only over an earlier export (`check_replaceable`). Serves `export_model` and LoRA adapters."""
+def write_export(model, save_directory, processors, files: dict, overwrite=True, protected=()) -> Path:
+    """Write `model` (safetensors), the `processors` that are not None and `files` (see `write_extra_files`) into
+    `save_directory` atomically, with the `EXPORT_MANIFEST` listing them; with `overwrite`, only over an earlier
+    export (`check_replaceable`). Serves `export_model` and LoRA adapters."""
     if overwrite:
         check_replaceable(save_directory, protected)
     with atomic_folder(save_directory, overwrite) as staging:
-        model.save_pretrained(staging, safe_serialization=True, **save_options)
+        model.save_pretrained(staging, safe_serialization=True)
         for processor in processors:
             if processor is not None:
                 processor.save_pretrained(staging)

@@ -90,9 +90,6 @@ def render_model_card(
     base_model_description: str | None = None,
     adapter: dict[str, Any] | None = None,
     library_name: str = "transformers",
-    license: str | None = "apache-2.0",
-    summary: str | None = None,
-    limitations: str | None = None,
     tags: list[str] | None = None,
 ):
     """Render the model card of an AoT model with `huggingface_hub.ModelCard.from_template`.
@@ -114,9 +111,6 @@ def render_model_card(
         base_model_description: A base model that is not on the Hub (a local folder), named in the card's text.
         adapter: LoRA settings (rank, alpha, targets, …) when the folder is a PEFT adapter.
         library_name: `"transformers"`, or `"peft"` for an adapter.
-        license: SPDX-style license id of the weights.
-        summary: A paragraph under the title.
-        limitations: The limitations paragraph.
         tags: More tags (`aot`, `attention-only`, `custom_code` and the task are always present).
 
     Returns:
@@ -153,24 +147,21 @@ def render_model_card(
     card_data = ModelCardData(
         library_name=library_name,
         pipeline_tag=task,
-        license=license,
+        license="apache-2.0",
         tags=all_tags,
         datasets=datasets or None,
         base_model=base_model,
         model_name=model_name,
         eval_results=eval_results or None,
     )
-    default_summary = (
-        f"A causal language model ({config.num_hidden_layers} layers, width {config.hidden_size})."
-        if is_text
-        else f"An image classifier ({config.num_hidden_layers} layers, width {config.hidden_size}, "
-        f"{config.num_labels} classes)."
-    )
     return ModelCard.from_template(
         card_data,
         template_str=card_template(),
         model_name=model_name,
-        summary=summary or default_summary,
+        summary=f"A causal language model ({config.num_hidden_layers} layers, width {config.hidden_size})."
+        if is_text
+        else f"An image classifier ({config.num_hidden_layers} layers, width {config.hidden_size}, "
+        f"{config.num_labels} classes).",
         knn_k=config.knn_k,
         architecture=architecture_rows(config, num_parameters, is_text),
         repo_id=repo_id,  # the loading snippet: of the adapter (on `base`) or of the model (a text model or not)
@@ -185,9 +176,8 @@ def render_model_card(
         base_model_description=Path(base_model_description).name if base_model_description else None,
         is_adapter=adapter is not None,
         adapter=[(name, _format(value)) for name, value in (adapter or {}).items()],
-        limitations=limitations
-        or "A research model: small, trained briefly, and not evaluated for safety or bias. Use it to study "
-        "attention-only architectures, not in products.",
+        limitations="A research model: small, trained briefly, and not evaluated for safety or bias. Use it to "
+        "study attention-only architectures, not in products.",
         library_version=__version__,
         required_transformers=REQUIRED_TRANSFORMERS,
     )
@@ -382,11 +372,9 @@ def _with_section(text: str, section: str) -> str:
     return text.rstrip() + "\n\n## Zero-shot evaluation\n\n" + block + "\n"
 
 
-def add_eval_results(
-    card_path: str | os.PathLike, report, table: Callable[[str], str], model_name: str | None = None
-) -> Path:
+def add_eval_results(card_path: str | os.PathLike, report, table: Callable[[str], str]) -> Path:
     """Add an `aot eval` report to the card at `card_path` (a `README.md`, or a model folder holding one), creating
-    it if needed (named `model_name`, default the folder's name): `model-index` entries (replacing those of the same
+    it if needed (named after its folder): `model-index` entries (replacing those of the same
     task, dataset and metric, keeping the others), the markdown table `table(name in the card)` between
     `SECTION_START` and `SECTION_END` (replaced in place by a later run), and beside a `README.md` the Hub's
     `.eval_results/` file. The caller checks that every metric is finite. Returns the card's path; raises
@@ -401,13 +389,13 @@ def add_eval_results(
         card = load_card(path)
     else:
         data = ModelCardData(library_name="transformers", tags=["aot", "zero-shot-evaluation"])
-        card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n# {model_name or path.parent.name}\n")
+        card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n# {path.parent.name}\n")
     new = eval_results(report)
     replaced = {_key(result) for result in new}
     kept = [result for result in (card.data.eval_results or []) if _key(result) not in replaced]
     card.data.eval_results = kept + new
     if not card.data.model_name:
-        card.data.model_name = model_name or path.parent.resolve().name
+        card.data.model_name = path.parent.resolve().name
     note = (
         f"Measured with `aot eval lm` (window {report.settings.get('max_length')}, stride "
         f"{report.settings.get('stride')}); losses are mean token cross-entropy in nats.\n\n"

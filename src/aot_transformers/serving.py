@@ -50,26 +50,20 @@ class RequestError(Exception):
         return JSONResponse({"error": error}, status_code=self.status)
 
 
-def _positive_int(body: dict, field: str) -> int | None:
+def _field(body: dict, field: str, ok, allowed: str) -> Any:
+    """`body[field]` (None when absent); a 400 naming the field and what is `allowed` when `ok(value)` is false."""
     value = body.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise RequestError(400, field, f"{field}: {value!r} is not allowed (allowed: a positive integer)")
+    if value is not None and not ok(value):
+        raise RequestError(400, field, f"{field}: {value!r} is not allowed (allowed: {allowed})")
     return value
 
 
-def _number(body: dict, field: str, low: float, high: float, low_open: bool = False) -> None:
-    value = body.get(field)
-    if value is None:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        bound = "(" if low_open else "["
-        raise RequestError(
-            400, field, f"{field}: {value!r} is not allowed (allowed: a number in {bound}{low}, {high}])"
-        )
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_common_fields(body: dict, served: str) -> None:
@@ -79,21 +73,20 @@ def check_common_fields(body: dict, served: str) -> None:
         raise RequestError(
             404, "model", f"model: {requested!r} is not served here (this server serves {served!r})", "model_not_found"
         )
-    _number(body, "temperature", 0.0, 2.0)
-    _number(body, "top_p", 0.0, 1.0, low_open=True)
-    if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise RequestError(400, "stream", f"stream: {body['stream']!r} is not allowed (allowed: true or false)")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise RequestError(400, "seed", f"seed: {seed!r} is not allowed (allowed: an integer)")
+    _field(body, "temperature", lambda v: _is_number(v) and 0.0 <= v <= 2.0, "a number in [0.0, 2.0]")
+    _field(body, "top_p", lambda v: _is_number(v) and 0.0 < v <= 1.0, "a number in (0.0, 1.0]")
+    _field(body, "stream", lambda v: isinstance(v, bool), "true or false")
+    _field(body, "seed", _is_int, "an integer")
 
 
-def fit_to_context(body: dict, fields: tuple[str, ...], prompt_tokens: int, context: int | None, what: str) -> None:
-    """Refuse a prompt or a token limit the model's context cannot hold; default the limit to what is left."""
-    limits = {field: _positive_int(body, field) for field in fields}
+def fit_to_context(body: dict, fields: tuple[str, ...], prompt_tokens: int, model, what: str) -> None:
+    """Refuse a prompt or a token limit the model's context (`max_position_embeddings`) cannot hold; default the
+    limit to what is left."""
+    limits = {field: _field(body, field, lambda v: _is_int(v) and v >= 1, "a positive integer") for field in fields}
     if prompt_tokens == 0:
         raise RequestError(400, what, f"{what}: empty (allowed: at least one token)")
-    if context is None:
+    context = getattr(model.config, "max_position_embeddings", None)
+    if not isinstance(context, int) or context < 1:
         return
     if prompt_tokens >= context:
         raise RequestError(
@@ -113,11 +106,6 @@ def fit_to_context(body: dict, fields: tuple[str, ...], prompt_tokens: int, cont
             f"{context} tokens (allowed: at most {context - prompt_tokens})",
             "context_length_exceeded",
         )
-
-
-def _context_length(model) -> int | None:
-    value = getattr(model.config, "max_position_embeddings", None)
-    return value if isinstance(value, int) and value > 0 else None
 
 
 def _tokenizer(processor):
@@ -238,7 +226,7 @@ def _install() -> None:
         if not isinstance(prompt, str) or not prompt:
             raise RequestError(400, "prompt", f"prompt: {prompt!r} is not allowed (allowed: a non-empty string)")
         tokens = len(_tokenizer(processor)(prompt)["input_ids"])
-        fit_to_context(body, ("max_tokens",), tokens, _context_length(model), "prompt")
+        fit_to_context(body, ("max_tokens",), tokens, model, "prompt")
 
     def check_chat(handler, body: dict, model, processor, served: str) -> None:
         check_messages(body.get("messages"), "messages")
@@ -248,7 +236,7 @@ def _install() -> None:
             raise RequestError(400, "messages", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
         tokens = chat_prompt_tokens(handler, processor, body["messages"], body)
         # transformers reads `max_completion_tokens` first, then `max_tokens`: both are checked
-        fit_to_context(body, ("max_completion_tokens", "max_tokens"), tokens, _context_length(model), "messages")
+        fit_to_context(body, ("max_completion_tokens", "max_tokens"), tokens, model, "messages")
 
     def check_response(handler, body: dict, model, processor, served: str) -> None:
         if body.get("input") in (None, "", []):
@@ -257,7 +245,7 @@ def _install() -> None:
             raise RequestError(400, "input", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
         messages = handler._normalize_input(dict(body))
         tokens = chat_prompt_tokens(handler, processor, messages, {**body, "tools": None})
-        fit_to_context(body, ("max_output_tokens",), tokens, _context_length(model), "input")
+        fit_to_context(body, ("max_output_tokens",), tokens, model, "input")
 
     def guarded(name: str, check):
         """transformers' handler `name`, whose requests pass `check_common_fields` and `check` first."""

@@ -109,13 +109,9 @@ def shared_projection_attention_forward(
     is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """The `"shared_projection"` backend: MSSA's kernel where it pays, transformers' SDPA everywhere else.
-
-    `_SharedProjectionAttention` runs when `shared_projection_applies`; every other call (a cache, a mask, inference,
-    MHSA, longer sequences) is exactly the `"sdpa"` backend. Select it with
-    `attn_implementation="shared_projection"` (`aot train` does for MSSA on CPU). Continuous batching accepts only
-    the `"sdpa"`, `"paged|eager"` and flash backends.
-    """
+    """The `"shared_projection"` backend: `_SharedProjectionAttention` when `shared_projection_applies`, exactly the
+    `"sdpa"` backend for every other call (a cache, a mask, inference, MHSA, longer sequences). Continuous batching
+    accepts only the `"sdpa"`, `"paged|eager"` and flash backends."""
     if is_causal is None:
         is_causal = module is not None and bool(getattr(module, "is_causal", True))
     if shared_projection_applies(query, key, value, attention_mask, dropout, is_causal):

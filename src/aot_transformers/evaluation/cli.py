@@ -101,21 +101,11 @@ def run_lm(args: argparse.Namespace) -> int:
     card = _card_target(args)
     lock = _lock(card.parent) if card is not None else None
     try:
-        report = evaluate_model(
-            args.model,
-            args.tasks,
-            tokenizer=args.tokenizer,
-            data_dir=args.data_dir,
-            data=_data_overrides(args.data),
-            max_length=args.max_length,
-            stride=args.stride,
-            batch_size=args.batch_size,
-            bf16=args.bf16,
-            device=args.device,
-            limit=args.limit,
-            progress=not args.no_progress,
-            trust_remote_code=args.trust_remote_code,
-        )
+        # The options named as `evaluate_model`'s keywords, then the two that are converted.
+        names = "tokenizer data_dir max_length stride batch_size bf16 device limit trust_remote_code".split()
+        options = {name: getattr(args, name) for name in names}
+        options.update(data=_data_overrides(args.data), progress=not args.no_progress)
+        report = evaluate_model(args.model, args.tasks, **options)
         try:  # a NaN metric: NonFiniteMetricError (exit 1 naming the metrics), nothing written
             json_path, markdown_path = write_results(report, output_dir)
         except OSError as error:

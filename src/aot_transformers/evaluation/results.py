@@ -135,7 +135,7 @@ def read_results(path: str | os.PathLike) -> EvaluationReport:
         raise EvaluationError(f"{path}: {error}") from None
 
 
-def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, model_name: str | None = None) -> Path:
+def update_model_card(card_path: str | os.PathLike, report: EvaluationReport) -> Path:
     """Add the report to the card at `card_path` (a `README.md`, or a model folder holding one), creating it if
     needed: `model-index` entries, the results table, and the Hub's `.eval_results/` (see
     `model_card.add_eval_results`). Returns the card's path.
@@ -145,4 +145,4 @@ def update_model_card(card_path: str | os.PathLike, report: EvaluationReport, mo
         UsageError: The card cannot be read, or its folder does not exist.
     """
     check_finite(report)
-    return add_eval_results(card_path, report, lambda name: markdown_table([report], names=[name]), model_name)
+    return add_eval_results(card_path, report, lambda name: markdown_table([report], names=[name]))

@@ -211,7 +211,6 @@ def evaluate_model(
     device: str | torch.device | None = None,
     limit: int | None = None,
     progress: bool = False,
-    model_name: str | None = None,
     trust_remote_code: bool = False,
 ) -> EvaluationReport:
     """Run the zero-shot suite (or some of its tasks) on a causal LM.
@@ -229,7 +228,6 @@ def evaluate_model(
         device: Defaults to CUDA when available, else CPU (for a loaded model: where it already is).
         limit: Evaluate only the first `limit` documents / passages / questions of each dataset.
         progress: Show progress bars.
-        model_name: Name recorded in the report (default: `model` when it is a path or id).
         trust_remote_code: Run the model's own code even when `aot verify` does not pass it (a local AoT folder
             that verifies is trusted without it; any other folder or Hub id with code of its own needs it).
 
@@ -256,12 +254,12 @@ def evaluate_model(
 
             tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=False)
         lm, tok = (model.eval() if device is None else model.eval().to(device)), tokenizer
-        name = model_name or getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+        name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
     else:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         lm, tok = load_model_and_tokenizer(model, None if tokenizer_given else tokenizer, device, trust_remote_code)
         tok = tokenizer if tokenizer_given else tok
-        name = model_name or os.fspath(model)
+        name = os.fspath(model)
 
     scorer = LanguageModelScorer(
         lm, tok, max_length=max_length, stride=stride, batch_size=batch_size, bf16=bf16, progress=progress

@@ -121,7 +121,6 @@ class LanguageModelScorer:
         stride: Tokens scored per sliding window after the first; defaults to `max_length` (disjoint windows).
         batch_size: Windows per forward pass.
         bf16: Run the forward pass under bfloat16 autocast (log-probabilities are taken in float32).
-        prefix_token_id: Token placed before each text for rolling scores; by default BOS, else EOS, else none.
         progress: Show a progress bar.
     """
 
@@ -133,7 +132,6 @@ class LanguageModelScorer:
         stride: int | None = None,
         batch_size: int = 8,
         bf16: bool = False,
-        prefix_token_id: int | None | str = "auto",
         progress: bool = False,
     ):
         window = model_context_window(model, tokenizer)
@@ -153,8 +151,8 @@ class LanguageModelScorer:
             raise EvaluationError(f"`stride` must be an int in [1, max_length={max_length}], got {stride!r}.")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise EvaluationError(f"`batch_size` must be a positive int, got {batch_size!r}.")
-        if prefix_token_id == "auto":
-            prefix_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        # Placed before each text for rolling scores: BOS, else EOS, else none (see the module docstring).
+        prefix_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         self.model, self.tokenizer, self.max_length, self.stride = model, tokenizer, max_length, stride
         self.batch_size, self.bf16, self.prefix_token_id, self.progress = batch_size, bf16, prefix_token_id, progress
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .study import check_int, check_real, make_generator
+from .study import check_int, make_generator
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -83,7 +83,6 @@ def load_mnist5k(data_dir: str | Path | None = None) -> tuple[torch.Tensor, torc
 
 def split(images: torch.Tensor, labels: torch.Tensor, val_fraction: float, seed: int) -> dict[str, torch.Tensor]:
     """A seeded shuffle into train and validation parts."""
-    check_real("val_fraction", val_fraction, 0.0, 1.0, open_min=True, open_max=True)
     order = torch.randperm(len(labels), generator=make_generator(seed))
     num_val = max(1, int(len(labels) * val_fraction))
     val, train = order[:num_val], order[num_val:]
@@ -136,8 +135,6 @@ def train_classifier(
     `data` is `split(...)` output with the images already normalised to float; `seed` orders the batches. Returns
     `val_accuracy` and `train_loss` per epoch, `epoch_seconds` (cumulative) and `seconds`.
     """
-    check_int("epochs", epochs)
-    check_int("batch_size", batch_size)
     generator = make_generator(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
     steps_per_epoch = -(-len(data["train_labels"]) // batch_size)

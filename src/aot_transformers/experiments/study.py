@@ -9,7 +9,6 @@ numbers to the record, and returns `study.finish()`, which writes `results.json`
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -20,6 +19,7 @@ from typing import Annotated, Any, get_args, get_origin, get_type_hints
 import torch
 
 from .. import _io
+from .._io import arg as arg  # the studies declare their options with it
 
 DEFAULT_OUTPUT_ROOT = Path("out") / "experiments"
 
@@ -72,22 +72,6 @@ def make_generator(seed: int) -> torch.Generator:
 
 
 # --- Artifacts.
-
-
-def output_dir(out: str | Path | None, study: str) -> Path:
-    """The folder a study writes into (created): `out`, or `out/experiments/<study>` under the working directory."""
-    from ..errors import UsageError
-
-    path = Path(out) if out is not None else DEFAULT_OUTPUT_ROOT / study
-    if path.exists() and not path.is_dir():
-        raise UsageError("is a file, not a folder", argument="--out", value=str(path))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"cannot be created ({error.strerror or error})", argument="--out", value=str(path)) from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError("is not writable", argument="--out", value=str(path))
-    return path
 
 
 def _jsonable(value: Any) -> Any:
@@ -153,14 +137,6 @@ Count = Annotated[int, Range(1)]  # an int >= 1
 Seed = Annotated[int, Range(0)]
 NonNegative = Annotated[float, Range(0.0)]
 Positive = Annotated[float, Range(0.0, open_low=True)]
-
-
-def arg(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
-    """A dataclass field with its help text (and allowed values) for `HfArgumentParser`; lists are copied."""
-    metadata = {"help": help} if choices is None else {"help": help, "choices": list(choices)}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 def _check_value(name: str, value: Any, kind: Any, choices: Sequence[str] | None) -> Any:
@@ -252,7 +228,8 @@ class Study:
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.folder = output_dir(self.out, self.name)
+        # The folder it writes into (created): `out`, or `out/experiments/<name>` under the working directory.
+        self.folder = _io.writable_folder(DEFAULT_OUTPUT_ROOT / self.name if self.out is None else self.out, "--out")
         self.start = time.perf_counter()
         self._drawn: list[tuple[Any, str]] = []
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._io import arg
 from ..errors import UsageError
 
 CURVES_FILE = "training_curves.png"
@@ -47,16 +48,10 @@ class ModelArguments:
     """Which model to train: a checkpoint to fine-tune, a preset, or a config file, with overrides. Shared by the
     language-model and image-classification trainers, which add their own fields (tokenizer, image size)."""
 
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "An AoT checkpoint (folder or Hub id) to fine-tune."}
-    )
-    preset: str | None = field(
-        default=None, metadata={"help": "A named configuration (`aot info` lists them); default: the task's tiny one."}
-    )
-    config_file: str | None = field(default=None, metadata={"help": "A config.json to build the model from."})
-    config_overrides: str | None = field(
-        default=None, metadata={"help": "Config fields to override, e.g. 'hidden_size=128,num_hidden_layers=6'."}
-    )
+    model_name_or_path: str | None = arg(None, "An AoT checkpoint (folder or Hub id) to fine-tune.")
+    preset: str | None = arg(None, "A named configuration (`aot info` lists them); default: the task's tiny one.")
+    config_file: str | None = arg(None, "A config.json to build the model from.")
+    config_overrides: str | None = arg(None, "Config fields to override, e.g. 'hidden_size=128,num_hidden_layers=6'.")
 
 
 @dataclass
@@ -64,15 +59,12 @@ class PublishArguments:
     """Where the final model goes and how it is published. Trainer's own `--push_to_hub`, `--hub_model_id`,
     `--hub_token`, `--hub_private_repo`, `--hub_revision` and `--hub_strategy` select the push."""
 
-    final_model_dir: str | None = field(
-        default=None,
-        metadata={"help": "Hub-ready folder for the final model (default: <output_dir>/model). Written atomically."},
+    final_model_dir: str | None = arg(
+        None, "Hub-ready folder for the final model (default: <output_dir>/model). Written atomically."
     )
-    hub_endpoint: str | None = field(
-        default=None, metadata={"help": "Hub URL for --push_to_hub (default: HF_ENDPOINT or https://huggingface.co)."}
-    )
-    model_name: str | None = field(default=None, metadata={"help": "Name in the model card (default: folder name)."})
-    make_plots: bool = field(default=True, metadata={"help": f"Write {CURVES_FILE} into the final folder."})
+    hub_endpoint: str | None = arg(None, "Hub URL for --push_to_hub (default: HF_ENDPOINT or https://huggingface.co).")
+    model_name: str | None = arg(None, "Name in the model card (default: folder name).")
+    make_plots: bool = arg(True, f"Write {CURVES_FILE} into the final folder.")
 
     def final_dir(self, training_args) -> Path:
         """The final folder: `--final_model_dir`, default `<output_dir>/model`."""

@@ -270,7 +270,7 @@ def finish_run(
         from .lora import export_adapter
 
         export_adapter(
-            model, final_dir, lora, processor=processor, card_kwargs=card_kwargs, files=files, protected=protected
+            model, final_dir, processor=processor, card_kwargs=card_kwargs, files=files, protected=protected
         )
     else:
         if lora is not None:  # the base model with the adapters merged in: no PEFT needed to load it

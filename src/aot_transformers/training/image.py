@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from .._io import arg
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, check_dataset_name, parse_dataclasses
 from .lora import LoraArguments
 from .optim import OptimizerArguments
@@ -34,9 +35,7 @@ DEFAULT_IMAGE_PRESET = "aot-v-tiny"
 class ImageModelArguments(ModelArguments):
     """Which model to train (see `ModelArguments`; default preset aot-v-tiny) and at which image size."""
 
-    image_size: int | None = field(
-        default=None, metadata={"help": "Side the images are resized to (default: the config's image_size)."}
-    )
+    image_size: int | None = arg(None, "Side the images are resized to (default: the config's image_size).")
 
 
 def _augmenting_trainer_class():

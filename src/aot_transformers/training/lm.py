@@ -14,11 +14,11 @@ import math
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_folder, looks_like_path, read_json, write_json
+from .._io import arg, atomic_folder, looks_like_path, read_json, write_json
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
 from .finish import perplexity
 from .lora import LoraArguments
@@ -40,13 +40,10 @@ END_OF_TEXT = "<|endoftext|>"  # the BOS, EOS and padding token of the byte-leve
 class LMModelArguments(ModelArguments):
     """Which model to train (see `ModelArguments`; default preset aot-mssa-l-tiny) and with which tokenizer."""
 
-    tokenizer_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "A tokenizer folder or Hub id (default: the checkpoint's, else train a byte-level BPE)."},
+    tokenizer_name_or_path: str | None = arg(
+        None, "A tokenizer folder or Hub id (default: the checkpoint's, else train a byte-level BPE)."
     )
-    tokenizer_vocab_size: int | None = field(
-        default=None, metadata={"help": "Vocabulary of the trained BPE (default: the model's vocab_size)."}
-    )
+    tokenizer_vocab_size: int | None = arg(None, "Vocabulary of the trained BPE (default: the model's vocab_size).")
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
@@ -73,7 +70,6 @@ def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
 def train_bpe_tokenizer(
     texts: Iterable[str],
     vocab_size: int,
-    min_frequency: int = 2,
     show_progress: bool = True,
     length: int | None = None,
 ):
@@ -82,7 +78,7 @@ def train_bpe_tokenizer(
 
     Every byte is in the initial alphabet, so any text encodes without unknown tokens; `<|endoftext|>` (id 0) is
     the BOS, EOS and padding token. `vocab_size` counts it and must be at least 257 (256 bytes + `<|endoftext|>`);
-    pairs seen fewer than `min_frequency` times are not merged. Returns a `transformers.PreTrainedTokenizerFast`
+    pairs seen only once are not merged. Returns a `transformers.PreTrainedTokenizerFast`
     with exactly `vocab_size` tokens (fewer if the text is too short to learn that many merges).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -98,7 +94,7 @@ def train_bpe_tokenizer(
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        min_frequency=min_frequency,
+        min_frequency=2,
         special_tokens=[END_OF_TEXT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
@@ -219,7 +215,7 @@ def prepare_lm_training(
         block_size=block_size,
         tokenizer=model_args.tokenizer_name_or_path or model_args.tokenizer_vocab_size,
     )
-    run.source = source = load_text_source(data_args, seed=training_args.seed)
+    run.source = source = load_text_source(data_args)
     tokenizer = load_or_train_tokenizer(model_args, config, source, training_args, run.resume, data_args)
     if len(tokenizer) > config.vocab_size:  # every token id must index the model's embedding
         raise TrainingSetupError(

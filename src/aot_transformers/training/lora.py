@@ -11,10 +11,11 @@ the tokenizer or image processor and a model card; `--merge_lora` writes a plain
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._io import arg
 from .arguments import TrainingSetupError
 
 DEFAULT_TARGETS = {"mssa": ["subspace_proj", "o_proj"], "mhsa": ["q_proj", "k_proj", "v_proj", "o_proj"]}
@@ -25,18 +26,13 @@ IMAGE_HEAD = "classifier"
 class LoraArguments:
     """LoRA fine-tuning (off unless `--lora_r` is given; needs `pip install 'aot-transformers[peft]'`)."""
 
-    lora_r: int | None = field(default=None, metadata={"help": "Rank of the LoRA adapters; enables LoRA."})
-    lora_alpha: float | None = field(default=None, metadata={"help": "LoRA scaling numerator (default: 2 x rank)."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input."})
-    lora_target_modules: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Module names to adapt (default: MSSA subspace_proj o_proj; MHSA q_proj k_proj v_proj o_proj)."
-        },
+    lora_r: int | None = arg(None, "Rank of the LoRA adapters; enables LoRA.")
+    lora_alpha: float | None = arg(None, "LoRA scaling numerator (default: 2 x rank).")
+    lora_dropout: float = arg(0.05, "Dropout on the LoRA input.")
+    lora_target_modules: list[str] | None = arg(
+        None, "Module names to adapt (default: MSSA subspace_proj o_proj; MHSA q_proj k_proj v_proj o_proj)."
     )
-    merge_lora: bool = field(
-        default=False, metadata={"help": "Write the final model with the adapters merged in, as a plain folder."}
-    )
+    merge_lora: bool = arg(False, "Write the final model with the adapters merged in, as a plain folder.")
 
     @property
     def enabled(self) -> bool:
@@ -126,7 +122,6 @@ def apply_lora(model, lora: LoraArguments, task: str):
 def export_adapter(
     model,
     save_directory: str | os.PathLike,
-    lora: LoraArguments,
     *,
     processor=None,
     card_kwargs: dict[str, Any],

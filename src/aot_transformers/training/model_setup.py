@@ -208,9 +208,8 @@ class ParallelismOnAnyDevice(ParallelismConfig):
 
 
 def use_training_attention(model, training_args) -> None:
-    """Train MSSA models on CPU with the `"shared_projection"` backend: with query = key = value its backward folds
-    into fewer matmuls (`aot_transformers.shared_projection`; `python -m benchmarks.bench_attention`). It falls
-    back to SDPA wherever it does not apply, and the exported folder loads with the default backend (`"sdpa"`)."""
+    """Train MSSA models on CPU with the `"shared_projection"` backend (`aot_transformers.shared_projection`, which
+    falls back to SDPA wherever it does not apply); the exported folder loads with the default backend (`"sdpa"`)."""
     config = model.config
     on_cpu = training_args.use_cpu or not torch.cuda.is_available()
     if on_cpu and config.attention_type == "mssa" and config.knn_k is None and config._attn_implementation == "sdpa":

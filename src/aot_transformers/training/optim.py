@@ -10,8 +10,9 @@ FSDP (its state is shaped like each parameter shard).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from .._io import arg
 from .arguments import TrainingSetupError
 
 OPTIMIZERS = ("trainer", "lion")
@@ -21,12 +22,11 @@ OPTIMIZERS = ("trainer", "lion")
 class OptimizerArguments:
     """The optimizer: Trainer's `--optim` (default), or Lion with `--optimizer lion`."""
 
-    optimizer: str = field(
-        default="trainer",
-        metadata={"help": "'trainer' (Trainer's --optim, AdamW by default) or 'lion' (the paper's vision optimizer)."},
+    optimizer: str = arg(
+        "trainer", "'trainer' (Trainer's --optim, AdamW by default) or 'lion' (the paper's vision optimizer)."
     )
-    lion_beta1: float = field(default=0.9, metadata={"help": "Lion's interpolation factor β1."})
-    lion_beta2: float = field(default=0.99, metadata={"help": "Lion's momentum decay β2."})
+    lion_beta1: float = arg(0.9, "Lion's interpolation factor β1.")
+    lion_beta2: float = arg(0.99, "Lion's momentum decay β2.")
 
     def check(self) -> None:
         """Raise `TrainingSetupError` naming the argument for a value that cannot be used."""
@@ -53,12 +53,8 @@ def optimizer_cls_and_kwargs(arguments: OptimizerArguments | None, training_args
         ) from None
     if not training_args.learning_rate > 0:
         raise TrainingSetupError("", argument="--learning_rate", value=training_args.learning_rate, allowed="> 0")
-    kwargs = {
-        "lr": training_args.learning_rate,
-        "betas": (arguments.lion_beta1, arguments.lion_beta2),
-        "weight_decay": training_args.weight_decay,
-    }
-    return Lion, kwargs
+    betas = (arguments.lion_beta1, arguments.lion_beta2)
+    return Lion, {"lr": training_args.learning_rate, "betas": betas, "weight_decay": training_args.weight_decay}
 
 
 __all__ = ["OPTIMIZERS", "OptimizerArguments", "optimizer_cls_and_kwargs"]

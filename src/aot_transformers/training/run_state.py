@@ -98,22 +98,6 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str | None) -
     return str(path)
 
 
-def check_output_dir(output_dir: str) -> Path:
-    """Create `output_dir` if needed; refuse a file, or a folder this process cannot write (one line, exit 2)."""
-    folder = Path(output_dir)
-    if folder.exists() and not folder.is_dir():
-        raise TrainingSetupError("is a file, not a folder", argument="--output_dir", value=output_dir)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise TrainingSetupError(
-            f"cannot be created ({error.strerror or error})", argument="--output_dir", value=output_dir
-        ) from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise TrainingSetupError("is not writable", argument="--output_dir", value=output_dir)
-    return folder
-
-
 def file_fingerprint(path: Path) -> str:
     """Size plus a hash of the first and last MiB: cheap for a corpus of any size, and blind to a mere `touch`."""
     size = path.stat().st_size
@@ -278,7 +262,6 @@ def run_state_callbacks() -> list:
 __all__ = [
     "RUN_RECORD",
     "RecordRunTrainerMixin",
-    "check_output_dir",
     "check_resume_identity",
     "claim_output_dir",
     "data_fingerprint",
@@ -321,13 +304,14 @@ def start_run(training_args, publish_args, identity: dict[str, Any]):
         `(lock, resume)`: the held lock (hold it for the whole run; None off the main process) and the checkpoint to
         resume from or None. `training_args.resume_from_checkpoint` is set to the latter.
     """
+    from .._io import writable_folder
     from ..errors import UsageError
     from ..hub import check_replaceable
     from .arguments import check_training_arguments
 
     check_training_arguments(training_args)  # again for runs started from Python, not the command line
     output_dir = training_args.output_dir
-    check_output_dir(output_dir)
+    writable_folder(output_dir, "--output_dir", TrainingSetupError)  # created if needed
     try:
         check_replaceable(publish_args.final_dir(training_args), protected=(output_dir,))
     except UsageError as error:

@@ -4,16 +4,13 @@ packing of token blocks."""
 from __future__ import annotations
 
 import json
-import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import is_hub_id
+from .._io import arg, is_hub_id
 from .arguments import TrainingSetupError, check_dataset_name, load_hub_dataset
-
-logger = logging.getLogger(__name__)
 
 # File suffix -> `datasets` builder.
 TEXT_BUILDERS = {
@@ -29,40 +26,30 @@ EMBEDDED_CORPUS = "pydoc-topics"
 class TextDataArguments:
     """Where the training text comes from and how it becomes blocks of tokens."""
 
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "A Hub dataset id, a local file or folder (txt/json/jsonl/parquet/csv), or "
-            f"'{EMBEDDED_CORPUS}' (Python's own documentation text, no download). Default: {EMBEDDED_CORPUS}."
-        },
+    dataset_name: str | None = arg(
+        None,
+        "A Hub dataset id, a local file or folder (txt/json/jsonl/parquet/csv), or "
+        f"'{EMBEDDED_CORPUS}' (Python's own documentation text, no download). Default: {EMBEDDED_CORPUS}.",
     )
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Config name of a Hub dataset."})
-    train_file: list[str] | None = field(
-        default=None, metadata={"help": "Local training files or folders (instead of --dataset_name)."}
+    dataset_config_name: str | None = arg(None, "Config name of a Hub dataset.")
+    train_file: list[str] | None = arg(None, "Local training files or folders (instead of --dataset_name).")
+    validation_file: list[str] | None = arg(
+        None, "Local validation files or folders (default: split off the training data)."
     )
-    validation_file: list[str] | None = field(
-        default=None, metadata={"help": "Local validation files or folders (default: split off the training data)."}
+    train_split: str = arg("train", "Split of a Hub dataset to train on.")
+    validation_split: str = arg("validation", "Split of a Hub dataset to validate on, when it has one.")
+    text_column: str = arg("text", "Column holding the text.")
+    validation_split_percentage: float = arg(
+        5.0, "Share of the training examples held out for validation (the last ones)."
     )
-    train_split: str = field(default="train", metadata={"help": "Split of a Hub dataset to train on."})
-    validation_split: str = field(
-        default="validation", metadata={"help": "Split of a Hub dataset to validate on, when it has one."}
+    block_size: int | None = arg(None, "Tokens per training block (default: min(512, max_position_embeddings)).")
+    streaming: bool = arg(False, "Stream the data (files larger than memory); needs --max_steps.")
+    streaming_validation_examples: int = arg(
+        200, "With --streaming and no validation data: hold out this many examples."
     )
-    text_column: str = field(default="text", metadata={"help": "Column holding the text."})
-    validation_split_percentage: float = field(
-        default=5.0, metadata={"help": "Share of the training examples held out for validation (the last ones)."}
-    )
-    block_size: int | None = field(
-        default=None, metadata={"help": "Tokens per training block (default: min(512, max_position_embeddings))."}
-    )
-    streaming: bool = field(
-        default=False, metadata={"help": "Stream the data (files larger than memory); needs --max_steps."}
-    )
-    streaming_validation_examples: int = field(
-        default=200, metadata={"help": "With --streaming and no validation data: hold out this many examples."}
-    )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training blocks."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Use at most this many validation blocks."})
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    max_train_samples: int | None = arg(None, "Use at most this many training blocks.")
+    max_eval_samples: int | None = arg(None, "Use at most this many validation blocks.")
+    preprocessing_num_workers: int | None = arg(None, "Processes for tokenization.")
 
 
 @dataclass
@@ -209,7 +196,7 @@ def check_text_column(dataset, text_column: str, where: str) -> None:
         )
 
 
-def load_text_source(args: TextDataArguments, seed: int = 42) -> TextSource:
+def load_text_source(args: TextDataArguments) -> TextSource:
     """Load the raw training and validation text described by `args` (nothing is tokenized yet)."""
     import datasets
 

@@ -11,11 +11,11 @@ import math
 import re
 import tarfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import is_hub_id
+from .._io import arg, is_hub_id
 from .arguments import TrainingSetupError, load_hub_dataset
 
 SKLEARN_DIGITS = "sklearn-digits"
@@ -27,51 +27,35 @@ _CIFAR_ARCHIVE = re.compile(r"^train_(?P<label>[^.]+)\.tar\.gz$")
 class ImageDataArguments:
     """Where the images come from and how they are prepared."""
 
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "A Hub dataset id; an imagefolder directory (<root>/<class>/<image>); a folder of CIFAR-10 "
-            "train_<class>.tar.gz archives; an MNIST-style CSV (.csv or .csv.gz: pixels, then the label); or "
-            f"'{SKLEARN_DIGITS}' (no download). Default: {SKLEARN_DIGITS}."
-        },
+    dataset_name: str | None = arg(
+        None,
+        "A Hub dataset id; an imagefolder directory (<root>/<class>/<image>); a folder of CIFAR-10 "
+        "train_<class>.tar.gz archives; an MNIST-style CSV (.csv or .csv.gz: pixels, then the label); or "
+        f"'{SKLEARN_DIGITS}' (no download). Default: {SKLEARN_DIGITS}.",
     )
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Config name of a Hub dataset."})
-    validation_dir: str | None = field(
-        default=None, metadata={"help": "A separate imagefolder directory for validation."}
+    dataset_config_name: str | None = arg(None, "Config name of a Hub dataset.")
+    validation_dir: str | None = arg(None, "A separate imagefolder directory for validation.")
+    image_column: str | None = arg(None, "Column holding the images (default: 'image', 'img' or the only image one).")
+    label_column: str = arg("label", "Column holding the class labels.")
+    train_split: str = arg("train", "Split of a Hub dataset to train on.")
+    validation_split: str = arg("validation", "Validation split of a Hub dataset.")
+    validation_split_percentage: float = arg(
+        10.0, "Share of the training images held out for validation (stratified)."
     )
-    image_column: str | None = field(
-        default=None, metadata={"help": "Column holding the images (default: 'image', 'img' or the only image one)."}
+    test_split_percentage: float = arg(0.0, "Share of the training images held out as a test set (stratified).")
+    augment: str = arg("auto", "Random crop with padding + horizontal flip: 'yes', 'no' or 'auto' (on for CIFAR-10).")
+    crop_padding: int = arg(4, "Padding of the random crop, in pixels.")
+    max_train_samples: int | None = arg(None, "Use at most this many training images.")
+    max_eval_samples: int | None = arg(None, "Use at most this many validation images.")
+    streaming: bool = arg(
+        False,
+        "Stream a Hub dataset or a local imagefolder instead of loading it (ImageNet-scale data); needs "
+        "--max_steps. Images are decoded batch by batch; validation comes from --validation_split.",
     )
-    label_column: str = field(default="label", metadata={"help": "Column holding the class labels."})
-    train_split: str = field(default="train", metadata={"help": "Split of a Hub dataset to train on."})
-    validation_split: str = field(default="validation", metadata={"help": "Validation split of a Hub dataset."})
-    validation_split_percentage: float = field(
-        default=10.0, metadata={"help": "Share of the training images held out for validation (stratified)."}
+    num_labels: int | None = arg(
+        None, "Number of classes of a streamed dataset whose label column is a plain integer."
     )
-    test_split_percentage: float = field(
-        default=0.0, metadata={"help": "Share of the training images held out as a test set (stratified)."}
-    )
-    augment: str = field(
-        default="auto",
-        metadata={"help": "Random crop with padding + horizontal flip: 'yes', 'no' or 'auto' (on for CIFAR-10)."},
-    )
-    crop_padding: int = field(default=4, metadata={"help": "Padding of the random crop, in pixels."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training images."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Use at most this many validation images."})
-    streaming: bool = field(
-        default=False,
-        metadata={
-            "help": "Stream a Hub dataset or a local imagefolder instead of loading it (ImageNet-scale data); needs "
-            "--max_steps. Images are decoded batch by batch; validation comes from --validation_split."
-        },
-    )
-    num_labels: int | None = field(
-        default=None,
-        metadata={"help": "Number of classes of a streamed dataset whose label column is a plain integer."},
-    )
-    shuffle_buffer_size: int = field(
-        default=10_000, metadata={"help": "Shuffle buffer of a streamed training set (examples)."}
-    )
+    shuffle_buffer_size: int = arg(10_000, "Shuffle buffer of a streamed training set (examples).")
 
 
 @dataclass
@@ -479,5 +463,4 @@ def random_crop_flip(pixel_values, padding: int):
         crops = [image[:, t : t + height, x : x + width] for image, t, x in zip(padded, top, left, strict=True)]
         pixel_values = torch.stack(crops)
     flip = torch.rand(batch) < 0.5
-    pixel_values = torch.where(flip[:, None, None, None], pixel_values.flip(-1), pixel_values)
-    return pixel_values
+    return torch.where(flip[:, None, None, None], pixel_values.flip(-1), pixel_values)
