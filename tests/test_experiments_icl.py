@@ -36,6 +36,7 @@ def test_prompts_linear_and_sparse():
         (lambda: I.run(dim=3, num_points=4), "num_points"),
         (lambda: I.run(dim=3, models=("gpt5",)), "models"),
         (lambda: I.run(dim=3, tokens="triples"), "tokens"),
+        (lambda: I.run(dim=3, base="gpt2"), "base"),
         (lambda: I.interleave(torch.zeros(1, 2, 3), torch.zeros(1, 2), "triples"), "tokens"),
     ],
 )
@@ -81,10 +82,11 @@ def test_backbones():
     assert I._layers("aot-hybrid", I.Options(aot_layers=16, transformer_layers=16)) == 24
 
 
+@pytest.mark.parametrize("base", I.BASES)
 @pytest.mark.parametrize("tokens", I.TOKEN_LAYOUTS)
 @pytest.mark.parametrize("kind", I.MODELS)
-def test_prediction_i_sees_only_earlier_examples_and_x_i(kind, tokens):
-    model = I.build_model(kind, 3, 16, 2, 2, 6, tokens=tokens).eval()
+def test_prediction_i_sees_only_earlier_examples_and_x_i(kind, tokens, base):
+    model = I.build_model(kind, 3, 16, 2, 2, 6, tokens=tokens, base=base).eval()
     xs, ys, _ = I.sample_prompts(2, 6, 3, generator=I.make_generator(2))
     base = model(xs, ys)
     changed_xs, changed_ys = xs.clone(), ys.clone()
@@ -94,6 +96,39 @@ def test_prediction_i_sees_only_earlier_examples_and_x_i(kind, tokens):
     out = model(changed_xs, changed_ys)
     torch.testing.assert_close(out[:, :4], base[:, :4])
     assert not torch.allclose(out[:, 4:], base[:, 4:])
+
+
+def test_llama_base():
+    """`base="llama"`: transformers' LlamaModel; AoT's layers keep only attention, MSSA shares q = k = v."""
+    from transformers import LlamaModel
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    models = {kind: I.build_model(kind, 3, 16, 4, 2, 6, base="llama") for kind in I.MODELS}
+    assert all(isinstance(model.backbone, LlamaModel) for model in models.values())
+    has_mlp = {kind: [isinstance(layer.mlp, LlamaMLP) for layer in m.backbone.layers] for kind, m in models.items()}
+    assert has_mlp["transformer"] == has_mlp["aot-full-mlp"] == [True] * 4
+    assert has_mlp["aot-mssa"] == has_mlp["aot-mhsa"] == [False] * 4
+    assert has_mlp["aot-hybrid"] == [True, True, False, False]
+    mssa, mhsa = (models[kind].backbone.layers[0].self_attn for kind in ("aot-mssa", "aot-mhsa"))
+    assert mssa.q_proj is mssa.k_proj is mssa.v_proj and mhsa.q_proj is not mhsa.k_proj
+    # MSSA's shared projection counts once: 3 of MHSA's 4 square projections (no biases) are gone in every layer.
+    assert models["aot-mhsa"].backbone.num_parameters() - models["aot-mssa"].backbone.num_parameters() == 4 * 2 * 16**2
+    layer, hidden = models["aot-mhsa"].backbone.layers[0], torch.randn(1, 4, 16)
+    assert not layer.mlp(hidden).any() and layer.post_attention_layernorm(hidden) is hidden
+
+
+@pytest.mark.parametrize(
+    "kind, total",
+    [("aot-mssa", 7.027094), ("aot-mhsa", -4.919082), ("transformer", -0.834041), ("aot-hybrid", 3.414325)],
+)
+def test_base_aot_is_the_default_and_unchanged(kind, total):
+    """`base="aot"` (the default) builds the models of before `base` existed: the totals are main's predictions."""
+    assert I.Options().base == "aot"
+    xs, ys, _ = I.sample_prompts(2, 6, 3, generator=I.make_generator(2))
+    for model in (I.build_model(kind, 3, 16, 2, 2, 6), I.build_model(kind, 3, 16, 2, 2, 6, base="aot")):
+        assert isinstance(model.backbone, I.AoTModel)
+        with torch.no_grad():
+            assert model.eval()(xs, ys).sum().item() == pytest.approx(total, abs=1e-5)
 
 
 def test_model_rejects_wrong_shapes():
@@ -145,6 +180,18 @@ def test_run_smoke(tmp_path):
     assert set(curves) >= {"least squares", "aot-mssa", "aot-mhsa", "transformer"}
     assert all(len(curve) == 5 for curve in curves.values())
     assert results["claims"]
+
+
+def test_run_smoke_llama_base(tmp_path):
+    """`--base llama` trains and writes every model's curve; its summary names the base."""
+    options = dict(dim=2, tasks=("linear",), hidden_size=16, num_heads=2, aot_layers=1, transformer_layers=1)
+    I.run(out=tmp_path, base="llama", steps=3, batch_size=4, eval_prompts=8, time_budget=60, **options)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["options"]["base"] == "llama" and (tmp_path / "icl_error_curves.png").exists()
+    curves = saved["tasks"]["linear"]["curves"]
+    assert set(curves) >= {"aot-mssa", "aot-mhsa", "transformer"} and all(len(c) == 5 for c in curves.values())
+    assert all(row["steps_done"] == 3 for row in saved["tasks"]["linear"]["training"].values())
+    assert "--base llama" in (tmp_path / "summary.md").read_text()
 
 
 @pytest.mark.slow

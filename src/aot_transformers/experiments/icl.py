@@ -10,7 +10,8 @@ for linear, = sparsity for sparse tasks, as Garg et al. normalise), against the 
 least squares and Lasso as baselines.
 
 The default layout, `tokens="pairs"`, lets the y token carry its x (`interleave`): the model then needs no
-previous-token head, which MSSA's symmetric scores (query = key) make hard to learn.
+previous-token head, which MSSA's symmetric scores (query = key) make hard to learn. `base="llama"` swaps the backbone
+for transformers' `LlamaModel` (the earlier version's Fig. 7, `llama_backbone`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import GPT2Config, GPT2Model
+from transformers import GPT2Config, GPT2Model, LlamaConfig, LlamaModel
 
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTModel
@@ -47,6 +48,7 @@ TASKS = ("linear", "sparse_linear")
 MODELS = ("aot-mssa", "aot-mhsa", "transformer", "aot-hybrid", "aot-full-mlp")
 MSSA_MODELS = ("aot-mssa", "aot-hybrid", "aot-full-mlp")
 TOKEN_LAYOUTS = ("pairs", "garg")
+BASES = ("aot", "llama")
 # AoT Table 5 (`aot-icml2025.txt` lines 578-582): layers and printed parameter count of the ICL models (width 128, 8
 # heads, d = 20).
 TABLE5 = {"aot-mssa": (32, "7.5"), "aot-mhsa": (32, "8.55"), "transformer": (16, "9.63")}
@@ -128,15 +130,51 @@ def backbone_config(
     )
 
 
-class InContextRegressor(nn.Module):
-    """Linear read-in → causal backbone (`AoTModel`) → linear read-out, predicting f(x_i) at every x_i token."""
+class _NoMLP(nn.Module):
+    """An MLP block that adds nothing to the residual stream."""
 
-    def __init__(self, config: AoTConfig, dim: int, tokens: str = "pairs"):
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(hidden_states)
+
+
+def llama_backbone(config: AoTConfig) -> LlamaModel:
+    """`config`'s backbone on transformers' Llama (RMSNorm, RoPE, SwiGLU MLPs of width `config.intermediate_size`).
+
+    A layer without an MLP in `config` keeps only its attention sublayer: its MLP returns zeros and its second RMSNorm
+    is dropped. MSSA is one projection shared by query, key and value (RoPE then rotates query and key) and keeps its
+    own output projection; AoT's unit-norm queries and larger initial weights are not carried over (Llama's init).
+    """
+    llama = LlamaModel(
+        LlamaConfig(
+            vocab_size=1,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_hidden_layers,
+            num_attention_heads=config.num_attention_heads,
+            max_position_embeddings=config.max_position_embeddings,
+            bos_token_id=None,
+            eos_token_id=None,  # no vocabulary: inputs arrive as embeddings
+            use_cache=False,
+        )
+    )
+    for index, layer in enumerate(llama.layers):
+        if config.attention_type == "mssa":
+            layer.self_attn.k_proj = layer.self_attn.v_proj = layer.self_attn.q_proj
+        if not config.layer_has_mlp(index):
+            layer.mlp, layer.post_attention_layernorm = _NoMLP(), nn.Identity()
+    return llama
+
+
+class InContextRegressor(nn.Module):
+    """Linear read-in → causal backbone (`AoTModel`, or `llama_backbone` with `base="llama"`) → linear read-out,
+    predicting f(x_i) at every x_i token."""
+
+    def __init__(self, config: AoTConfig, dim: int, tokens: str = "pairs", base: str = "aot"):
         super().__init__()
         self.dim = check_int("dim", dim)
         self.tokens = check_choice("tokens", tokens, TOKEN_LAYOUTS)
         self.read_in = nn.Linear(dim if tokens == "garg" else dim + 1, config.hidden_size)  # a token's width
-        self.backbone = AoTModel(config)
+        self.backbone = AoTModel(config) if check_choice("base", base, BASES) == "aot" else llama_backbone(config)
         self.read_out = nn.Linear(config.hidden_size, 1)
 
     def forward(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
@@ -160,10 +198,12 @@ def build_model(
     max_points: int,
     seed: int = 0,
     tokens: str = "pairs",
+    base: str = "aot",
 ) -> InContextRegressor:
     """An `InContextRegressor` with freshly initialised weights (seeded)."""
     torch.manual_seed(seed)
-    return InContextRegressor(backbone_config(kind, hidden_size, num_layers, num_heads, max_points), dim, tokens)
+    config = backbone_config(kind, hidden_size, num_layers, num_heads, max_points)
+    return InContextRegressor(config, dim, tokens, base)
 
 
 def train_regressor(
@@ -278,6 +318,7 @@ class Options(StudyOptions):
     eval_prompts: Count = arg(512, "evaluation prompts (the paper: 1280)")
     time_budget: Positive = arg(1800.0, "seconds for the whole run")
     tokens: str = arg("pairs", "token layout: pairs (y tokens carry their x) or garg (Garg et al.)", TOKEN_LAYOUTS)
+    base: str = arg("aot", "backbone: aot (AoTModel) or llama (LlamaModel, the earlier version's Fig. 7)", BASES)
     seed: Seed = arg(0, "random seed")
     parameter_check: bool = arg(False, "only count the parameters of AoT Table 5's models (no training)")
 
@@ -336,7 +377,7 @@ def task_curves(study: Study, o: Options, task: str, time_limit: float, ax) -> N
     training = {}
     for kind in o.models:
         layers = _layers(kind, o)
-        model = build_model(kind, dim, o.hidden_size, layers, o.num_heads, num_points, o.seed, o.tokens)
+        model = build_model(kind, dim, o.hidden_size, layers, o.num_heads, num_points, o.seed, o.tokens, o.base)
         history = train_regressor(
             model, task, num_points, o.steps, o.batch_size, o.lr, sparsity=sparsity, time_limit=time_limit, seed=o.seed
         )
@@ -397,4 +438,6 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
         "Error normalised by the zero estimator's (d for linear, the sparsity for sparse tasks), as Garg et al."
     )
     study.note(f"Time budget {o.time_budget:.0f} s, shared equally by the (task, model) trainings.")
+    if o.base == "llama":
+        study.note("Base Llama (earlier version, Fig. 7): transformers' LlamaModel; see `llama_backbone`.")
     return study.finish()
