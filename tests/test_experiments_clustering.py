@@ -12,11 +12,11 @@ import math
 
 import pytest
 import torch
+from matplotlib.figure import Figure
 
 from aot_transformers.experiments import clustering as C
 from aot_transformers.experiments import clustering_figures as CF
 from aot_transformers.experiments import clustering_theory as T
-from aot_transformers.experiments.study import new_figure
 from aot_transformers.experiments.subspace import subspace_attention
 
 
@@ -503,7 +503,7 @@ def test_appendix_g_parts_run_and_record_the_papers_panels(tmp_path):
 
 def test_appendix_g_minimal_rmse_is_the_distance_over_root_d():
     run = C.train_heads(dim=16, sigma=0.3, lam=0.6, init="sphere", steps=2, batch_size=4, runs=2, record_every=1)
-    record = CF._band_plot(new_figure()[1][0, 0], run, None, 4.0, "median_rmse")
+    record = CF._band_plot(Figure().add_subplot(), run, None, 4.0, "median_rmse")
     assert record["median_rmse"][-1] == C.percentile_band([value / 4 for value in run["distance"][-1]])["median"]
     assert record["final"] == C.percentile_band([value / 4 for value in run["final"]])
 

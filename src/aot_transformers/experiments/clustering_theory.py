@@ -49,11 +49,11 @@ def monte_carlo_tolerance(per_sample: torch.Tensor, z: float = 4.0) -> tuple[flo
 # --- Section 3: the risk on the manifold M, λ*(σ, L).
 
 
-def _lemma_c1_factors(dim: int, sigma: float):
-    """σ² and Lemma C.1's c₁(n) = 1 + nσ², c₂(n) = 1 + σ²(d + n) (K = 2 centroids in R^d, noise σ)."""
-    _check_mixture(dim, 2, sigma)
+def _lemma_c1_factors(dim: int, sigma: float, seq_len: int):
+    """σ², Lemma C.1's c₁(n) = 1 + nσ², c₂(n) = 1 + σ²(d + n) (K = 2 centroids in R^d, noise σ); L, L − 1, L − 2."""
+    length = _check_mixture(dim, 2, sigma, seq_len)
     s2 = sigma**2
-    return s2, lambda n: 1 + n * s2, lambda n: 1 + s2 * (dim + n)
+    return s2, lambda n: 1 + n * s2, lambda n: 1 + s2 * (dim + n), length, length - 1, length - 2
 
 
 def manifold_risk_coefficients(dim: int, sigma: float, seq_len: int, lam: float) -> dict[str, float]:
@@ -62,9 +62,7 @@ def manifold_risk_coefficients(dim: int, sigma: float, seq_len: int, lam: float)
     On M (Eq. 9: ⟨μ₁*, μ₀⟩ = ⟨μ₀*, μ₁⟩ = ⟨μ₀, μ₁⟩ = 0) the risk is A(κ₀⁴ + κ₁⁴) + B(κ₀² + κ₁²) + Cκ₀²κ₁² + D with
     κ_k = ⟨μ_k*, μ_k⟩ (Eq. 10).
     """
-    s2, c1, c2 = _lemma_c1_factors(dim, sigma)
-    n = check_int("seq_len", seq_len)
-    l1, l2 = n - 1, n - 2
+    s2, c1, c2, n, l1, l2 = _lemma_c1_factors(dim, sigma, seq_len)
     a = (
         2 * lam**2 / n**2 * c2(8)
         + 2 * lam**2 * l1 / n**2 * c1(5)
@@ -149,9 +147,7 @@ def critical_temperature(dim: int, sigma: float, seq_len: int) -> float:
     λ* = (2L c₂(4) + L(L − 1) c₁(4)) / c₃(σ, L), the root of 2A + B + C (Lemma C.1's coefficients over λ), with
     c₂(n) = 1 + σ²(d + n): λ* depends on d through c₂, which the paper's notation λ*(σ, L) leaves implicit.
     """
-    s2, c1, c2 = _lemma_c1_factors(dim, sigma)
-    length = check_int("seq_len", seq_len)
-    l1, l2 = length - 1, length - 2
+    s2, c1, c2, length, l1, l2 = _lemma_c1_factors(dim, sigma, seq_len)
     c3 = (
         16 * s2 * c2(6)
         + 8 * s2 * l1 * c1(6)
@@ -260,6 +256,7 @@ def _second_moments(dim: int, sigma: float, num_clusters: int) -> dict[str, floa
     ‖X‖²/σ² and ‖PX‖²/σ² are noncentral χ² with d and K degrees of freedom and noncentrality 1/σ²; their raw
     moments follow from the cumulants κ_n = 2^{n−1}(n−1)!(k + nλ). Written in σ so that σ = 0 is allowed.
     """
+    _check_mixture(dim, num_clusters, sigma)
     s2 = sigma**2
 
     def chi_moments(k: int) -> tuple[float, float, float]:
@@ -293,8 +290,7 @@ def oracle_linear_attention_risk_exact(
     second = (
         px4_x + (length - 1) * (a * x_px + 2 * a * m["p2"]) + (length - 1) * (length - 2) * num_clusters * a**3
     ) / length**2  # E[XᵀPĈ²PX]
-    c = 2 * lam
-    return m["x1"] - 2 * c * first + c**2 * second
+    return m["x1"] - 4 * lam * first + 4 * lam**2 * second
 
 
 # --- Section 5: the in-context quantizer T_ctx.
@@ -312,8 +308,8 @@ def in_context_unbiased_temperature(dim: int, sigma: float, seq_len: int) -> flo
     return 1.0 / in_context_conditional_mean_factor(dim, sigma, seq_len, 1.0)
 
 
-def _in_context_moments(dim: int, sigma: float, seq_len: int, num_clusters: int = 2) -> tuple[float, float]:
-    """E[XᵀĈX] and E[XᵀĈ²X] for Ĉ = (1/L) Σ_m X_m X_mᵀ (the token itself included), X a token of the sequence.
+def _in_context_moments(dim: int, sigma: float, seq_len: int, num_clusters: int = 2) -> tuple[float, float, float]:
+    """E‖X‖², E[XᵀĈX] and E[XᵀĈ²X] for Ĉ = (1/L) Σ_m X_m X_mᵀ (the token itself included), X a token of the sequence.
 
     E[XᵀĈX] = (m4 + (L−1) tr C²)/L and E[XᵀĈ²X] = (m6 + 3(L−1) E[‖X‖² XᵀCX] + (L−1)(L−2) tr C³)/L², splitting the
     double sum over (m, m') by which indices coincide with ℓ.
@@ -323,7 +319,7 @@ def _in_context_moments(dim: int, sigma: float, seq_len: int, num_clusters: int 
     cross = (m["p2"] + m["p1"] * m["q1"]) / num_clusters + sigma**2 * m["x2"]
     first = (m["x2"] + (length - 1) * m["trC2"]) / length
     second = (m["x3"] + 3 * (length - 1) * cross + (length - 1) * (length - 2) * m["trC3"]) / length**2
-    return first, second
+    return m["x1"], first, second
 
 
 def in_context_conditional_variance(dim: int, sigma: float, seq_len: int, lam: float) -> float:
@@ -333,7 +329,7 @@ def in_context_conditional_variance(dim: int, sigma: float, seq_len: int, lam: f
     (2λ)² E[XᵀĈ²X]; its limit is Prop. 5.2's 2λ²σ²(1 + 4σ² + 2dσ⁴).
     """
     _check_mixture(dim, 2, sigma, seq_len)
-    _, second = _in_context_moments(dim, sigma, seq_len)
+    second = _in_context_moments(dim, sigma, seq_len)[2]
     return (2 * lam) ** 2 * second - in_context_conditional_mean_factor(dim, sigma, seq_len, lam) ** 2
 
 
@@ -348,14 +344,12 @@ def in_context_quantization_risk_limit(dim: int, sigma: float, lam: float, num_c
 
     For K = 2 this is the paper's (1 + σ²d) − 2λ(1 + 4σ² + 2dσ⁴) + 4λ²(2(σ² + ½)³ + (d − 2)σ⁶).
     """
-    _check_mixture(dim, num_clusters, sigma)
     m = _second_moments(dim, sigma, num_clusters)
     return m["x1"] - 4 * lam * m["trC2"] + 4 * lam**2 * m["trC3"]
 
 
 def in_context_quantization_optimal_temperature(dim: int, sigma: float, num_clusters: int = 2) -> float:
     """Prop. 5.2: the λ minimising the limit risk, tr(C²)/(2 tr(C³)) = (1 + 4σ² + 2dσ⁴)/(4(2(σ² + ½)³ + (d−2)σ⁶))."""
-    _check_mixture(dim, num_clusters, sigma)
     m = _second_moments(dim, sigma, num_clusters)
     return m["trC2"] / (2 * m["trC3"])
 
@@ -372,10 +366,8 @@ def in_context_quantization_risk_exact(
 ) -> float:
     """Exact finite-L risk of T_ctx = 2λ Ĉ X_ℓ: E‖X‖² − 4λ E[XᵀĈX] + 4λ² E[XᵀĈ²X] (see `_in_context_moments`)."""
     _check_mixture(dim, num_clusters, sigma, seq_len)
-    first, second = _in_context_moments(dim, sigma, seq_len, num_clusters)
-    x1 = _second_moments(dim, sigma, num_clusters)["x1"]
-    c = 2 * lam
-    return x1 - 2 * c * first + c**2 * second
+    x1, first, second = _in_context_moments(dim, sigma, seq_len, num_clusters)
+    return x1 - 4 * lam * first + 4 * lam**2 * second
 
 
 # --- Appendix A: the degenerate mixture (P₀), σ = 0.

@@ -111,15 +111,6 @@ def set_axes(ax, fontsize: float | None = None, **labels: Any) -> None:
     ax.legend(fontsize=fontsize)
 
 
-def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 3.6)):
-    """A matplotlib Figure and its axes, without pyplot (no global state, no display backend needed)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    return fig, axes
-
-
 # --- Options: one dataclass per study, parsed by `HfArgumentParser` on the command line and checked on construction.
 
 
@@ -238,11 +229,14 @@ class Study:
         self.claims.append(Claim(quantity, measured, paper, None if holds is None else bool(holds)))
 
     def figure(self, filename: str, ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 3.6)):
-        """The axes of a new figure (`new_figure`), listed in the summary and saved as `filename` by `finish`."""
-        fig, axes = new_figure(ncols, nrows, size)
+        """The axes of a new matplotlib figure (without pyplot: no global state, no display backend needed), listed in
+        the summary and saved as `filename` by `finish`."""
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
         self._drawn.append((fig, filename))
         self.figures.append(filename)
-        return axes
+        return fig.subplots(nrows, ncols, squeeze=False)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
