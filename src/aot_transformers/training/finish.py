@@ -118,10 +118,7 @@ def plot_training_curves(log_history: list[dict[str, Any]], path: str | os.PathL
     Returns the path, or None when matplotlib is missing or there is nothing to plot.
     """
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # no pyplot: no global state, no display backend
     except ImportError:  # pragma: no cover - matplotlib is part of the `train` extra
         logger.warning("matplotlib is not installed: no training-curve figure.")
         return None
@@ -133,7 +130,8 @@ def plot_training_curves(log_history: list[dict[str, Any]], path: str | os.PathL
     if not train and not evals:
         return None
     columns = 2 if metric else 1
-    figure, axes = plt.subplots(1, columns, figsize=(5.5 * columns, 4), squeeze=False)
+    figure = Figure(figsize=(5.5 * columns, 4))
+    axes = figure.subplots(1, columns, squeeze=False)
     if train:
         axes[0][0].plot(*zip(*train, strict=True), label="train loss")
     if evals:
@@ -149,7 +147,6 @@ def plot_training_curves(log_history: list[dict[str, Any]], path: str | os.PathL
     figure.tight_layout()
     path = Path(path)
     figure.savefig(path, dpi=110)
-    plt.close(figure)
     return path
 
 
