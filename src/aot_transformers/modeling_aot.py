@@ -43,7 +43,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
 from .attention_aot import ATTENTION_FUNCTIONS, eager_attention_forward
-from .configuration_aot import REQUIRED_TRANSFORMERS, AoTConfig
+from .configuration_aot import REQUIRED_TRANSFORMERS, AoTConfig, check_knn_k
 
 
 def _auto_map(backbone: str, *heads: str) -> dict[str, str]:
@@ -293,10 +293,7 @@ class AoTPreTrainedModel(PreTrainedModel):
                 "`config.knn_k = None` for dense attention."
             )
         if knn_k is None and requested in KNN_BACKENDS:
-            raise ValueError(
-                f"`attn_implementation={requested!r}` is k-NN attention and needs `knn_k` in the config: an int >= 1 "
-                "(keys kept per query) or a float in (0, 1] (fraction of the visible keys), e.g. knn_k=0.5."
-            )
+            check_knn_k(knn_k)  # raises: a k-NN backend needs knn_k
         return requested
 
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs) -> str:
