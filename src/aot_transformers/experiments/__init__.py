@@ -20,7 +20,7 @@ STUDIES: dict[str, tuple[str, str]] = {
     "icl": ("icl", "AoT Fig. 6: in-context linear / sparse regression"),
     "clustering": ("clustering_figures", "attention-based clustering: Figs 1-15 and the closed forms"),
     "knn": ("knn", "KVT: noise distillation and training speed of k-NN attention"),
-    "knn-evidence": ("knn_evidence", "KVT: slow vs fast definition, Lemmas 1 and 3, Figs 1-4 (k sweep, maps)"),
+    "knn-evidence": ("knn_evidence", "KVT: slow vs fast definition, Lemmas 1, 3 and 4, Figs 1-4 (k sweep, maps)"),
     "attention-maps": ("attention_maps", "AoT Fig. 7: [CLS]-to-patch attention of each head (penultimate layer)"),
 }
 

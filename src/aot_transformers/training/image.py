@@ -93,10 +93,6 @@ def prepare_image_training(
     config = run.build_config(
         AoTForImageClassification, DEFAULT_IMAGE_PRESET, ("classifier.",), image_size=model_args.image_size
     )
-    if data_args.streaming and training_args.max_steps <= 0:
-        raise TrainingSetupError(
-            "a stream has no length to plan epochs with: give --max_steps", argument="--streaming"
-        )
     data = data_fingerprint(data_args.dataset_name, data_args.validation_dir) + [f"{data_args.dataset_config_name}"]
     run.start(config, data, augment=data_args.augment)
     with training_args.main_process_first(desc="loading images"):

@@ -201,8 +201,6 @@ def prepare_lm_training(
 
     run = TrainingRun.begin("text-generation", "perplexity", model_args, data_args, training_args, *more, **options)
     config = run.build_config(AoTForCausalLM, DEFAULT_LM_PRESET)
-    if data_args.streaming and training_args.max_steps <= 0:
-        raise TrainingSetupError("--streaming has no length to plan epochs with: give --max_steps.")
     block_size = data_args.block_size or min(512, config.max_position_embeddings)
     if not 2 <= block_size <= config.max_position_embeddings:
         raise TrainingSetupError(

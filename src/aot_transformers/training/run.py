@@ -111,6 +111,9 @@ class TrainingRun:
         lock the output folder, find the checkpoint to resume from (`run_state.start_run`), and seed."""
         from transformers import set_seed
 
+        if self.data_args.streaming and self.training_args.max_steps <= 0:
+            message = "a stream has no length to plan epochs with: give --max_steps"
+            raise TrainingSetupError(message, argument="--streaming")
         settings.update(base_model=self.model_args.model_name_or_path, lora=self.lora.lora_r if self.lora else None)
         self.identity = run_identity(self.training_args, config, data, **settings)
         self.lock, self.resume = start_run(self.training_args, self.publish_args, self.identity)
