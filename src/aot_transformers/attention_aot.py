@@ -105,8 +105,13 @@ def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.T
         threshold = _top_width(scores, visible, keep, max_k)[1]
     above = torch.gt(scores, threshold, out=torch.empty_like(scores))
     tied = torch.eq(scores, threshold, out=torch.empty_like(scores))
-    # The kept tied keys are the first `keep - above` of them by key index (float counts: exact below 2**24 keys).
-    cutoff = torch.searchsorted(tied.cumsum(dim=-1), (keep - above.sum(dim=-1, keepdim=True)).to(tied.dtype))
+    # The kept tied keys are the first `keep - above` of them by key index (float counts: exact below 2**24 keys): a
+    # binary search in their running count, or a count of the positions before it where ONNX has none (export).
+    running, kept_tied = tied.cumsum(dim=-1), (keep - above.sum(dim=-1, keepdim=True)).to(tied.dtype)
+    if max_k is None:
+        cutoff = (running < kept_tied).sum(dim=-1, keepdim=True)
+    else:
+        cutoff = torch.searchsorted(running, kept_tied)
     return threshold, cutoff, _kept_mask(scores, threshold, cutoff, above, tied)
 
 
