@@ -49,11 +49,11 @@ def _max_knn_k(knn_k: int | float, num_keys: int) -> int:
 
 
 def _ordered(scores: torch.Tensor) -> torch.Tensor:
-    """float32/64 `scores` as same-width integers in the same order (-0.0 and +0.0 both 0): CPU `topk` compares
-    integers faster than floats."""
+    """float32/64 `scores` as same-width integers in the same order, except -0.0 just below +0.0 (a refinement keeps
+    the k-th largest value; ties are resolved on the float scores): CPU `topk` compares integers faster than floats.
+    A negative float's magnitude bits are flipped, so a larger integer is a larger float."""
     bits = scores.view(torch.int32 if scores.element_size() == 4 else torch.int64)
-    sign = bits >> (8 * bits.element_size() - 1)  # -1 for negative floats, else 0
-    return (bits & torch.iinfo(bits.dtype).max).bitwise_xor_(sign).sub_(sign)
+    return bits ^ ((bits >> (8 * bits.element_size() - 1)) & torch.iinfo(bits.dtype).max)
 
 
 def _top_width(scores, visible, keep, width) -> tuple[torch.Tensor, torch.Tensor]:
