@@ -242,9 +242,8 @@ class _KnnAttentionFunction(torch.autograd.Function):
             else:
                 threshold, cutoff, kept = _knn_threshold(scores, chunk_visible, knn_k, width)
                 probs, top, total = _kept_softmax(scores, sinks, kept)  # P = probs / total
-                for stat, chunk_stat in zip(
-                    stats, (threshold, end if cutoff is None else cutoff, top, total), strict=True
-                ):
+                chunk_stats = (threshold, end if cutoff is None else cutoff, top, total)
+                for stat, chunk_stat in zip(stats, chunk_stats, strict=True):
                     stat[:, :, start:stop] = chunk_stat
             del scores
             if generator is not None:
@@ -282,10 +281,9 @@ class _KnnAttentionFunction(torch.autograd.Function):
             else:
                 scores = _scores(chunk_query, chunk_key, chunk_visible, chunk_bias, scaling, softcap)
                 threshold, cutoff, top, total = (stat[:, :, start:stop] for stat in stats)
-                probs = _kept_softmax(
-                    scores, sinks, _kept_mask(scores, threshold, cutoff), top, total
-                )  # the forward's P
-                del scores
+                kept = _kept_mask(scores, threshold, cutoff)
+                probs = _kept_softmax(scores, sinks, kept, top, total)  # the forward's P
+                del scores, kept
                 used = probs
                 if generator is not None:  # the output used P ∘ M / (1 - p)
                     kept = torch.rand(probs.shape, device=probs.device, generator=generator) >= dropout
