@@ -227,5 +227,5 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     distillation(study, o)
     if not o.skip_training:
         speed(study, o)
-    study.note("Accuracy pairs are k-NN vs dense per epoch, mean ± standard deviation over the seeds.")
+        study.note("Accuracy pairs are k-NN vs dense per epoch, mean ± standard deviation over the seeds.")
     return study.finish()
