@@ -327,15 +327,14 @@ def table5_parameters(study: Study) -> None:
     """AoT Table 5's parameter counts, rebuilt: the backbones at the table's sizes with Garg et al.'s read-in (d = 20)
     and read-out and GPT-2's 50,257 x 128 token embedding, which Garg et al.'s model carries and never uses (inputs
     arrive through the read-in), for prompts of 41 points (the paper's) and 101 (Garg et al.'s position table)."""
-    rows = study.results["table5"] = {}
+    rows, unused = study.results.setdefault("table5", {}), 50257 * 128  # GPT-2's token embedding at width 128
     for kind, (layers, printed) in TABLE5.items():
         counts = {}
         for points in (41, 101):
             config = backbone_config(kind, 128, layers, 8, max_points=points)
-            config.vocab_size = 50257
+            config.vocab_size = unused // 128
             model = InContextRegressor(config, dim=20, tokens="garg")
             counts[points] = sum(p.numel() for p in model.parameters())
-        unused = 50257 * 128
         rows[kind] = {"layers": layers, "paper_millions": float(printed), "parameters": counts, "unused": unused}
         decimals = len(printed.split(".")[1])
         matches = [points for points, count in counts.items() if f"{count / 1e6:.{decimals}f}" == printed]
@@ -350,7 +349,7 @@ def table5_parameters(study: Study) -> None:
     study.note(
         f"Garg et al.'s own transformer (transformers' GPT2Model: attention biases, 2 x 101 positions) with the "
         f"read-in and read-out has {rows['gpt2'] / 1e6:.3f}M parameters; the unused token embedding is "
-        f"{50257 * 128:,} of them."
+        f"{unused:,} of them."
     )
 
 
