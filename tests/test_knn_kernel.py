@@ -384,19 +384,32 @@ def test_float32_scores_select_exactly_as_the_reference(backward_mode, knn_k, ma
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_negative_and_positive_zero_scores_tie(backward_mode, dtype):
-    """-0.0 and +0.0 are equal scores: the lowest key indices among them are kept, whatever their signs."""
-    key = torch.tensor([0.0, -0.0, 1.0, -0.0, 0.0, -0.0, 0.0, -0.0], dtype=dtype).reshape(1, 1, 8, 1)
+@pytest.mark.parametrize("tie", ["zero", "zero, denormals flushed", "largest float"])
+def test_tied_scores_keep_the_lowest_key_indices(backward_mode, dtype, tie):
+    """-0.0 and +0.0 are equal scores: the lowest key indices among them are kept, whatever their signs; so too with
+    denormals flushed to zero (the next float after 0 is then 0 as well) and for keys tied at the largest float."""
+    largest = torch.finfo(dtype).max
+    scores = (
+        [0.0, -0.0, 1.0, -0.0, 0.0, -0.0, 0.0, -0.0]
+        if tie != "largest float"
+        else [largest] * 2 + [1.0] + [largest] * 5
+    )
+    key = torch.tensor(scores, dtype=dtype).reshape(1, 1, 8, 1).requires_grad_()
     query = torch.ones(1, 1, 3, 1, dtype=dtype, requires_grad=True)
-    key.requires_grad_()
     value = torch.randn(1, 1, 8, 4, dtype=dtype, requires_grad=True)
-    for knn_k in (2, 3, 0.5):
-        out, _ = knn_attention_forward(None, query, key, value, None, 1.0, is_causal=False, knn_k=knn_k)
-        ref, _ = knn_attention_reference(None, query, key, value, None, 1.0, is_causal=False, knn_k=knn_k)
-        torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
-        inputs, upstream = (query, key, value), torch.randn_like(out)
-        for got, want in zip(_grads(out, inputs, upstream), _grads(ref, inputs, upstream), strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    if tie == "zero, denormals flushed" and not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        for knn_k in (2, 3, 0.5):
+            out, _ = knn_attention_forward(None, query, key, value, None, 1.0, is_causal=False, knn_k=knn_k)
+            ref, _ = knn_attention_reference(None, query, key, value, None, 1.0, is_causal=False, knn_k=knn_k)
+            torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
+            inputs, upstream = (query, key, value), torch.randn_like(out)
+            grads = zip(_grads(out, inputs, upstream), _grads(ref, inputs, upstream), strict=True)
+            for got, want in grads if tie != "largest float" else ():  # (the query's gradient overflows there)
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def _peak_tensor_bytes(fn) -> float:

@@ -29,6 +29,7 @@ _TWO_STAGE_GROUP = 4
 # Bytes of (B, H, C, Tk) temporaries a chunk of C queries may hold, as `_KNN_CHUNK_BUFFERS` score-sized buffers: this
 # sets C on every device (`knn_chunk_size` caps it; benchmarks/README.md, k-NN kernel).
 _KNN_CHUNK_BUDGET, _KNN_CHUNK_BUFFERS = 32 * 2**20, 4
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}  # the integers `_ordered` reads each float width as
 
 
 def resolve_knn_k(knn_k: int | float, num_visible: torch.Tensor) -> torch.Tensor:
@@ -48,40 +49,42 @@ def _max_knn_k(knn_k: int | float, num_keys: int) -> int:
     return max(1, min(num_keys, knn_k if ratio is None else -(-num_keys * ratio.numerator // ratio.denominator)))
 
 
-def _ordered(scores: torch.Tensor) -> torch.Tensor:
-    """float32/64 `scores` as same-width integers in the same order, except -0.0 just below +0.0 (a refinement keeps
-    the k-th largest value; ties are resolved on the float scores): CPU `topk` compares integers faster than floats.
-    A negative float's magnitude bits are flipped, so a larger integer is a larger float."""
-    bits = scores.view(torch.int32 if scores.element_size() == 4 else torch.int64)
-    return bits ^ ((bits >> (8 * bits.element_size() - 1)) & torch.iinfo(bits.dtype).max)
+def _ordered(bits: torch.Tensor) -> torch.Tensor:
+    """float32/64 bits (as same-width integers) as integers in the float order, except -0.0 just below +0.0 (a
+    refinement: ties are resolved on the float scores), and back (the map is its own inverse): CPU `topk` compares
+    integers faster than floats. A negative float's magnitude bits are flipped: a larger integer is a larger float."""
+    flips = bits >> (8 * bits.element_size() - 1)
+    return flips.bitwise_and_(torch.iinfo(bits.dtype).max).bitwise_xor_(bits)
 
 
-def _top_width(scores, visible, keep, width) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices of the `width` (< Tk) largest of a chunk's (B, H, C, Tk) scores, and each query's `keep`-th largest
-    visible score (B, H, C, 1). A query that keeps fewer than `width` keys gets `width - keep` of its hidden keys
-    promoted to +inf, so that the width-th largest is its keep-th largest visible score; that many hidden keys exist
-    (min and ceil are 1-Lipschitz). For a small width, the top entries of a row all lie in the `width` groups (of
-    `_TWO_STAGE_GROUP` neighbours) with the largest maxima: a top-k of the maxima, then of their entries."""
+def _top_width(scores, visible, keep, width) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Indices of the `width` (< Tk) largest of a chunk's (B, H, C, Tk) scores, each query's `keep`-th largest
+    visible score and how many of the keys it keeps tie at that score, (B, H, C, 1) each. A query that keeps fewer
+    than `width` keys gets `width - keep` of its hidden keys promoted to +inf, so that the width-th largest is its
+    keep-th largest visible score; that many hidden keys exist (min and ceil are 1-Lipschitz). For a small width,
+    the top entries of a row all lie in the `width` groups (of `_TWO_STAGE_GROUP` neighbours) with the largest
+    maxima: a top-k of the maxima, then of their entries."""
     num_keys, promoted, candidates = scores.shape[-1], None, None
     if visible is not None:
         hidden = ~visible
         promoted = hidden & (hidden.cumsum(dim=-1, dtype=torch.int32) <= width - keep)
     if num_keys % _TWO_STAGE_GROUP != 0 or num_keys < 4 * _TWO_STAGE_GROUP * width:
-        order = _ordered(scores)
+        order = _ordered(scores.view(_BITS[scores.dtype]))
     else:
         maxima = scores.unflatten(-1, (-1, _TWO_STAGE_GROUP)).amax(dim=-1)  # (B, H, C, Tk / group)
         if promoted is not None:
             maxima = maxima.masked_fill(promoted.unflatten(-1, (-1, _TWO_STAGE_GROUP)).any(dim=-1), math.inf)
         groups = torch.topk(maxima, width, dim=-1, sorted=False)[1].unsqueeze(-1) * _TWO_STAGE_GROUP
         candidates = (groups + torch.arange(_TWO_STAGE_GROUP, device=scores.device)).flatten(-2)
-        order = _ordered(scores.gather(-1, candidates))  # (B, H, C, width · group)
+        order = _ordered(scores.gather(-1, candidates).view(_BITS[scores.dtype]))  # (B, H, C, width · group)
         if promoted is not None:
             promoted = promoted.expand(*scores.shape[:-1], num_keys).gather(-1, candidates)
     if promoted is not None:
         order.masked_fill_(promoted, torch.iinfo(order.dtype).max)
     values, indices = torch.topk(order, width, dim=-1, sorted=False)
     indices = indices if candidates is None else candidates.gather(-1, indices)
-    return indices, scores.gather(-1, indices.gather(-1, values.argmin(dim=-1, keepdim=True)))
+    least = values.amin(dim=-1, keepdim=True)  # the threshold's integer, and how many of the top width tie at it
+    return indices, _ordered(least).view(scores.dtype), (values == least).sum(dim=-1, keepdim=True)
 
 
 def _keep(knn_k, scores, visible) -> torch.Tensor:
@@ -101,30 +104,33 @@ def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.T
     keep = _keep(knn_k, scores, visible)
     if max_k is None:
         threshold = torch.sort(scores, dim=-1, descending=True)[0].gather(-1, (keep - 1).expand(*scores.shape[:-1], 1))
+        kept_tied = keep - torch.gt(scores, threshold, out=torch.empty_like(scores)).sum(dim=-1, keepdim=True)
     else:
-        threshold = _top_width(scores, visible, keep, max_k)[1]
-    above = torch.gt(scores, threshold, out=torch.empty_like(scores))
-    tied = torch.eq(scores, threshold, out=torch.empty_like(scores))
-    # The kept tied keys are the first `keep - above` of them by key index (float counts: exact below 2**24 keys): a
+        threshold, kept_tied = _top_width(scores, visible, keep, max_k)[1:]
+    # The kept tied keys are the first `kept_tied` of them by key index (float counts: exact below 2**24 keys): a
     # binary search in their running count, or a count of the positions before it where ONNX has none (export).
-    running, kept_tied = tied.cumsum(dim=-1), (keep - above.sum(dim=-1, keepdim=True)).to(tied.dtype)
+    running = torch.eq(scores, threshold, out=torch.empty_like(scores)).cumsum_(dim=-1)
+    kept_tied = kept_tied.to(running.dtype)
     if max_k is None:
         cutoff = (running < kept_tied).sum(dim=-1, keepdim=True)
     else:
         cutoff = torch.searchsorted(running, kept_tied)
-    return threshold, cutoff, _kept_mask(scores, threshold, cutoff, above, tied)
+    return threshold, cutoff, _kept_mask(scores, threshold, cutoff)
 
 
-def _kept_mask(scores, threshold, cutoff, above=None, tied=None) -> torch.Tensor:
-    """The keys kept by `_knn_threshold`'s statistics as floats, 1 kept and 0 not (`above`, `tied`: `scores >
-    threshold`, `== threshold` as floats, if at hand). On CPU a float comparison writes floats as fast as bools, and
-    a product with a float mask is cheaper than a masked fill."""
-    if cutoff is None:
-        return torch.ge(scores, threshold, out=torch.empty_like(scores))
-    positions = torch.arange(scores.shape[-1], device=scores.device, dtype=scores.dtype)  # exact below 2**24 keys
-    above = torch.gt(scores, threshold, out=torch.empty_like(scores)) if above is None else above
-    tied = torch.eq(scores, threshold, out=torch.empty_like(scores)) if tied is None else tied
-    return above.addcmul_(tied, torch.le(positions, cutoff, out=torch.empty_like(scores)))
+def _kept_mask(scores, threshold, cutoff) -> torch.Tensor:
+    """The keys kept by `_knn_threshold`'s statistics as floats, 1 kept and 0 not: one comparison with a per-key
+    threshold, `threshold` up to the `cutoff` and the next float past it. The step to it is never 0 (a denormal
+    flushed to zero: then the least normal float, as the flushed scores tie) nor inf (0 · inf is NaN). One fresh
+    (C, Tk) buffer: on CPU each costs page faults, and a comparison writes floats faster than bools."""
+    if cutoff is not None:
+        positions = torch.arange(scores.shape[-1], device=scores.device, dtype=scores.dtype)  # exact below 2**24 keys
+        if torch.compiler.is_exporting():  # ONNX has no nextafter: the keys above, and the tied ones to the cutoff
+            return (scores > threshold).to(scores.dtype) + ((scores == threshold) & (positions <= cutoff))
+        step = torch.nextafter(threshold, threshold.new_tensor(math.inf)) - threshold
+        step = torch.where(step > 0, step, torch.finfo(scores.dtype).tiny).clamp_(max=torch.finfo(scores.dtype).max)
+        threshold = torch.gt(positions, cutoff, out=torch.empty_like(scores)).mul_(step).add_(threshold)
+    return torch.ge(scores, threshold, out=torch.empty_like(scores) if cutoff is None else threshold)
 
 
 def _knn_kept_keys(scores, visible, knn_k, width) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +139,7 @@ def _knn_kept_keys(scores, visible, knn_k, width) -> tuple[torch.Tensor, torch.T
     get the lowest-index tied keys instead (the rule), by a binary search in the running count of the tied keys."""
     if width >= scores.shape[-1]:
         return torch.arange(scores.shape[-1], device=scores.device).expand(scores.shape), scores
-    indices, threshold = _top_width(scores, visible, _keep(knn_k, scores, visible), width)
+    indices, threshold, _ = _top_width(scores, visible, _keep(knn_k, scores, visible), width)
     kept_scores = scores.gather(-1, indices)
     tied = kept_scores == threshold  # as many slots as kept tied keys
     running = torch.eq(scores, threshold, out=torch.empty_like(scores)).cumsum(dim=-1)  # exact below 2**24 keys
