@@ -149,8 +149,7 @@ def train_image(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def parse_image_arguments(argv: list[str] | None = None):
-    """Parse `(ImageModelArguments, ImageDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
-    TrainingArguments)`."""
+    """Parse `(*IMAGE_ARGUMENTS, TrainingArguments)` as `arguments.parse_dataclasses` does."""
     return parse_dataclasses(IMAGE_ARGUMENTS, argv)
 
 

@@ -273,9 +273,7 @@ def train_lm(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def parse_lm_arguments(argv: list[str] | None = None):
-    """Parse `(LMModelArguments, TextDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
-    TrainingArguments)` from the command line, from a single .json / .yaml file, or from a recipe file followed by
-    overriding flags."""
+    """Parse `(*LM_ARGUMENTS, TrainingArguments)` as `arguments.parse_dataclasses` does."""
     return parse_dataclasses(LM_ARGUMENTS, argv)
 
 
