@@ -55,8 +55,6 @@ def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
     """
     from transformers import AutoTokenizer, GPT2TokenizerFast
 
-    from .. import configuration_aot  # noqa: F401 - the `aot` model type is registered on package import
-
     folder = Path(name_or_path)
     if (
         folder.is_dir()
