@@ -149,7 +149,8 @@ def train_image(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def parse_image_arguments(argv: list[str] | None = None):
-    """Parse `(*IMAGE_ARGUMENTS, TrainingArguments)` as `arguments.parse_dataclasses` does."""
+    """Parse `(ImageModelArguments, ImageDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
+    TrainingArguments)`."""
     return parse_dataclasses(IMAGE_ARGUMENTS, argv)
 
 
