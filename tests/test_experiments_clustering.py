@@ -269,8 +269,8 @@ def test_distance_invariances_and_hand_values():
     flipped = torch.stack([-centroids[1], centroids[0]])  # permuted and sign-flipped
     assert C.centroid_distance(flipped, centroids).item() == pytest.approx(0.0, abs=1e-7)
     # Eq. (36) counts the sign: a flipped head is at distance 2 from its centroid.
-    assert C.signed_centroid_distance(flipped, centroids).item() == pytest.approx(2.0)
-    assert C.signed_centroid_distance(centroids.flip(0), centroids).item() == pytest.approx(0.0, abs=1e-7)
+    assert C.centroid_distance(flipped, centroids, signed=True).item() == pytest.approx(2.0)
+    assert C.centroid_distance(centroids.flip(0), centroids, signed=True).item() == pytest.approx(0.0, abs=1e-7)
     # Heads at the diagonal directions (μ0 ± μ1)/√2: each |⟨μ, μ*⟩| = 1/√2, cost 2 − √2 per head.
     diagonal = torch.stack([centroids[0] + centroids[1], centroids[0] - centroids[1]]) / 2**0.5
     assert C.centroid_distance(diagonal, centroids).item() == pytest.approx((2 * (2 - 2**0.5)) ** 0.5)
