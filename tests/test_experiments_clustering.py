@@ -19,14 +19,7 @@ from aot_transformers.experiments import clustering_figures as CF
 from aot_transformers.experiments import clustering_theory as T
 from aot_transformers.experiments.subspace import subspace_attention
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The tensors here are tiny: one thread avoids oversubscription on a shared CPU (10x faster under load).
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data(dim=5, num_clusters=2, sigma=0.3, num_sequences=4, seq_len=7, seed=0):
