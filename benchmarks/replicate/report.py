@@ -19,6 +19,10 @@ from .models import ABLATION_MLP_RATIO, PAPER_ABLATIONS
 CLOSE_LOSS_FRACTION = 0.03  # 3% of GPT-2's validation loss
 CHANCE_ACCURACY = 10.0  # percent: CIFAR-10's ten classes
 UNIGRAM_MARGIN = 0.1  # nats below the unigram baseline before an LM comparison says anything about modelling
+NOT_TESTABLE_ZERO_SHOT = (
+    "Not testable at this scale, for the reason of the verdict above (no model beats the unigram floor, so zero-shot "
+    "losses do not measure language modelling yet)."
+)
 ABLATIONS = ("aot-mssa-hybrid-paper", "aot-mssa-full-paper")  # the earlier version's Hybrid and Full MLP
 
 
@@ -351,13 +355,18 @@ def _language_section(language: dict, plan: dict, lines: list[str], verdicts: li
                 f"{numbers} nats vs GPT-2's {gpt2:.3f} (seed noise {noise:.3f})",
             )
         )
+        floor_missed = unigram is not None and best > unigram - UNIGRAM_MARGIN
         zero_shot = _zero_shot_verdict(grouped)
         if zero_shot:
             status, text, numbers = zero_shot
+            if floor_missed:  # the one yardstick of every language verdict
+                status, text = (
+                    "not testable at this scale",
+                    f"{NOT_TESTABLE_ZERO_SHOT} By the closeness rule alone: {text}",
+                )
             lines += [f"**Zero-shot.** {text}", ""]
             verdicts.append(("AoT comes close to GPT-2 on the zero-shot suite", status, numbers))
         if all(name in grouped for name in ("aot-mssa", *ABLATIONS)):
-            floor_missed = unigram is not None and best > unigram - UNIGRAM_MARGIN
             _ablation_verdicts(grouped, main_rows, noise, floor_missed, lines, verdicts)
 
 
@@ -438,10 +447,7 @@ def _ablation_verdicts(grouped, main_rows, noise: float, floor_missed: bool, lin
         "more than the task's seed noise, the largest half-range of a main row; held when none does)"
     )
     if floor_missed:
-        rule_zero = (
-            "Not testable at this scale, for the reason of the verdict above (no model beats the unigram floor, so "
-            f"zero-shot losses do not measure language modelling yet). {rule_zero}"
-        )
+        rule_zero = f"{NOT_TESTABLE_ZERO_SHOT} {rule_zero}"
         zero_status = "not testable at this scale"
     lines += [
         '**Ablations (earlier version).** "Incorporating MLP layers can accelerate the training process": '
