@@ -47,6 +47,16 @@ def _seed_and_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny tensors, where more threads oversubscribe a shared CPU; a module opts in
+    with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.exists():

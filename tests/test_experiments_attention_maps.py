@@ -14,13 +14,7 @@ from aot_transformers.experiments import diagnostics as G
 from aot_transformers.experiments.knn import vision_config
 from aot_transformers.experiments.study import Study
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: one thread avoids oversubscription on a shared CPU
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _classifier(num_channels=1, image_size=8):

@@ -8,18 +8,10 @@ import shlex
 from pathlib import Path
 
 import pytest
-import torch
 
 from aot_transformers import AoTForCausalLM
 from aot_transformers.cli import main
 from aot_transformers.experiments import STUDIES, run_experiment
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    previous = torch.get_num_threads()  # the commands set one thread; leave other tests as they were
-    yield
-    torch.set_num_threads(previous)
 
 
 def _claims(folder):

@@ -19,14 +19,7 @@ from aot_transformers.experiments import clustering_figures as CF
 from aot_transformers.experiments import clustering_theory as T
 from aot_transformers.experiments.subspace import subspace_attention
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The tensors here are tiny: one thread avoids oversubscription on a shared CPU (10x faster under load).
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data(dim=5, num_clusters=2, sigma=0.3, num_sequences=4, seq_len=7, seed=0):
@@ -39,6 +32,73 @@ def _data(dim=5, num_clusters=2, sigma=0.3, num_sequences=4, seq_len=7, seed=0):
 def _within(mc, exact):
     mean, tolerance = mc
     assert abs(mean - exact) <= tolerance, f"Monte Carlo {mean:.5f} ± {tolerance:.5f} vs closed form {exact:.5f}"
+
+
+# ---------------------------------------------------------------- test oracles: closed forms only these tests use
+
+
+def oracle_linear_attention_risk_limit(dim: int, sigma: float, lam: float, num_clusters: int = 2) -> float:
+    """Proof of Prop. 4.2 (D.2): L → ∞ risk for any λ, (1 + dσ²) − λ(2 + 8σ² + 8σ⁴) + λ²(1 + 2σ²)³ for K = 2.
+
+    For K heads (factor 2λ/L each, Eq. 3): T → cPX with c = 2λ(1/K + σ²), risk (1 − c)²(1 + Kσ²) + σ²(d − K).
+    """
+    c = 2 * lam * (1 / num_clusters + sigma**2)
+    return (1 - c) ** 2 * (1 + num_clusters * sigma**2) + sigma**2 * (dim - num_clusters)
+
+
+def oracle_linear_attention_risk_exact(dim: int, sigma: float, length: int, lam: float, num_clusters: int = 2):
+    """Exact finite-L risk of T_lin (identity values) at μ = μ*: T_ℓ = 2λ Ĉ P X_ℓ (Ĉ = (1/L) Σ_m X_m X_mᵀ).
+
+    Eq. (27) of the paper for K = 2, written with moments: E[XᵀĈPX] and E[XᵀPĈ²PX] split the double sum over
+    (m, m') by which indices coincide with ℓ, with CP = aP (a = 1/K + σ²) and PX ⟂ (I − P)X.
+    """
+    m = T._second_moments(dim, sigma, num_clusters)
+    a = m["a"]
+    x_px = m["p2"] + m["p1"] * m["q1"]  # E[‖X‖²‖PX‖²]
+    first = (x_px + (length - 1) * num_clusters * a**2) / length  # E[XᵀĈPX]
+    px4_x = m["p3"] + m["p2"] * m["q1"]  # E[‖PX‖⁴‖X‖²]
+    second = (
+        px4_x + (length - 1) * (a * x_px + 2 * a * m["p2"]) + (length - 1) * (length - 2) * num_clusters * a**3
+    ) / length**2  # E[XᵀPĈ²PX]
+    return m["x1"] - 4 * lam * first + 4 * lam**2 * second
+
+
+def in_context_quantization_risk_limit(dim: int, sigma: float, lam: float, num_clusters: int = 2) -> float:
+    """Prop. 5.2: lim_{L→∞} risk of T_ctx = tr(C) − 4λ tr(C²) + 4λ² tr(C³).
+
+    For K = 2 this is the paper's (1 + σ²d) − 2λ(1 + 4σ² + 2dσ⁴) + 4λ²(2(σ² + ½)³ + (d − 2)σ⁶).
+    """
+    m = T._second_moments(dim, sigma, num_clusters)
+    return m["x1"] - 4 * lam * m["trC2"] + 4 * lam**2 * m["trC3"]
+
+
+def in_context_quantization_optimal_temperature(dim: int, sigma: float, num_clusters: int = 2) -> float:
+    """Prop. 5.2: the λ minimising the limit risk, tr(C²)/(2 tr(C³)) = (1 + 4σ² + 2dσ⁴)/(4(2(σ² + ½)³ + (d−2)σ⁶))."""
+    m = T._second_moments(dim, sigma, num_clusters)
+    return m["trC2"] / (2 * m["trC3"])
+
+
+def in_context_quantization_risk_exact(dim: int, sigma: float, length: int, lam: float) -> float:
+    """Exact finite-L risk of T_ctx = 2λ Ĉ X_ℓ: E‖X‖² − 4λ E[XᵀĈX] + 4λ² E[XᵀĈ²X] (see `T._in_context_moments`)."""
+    x1, first, second = T._in_context_moments(dim, sigma, length)
+    return x1 - 4 * lam * first + 4 * lam**2 * second
+
+
+def centroid_regulariser_closed_form(heads: torch.Tensor, centroids: torch.Tensor, sigma: float) -> torch.Tensor:
+    """The population value of r = Σ_{k<k'} E[⟨μ_k, X⟩²⟨μ_k', X⟩²] (Section 3.3; r⁽¹⁾ of App. G.4 for K = 3).
+
+    Given the cluster c, u = ⟨μ_k, X⟩ and v = ⟨μ_k', X⟩ are jointly Gaussian with means m_u = ⟨μ_k, μ*_c⟩,
+    m_v = ⟨μ_k', μ*_c⟩, variances σ²‖μ‖² and covariance s = σ²⟨μ_k, μ_k'⟩; Isserlis' theorem gives
+    E[u²v²] = (m_u² + σ²‖μ_k‖²)(m_v² + σ²‖μ_k'‖²) + 2s² + 4 m_u m_v s. Averaged over the K clusters.
+    """
+    means = heads @ centroids.T  # (K_heads, K_clusters)
+    gram = heads @ heads.T
+    total = heads.new_zeros(())
+    for k, k2 in itertools.combinations(range(heads.shape[0]), 2):
+        mu, mv, s = means[k], means[k2], sigma**2 * gram[k, k2]
+        var_u, var_v = sigma**2 * gram[k, k], sigma**2 * gram[k2, k2]
+        total = total + ((mu**2 + var_u) * (mv**2 + var_v) + 2 * s**2 + 4 * mu * mv * s).mean()
+    return total
 
 
 # ------------------------------------------------------------------------------------------------------------ data
@@ -74,7 +134,7 @@ def test_mixture_second_moment():
         (lambda: C.train_heads(init="anywhere", steps=1), "init"),
         (lambda: C.train_heads(score="last_token", steps=1), "score"),
         (lambda: C.linear_attention_predictor(torch.zeros(1, 2, 3), torch.eye(3)[:2], 1.0, "other"), "values"),
-        (lambda: T.in_context_quantization_risk_exact(2, 0.3, 10, 0.5, num_clusters=3), "dim"),
+        (lambda: T.oracle_risk_limit(2, 0.3, num_clusters=3), "dim"),
         (lambda: C.train_heads(dim=2, init="manifold", steps=1), "2K"),
         (lambda: C.train_heads(num_clusters=3, dim=6, predictor="softmax", steps=1), "K = 2"),
         (lambda: CF.run(parts=["nope"]), "parts"),
@@ -187,13 +247,13 @@ def test_regulariser_closed_form_matches_monte_carlo():
     heads = heads / heads.norm(dim=-1, keepdim=True)
     a = (tokens @ heads.T).square()
     per_sequence = (a[..., 0] * a[..., 1]).mean(-1)
-    _within(T.monte_carlo_tolerance(per_sequence), T.centroid_regulariser_closed_form(heads, centroids, 0.7).item())
+    _within(T.monte_carlo_tolerance(per_sequence), centroid_regulariser_closed_form(heads, centroids, 0.7).item())
 
 
 def test_regulariser_hand_case_at_the_centroids():
     # At μ = μ*: cluster 0 gives E[(1+σξ)²(σξ')²] = (1+σ²)σ², same for cluster 1.
     centroids = torch.eye(2, 4, dtype=torch.float64)
-    assert T.centroid_regulariser_closed_form(centroids, centroids, 0.5).item() == pytest.approx(1.25 * 0.25)
+    assert centroid_regulariser_closed_form(centroids, centroids, 0.5).item() == pytest.approx(1.25 * 0.25)
 
 
 def test_distance_invariances_and_hand_values():
@@ -202,8 +262,8 @@ def test_distance_invariances_and_hand_values():
     flipped = torch.stack([-centroids[1], centroids[0]])  # permuted and sign-flipped
     assert C.centroid_distance(flipped, centroids).item() == pytest.approx(0.0, abs=1e-7)
     # Eq. (36) counts the sign: a flipped head is at distance 2 from its centroid.
-    assert C.signed_centroid_distance(flipped, centroids).item() == pytest.approx(2.0)
-    assert C.signed_centroid_distance(centroids.flip(0), centroids).item() == pytest.approx(0.0, abs=1e-7)
+    assert C.centroid_distance(flipped, centroids, signed=True).item() == pytest.approx(2.0)
+    assert C.centroid_distance(centroids.flip(0), centroids, signed=True).item() == pytest.approx(0.0, abs=1e-7)
     # Heads at the diagonal directions (μ0 ± μ1)/√2: each |⟨μ, μ*⟩| = 1/√2, cost 2 − √2 per head.
     diagonal = torch.stack([centroids[0] + centroids[1], centroids[0] - centroids[1]]) / 2**0.5
     assert C.centroid_distance(diagonal, centroids).item() == pytest.approx((2 * (2 - 2**0.5)) ** 0.5)
@@ -247,7 +307,7 @@ def test_lemma_c1_risk_on_the_manifold_by_monte_carlo(sigma, lam, kappas):
 def test_lemma_c1_at_the_centroids_equals_the_exact_oracle_risk():
     for sigma, length, lam in [(0.3, 30, 0.6), (1.0, 30, 0.2), (0.5, 7, 0.5)]:
         assert T.manifold_risk(1, 1, 5, sigma, length, lam) == pytest.approx(
-            T.oracle_linear_attention_risk_exact(5, sigma, length, lam), rel=1e-12
+            oracle_linear_attention_risk_exact(5, sigma, length, lam), rel=1e-12
         )
 
 
@@ -319,40 +379,40 @@ def test_conditional_variances_tend_to_the_papers_limits():
 def test_exact_finite_length_risks_by_monte_carlo(sigma, length, lam):
     centroids = C.canonical_centroids(5)
     ctx = C.monte_carlo_risk(lambda x: C.in_context_quantizer(x, lam), centroids, sigma, length, 1500, seed=1)
-    _within(ctx, T.in_context_quantization_risk_exact(5, sigma, length, lam))
+    _within(ctx, in_context_quantization_risk_exact(5, sigma, length, lam))
     lin = C.monte_carlo_risk(
         lambda x: C.linear_attention_predictor(x, centroids, lam), centroids, sigma, length, 1500, 2
     )
-    _within(lin, T.oracle_linear_attention_risk_exact(5, sigma, length, lam))
+    _within(lin, oracle_linear_attention_risk_exact(5, sigma, length, lam))
 
 
 def test_exact_risks_tend_to_the_limits():
     for sigma, lam in [(0.3, 0.7), (1.0, 0.25)]:
-        assert T.in_context_quantization_risk_exact(5, sigma, 10**6, lam) == pytest.approx(
-            T.in_context_quantization_risk_limit(5, sigma, lam), rel=1e-4
+        assert in_context_quantization_risk_exact(5, sigma, 10**6, lam) == pytest.approx(
+            in_context_quantization_risk_limit(5, sigma, lam), rel=1e-4
         )
-        assert T.oracle_linear_attention_risk_exact(5, sigma, 10**6, lam) == pytest.approx(
-            T.oracle_linear_attention_risk_limit(5, sigma, lam), rel=1e-4
+        assert oracle_linear_attention_risk_exact(5, sigma, 10**6, lam) == pytest.approx(
+            oracle_linear_attention_risk_limit(5, sigma, lam), rel=1e-4
         )
 
 
 def test_oracle_risk_limit_is_sigma_squared_d_minus_two():
     for dim, sigma in [(5, 0.3), (8, 1.0)]:
         lam = 1 / (1 + 2 * sigma**2)  # Prop. 4.2's temperature
-        assert T.oracle_linear_attention_risk_limit(dim, sigma, lam) == pytest.approx(sigma**2 * (dim - 2))
+        assert oracle_linear_attention_risk_limit(dim, sigma, lam) == pytest.approx(sigma**2 * (dim - 2))
         assert T.oracle_risk_limit(dim, sigma) == pytest.approx(sigma**2 * (dim - 2))
 
 
 def test_in_context_quantizer_prop_5_2_optimum():
     for dim, sigma in [(5, 0.3), (10, 1.0)]:
-        lam = T.in_context_quantization_optimal_temperature(dim, sigma)
+        lam = in_context_quantization_optimal_temperature(dim, sigma)
         s2 = sigma**2
         assert lam == pytest.approx((1 + 4 * s2 + 2 * dim * s2**2) / (4 * (2 * (s2 + 0.5) ** 3 + (dim - 2) * s2**3)))
-        limit = T.in_context_quantization_risk_limit(dim, sigma, lam)
+        limit = in_context_quantization_risk_limit(dim, sigma, lam)
         assert limit == pytest.approx(T.in_context_optimal_risk_limit(dim, sigma))
         assert limit <= T.oracle_risk_limit(dim, sigma) < T.oracle_quantizer_risk(dim, sigma)
         for other in (0.9 * lam, 1.1 * lam):
-            assert T.in_context_quantization_risk_limit(dim, sigma, other) > limit
+            assert in_context_quantization_risk_limit(dim, sigma, other) > limit
 
 
 def test_degenerate_case_prop_a1_and_a3():
@@ -384,7 +444,7 @@ def test_degenerate_case_prop_a1_and_a3():
     assert T.degenerate_is_minimiser(*point, atol=1e-6)
     assert T.degenerate_risk(*point, length, lam0) == pytest.approx(T.degenerate_minimum(length))
     assert T.degenerate_risk(0.9, 0.9, 0.1, 0.1, length, lam0) > T.degenerate_minimum(length)
-    assert T.degenerate_minimum(length) == pytest.approx(T.oracle_linear_attention_risk_exact(5, 0.0, length, lam0))
+    assert T.degenerate_minimum(length) == pytest.approx(oracle_linear_attention_risk_exact(5, 0.0, length, lam0))
 
 
 # -------------------------------------------------------------------------------------------------------- training

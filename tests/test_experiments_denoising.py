@@ -10,14 +10,7 @@ import torch
 
 from aot_transformers.experiments import denoising as D
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The tensors here are tiny: one thread avoids oversubscription on a shared CPU (10x faster under load).
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _mixture(num_subspaces=2, subspace_dim=64, num_tokens=64, noise=0.2, seed=0):

@@ -9,13 +9,7 @@ import torch
 
 from aot_transformers.experiments import knn as K
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: one thread avoids oversubscription on a shared CPU
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_noisy_tokens_shapes_and_fractions():

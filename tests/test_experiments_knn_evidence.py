@@ -25,13 +25,6 @@ from aot_transformers.experiments.knn_evidence import (
 from aot_transformers.experiments.study import make_generator
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    previous = torch.get_num_threads()
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_slow_and_fast_definitions_agree_exactly_when_keys_have_equal_norms():
     generator = make_generator(0)
     q, k, v = (torch.randn(40, 8, generator=generator, dtype=torch.float64) for _ in range(3))

@@ -152,6 +152,53 @@ def test_report_verdicts_follow_the_stated_rules(tmp_path, aot_loss, knn_delta, 
     assert "--budget 0.25" in text and (tmp_path / "language_curves.png").is_file()
 
 
+def test_ablation_verdicts_follow_the_earlier_versions_claims(tmp_path):
+    language = _synthetic_language(5.05, 0.0)
+    for name in report.ABLATIONS:  # ahead of AoT-MSSA early and at the end, and better on both zero-shot tasks
+        language["runs"].append(_lm_run(name, 0, 4.9, early=5.5))
+    results = {
+        "plan": make_plan(0.25).to_dict(),
+        "machine": {"cpu": "x", "threads": 2, "torch": "t"},
+        "sections": {"language": {"command": "cmd", "date": "d", "minutes": 1.0, "load": "1 -> 1"}},
+        "language": language,
+    }
+    text = report.render_report(results, tmp_path).read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "**held**" in rows["MLPs (hybrid, full) accelerate AoT's training (earlier version)"]
+    assert "**did not hold**" in rows["MLPs (hybrid, full) do not improve AoT's zero-shot scores (earlier version)"]
+    assert '"adding MLP layers to AoT does not improve the zero-shot performance"' in text
+
+
+def test_ablation_rows_have_the_earlier_versions_non_embedding_proportions():
+    from aot_transformers import AoTConfig, AoTForCausalLM
+
+    vocab = 50_257
+    # The paper's shapes (AoT Base = the preset; Hybrid / Full MLP inferred: 12 x 768, MLP 4x) give its printed
+    # counts, 102M / 81M / 109M, and the non-embedding counts the report quotes.
+    paper_shapes = {"aot": (1024, 24, "none"), "hybrid": (768, 12, "first_half"), "full": (768, 12, "all")}
+    for key, (width, depth, mlp) in paper_shapes.items():
+        overrides = {"hidden_size": width, "num_hidden_layers": depth, "num_attention_heads": width // 64}
+        with torch.device("meta"):
+            config = AoTConfig.from_preset("aot-mssa-l-base", vocab_size=vocab, mlp_layers=mlp, **overrides)
+            counted = models.count_parameters(AoTForCausalLM(config))["without_positions"]
+        assert counted == models.PAPER_ABLATIONS[key]["total"]
+        assert counted - vocab * width == models.PAPER_ABLATIONS[key]["non_embedding"]
+    assert [round(models.PAPER_ABLATIONS[k]["total"] / 1e6) for k in paper_shapes] == [102, 81, 109]
+    # Ours, as built for the committed budget: the same embedding, and the paper's non-embedding ratios to AoT.
+    plan = make_plan(0.25).language
+    rows = {row.name: row for row in models.language_rows(plan)}
+    names = {"aot": "aot-mssa", "hybrid": report.ABLATIONS[0], "full": report.ABLATIONS[1]}
+    body = {
+        key: models.count_parameters(models.build_causal_lm(rows[name], vocab, plan.knn_k))["without_positions"]
+        - vocab * plan.hidden_size
+        for key, name in names.items()
+    }
+    for key in ("hybrid", "full"):
+        wanted = models.PAPER_ABLATIONS[key]["non_embedding"] / models.PAPER_ABLATIONS["aot"]["non_embedding"]
+        assert body[key] / body["aot"] == pytest.approx(wanted, rel=0.015)
+    assert not rows[report.ABLATIONS[0]].main and rows[f"{report.ABLATIONS[1]}+knn"].knn
+
+
 def test_smoke_command_writes_every_section(shared_data, tmp_path):
     work, out, records = tmp_path / "work", tmp_path / "report", tmp_path / "records"
     command = [sys.executable, "-m", "benchmarks.replicate", "--smoke", "--data-dir", str(shared_data)]

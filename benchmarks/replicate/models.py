@@ -49,12 +49,31 @@ def _with_knn(rows: list[Row]) -> list[Row]:
     return rows + twins
 
 
+# The earlier AoT paper's Table 1 counts (embedding included): AoT Base 102M, Hybrid 81M, Full MLP 109M. It prints no
+# shapes for Hybrid and Full MLP; GPT-2 Base's 12 x 768 with MSSA attention and MLP ratio 4 (MLPs in blocks 1-6 or
+# in all 12) reproduces both counts, so their non-embedding weights are inferred as below (AoT Base is the 24 x 1024
+# `aot-mssa-l-base` preset; tests/test_replicate.py rebuilds all three shapes and checks these numbers).
+PAPER_ABLATIONS = {
+    "aot": {"total": 101_846_016, "non_embedding": 50_382_848, "shape": "24 x 1024"},
+    "hybrid": {"total": 81_116_928, "non_embedding": 42_519_552, "shape": "12 x 768, MLP 4x in blocks 1-6"},
+    "full": {"total": 109_460_736, "non_embedding": 70_863_360, "shape": "12 x 768, MLP 4x in all blocks"},
+}
+# At width ~100 the shared 50,257 x d embedding is >90% of every row, so the ablations keep AoT-MSSA's width (same
+# embedding) and match the paper's *non-embedding* ratios (hybrid 0.84x, full 1.41x AoT): a quarter of AoT-MSSA's
+# depth, with the MLP widened to 14/3 of the width, gets both within 1.5%.
+ABLATION_DEPTH_DIVISOR = 4
+ABLATION_MLP_RATIO = 14 / 3
+
+
 def language_rows(plan) -> list[Row]:
     """GPT-2, AoT-MSSA and AoT-MHSA at equal parameters (same width and vocabulary, so the same embedding; AoT
     layers hold 2d² (MSSA) or 4d² (MHSA) weights against GPT-2's 12d², so AoT is 6x / 3x deeper), the hybrid and
-    full-MLP ablations of AoT-MSSA at its depth, and a k-NN twin of each."""
+    full-MLP ablations of AoT-MSSA at the earlier paper's non-embedding proportions (`PAPER_ABLATIONS`), and a
+    k-NN twin of each."""
     d, heads, depth = plan.hidden_size, plan.num_attention_heads, plan.gpt2_layers
     common = {"hidden_size": d, "num_attention_heads": heads, "max_position_embeddings": plan.block_size}
+    ablation_depth = max(2, 6 * depth // ABLATION_DEPTH_DIVISOR)
+    ablation = {**common, "num_hidden_layers": ablation_depth, "mlp_ratio": ABLATION_MLP_RATIO}
     rows = [
         Row("gpt2", f"GPT-2 ({depth} x {d})", "gpt2", {**common, "num_hidden_layers": depth}),
         Row(
@@ -72,18 +91,18 @@ def language_rows(plan) -> list[Row]:
             "aot-mhsa-l-base",
         ),
         Row(
-            "aot-mssa-hybrid",
-            f"AoT-MSSA hybrid (MLP in first half, {6 * depth} x {d})",
+            "aot-mssa-hybrid-paper",
+            f"AoT-MSSA hybrid (MLP {ABLATION_MLP_RATIO:.3g}x in first half, {ablation_depth} x {d})",
             "aot",
-            {**common, "num_hidden_layers": 6 * depth, "mlp_layers": "first_half"},
+            {**ablation, "mlp_layers": "first_half"},
             "aot-mssa-l-base",
             main=False,
         ),
         Row(
-            "aot-mssa-full",
-            f"AoT-MSSA full (MLP in all layers, {6 * depth} x {d})",
+            "aot-mssa-full-paper",
+            f"AoT-MSSA full (MLP {ABLATION_MLP_RATIO:.3g}x in all layers, {ablation_depth} x {d})",
             "aot",
-            {**common, "num_hidden_layers": 6 * depth, "mlp_layers": "all"},
+            {**ablation, "mlp_layers": "all"},
             "aot-mssa-l-base",
             main=False,
         ),

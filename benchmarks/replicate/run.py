@@ -109,6 +109,15 @@ def _rerun_check(cache: RunCache, runs, records: list[dict], metric: str, train)
     return check
 
 
+def _step_seconds(cache: RunCache, rows, measure) -> dict:
+    """The cached per-step timings, measured again (all rows side by side) when a row has none yet."""
+    timing = cache.get("step-seconds")
+    if timing is None or {row.name for row in rows} - set(timing["seconds"]):
+        timing = {"seconds": measure()}
+        cache.put("step-seconds", timing)
+    return timing
+
+
 def run_language(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
     from .language import prepare_language_data, time_language_rows, train_language_row
     from .models import language_rows
@@ -137,8 +146,7 @@ def run_language(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
         "eval_loss",
         lambda row, seed: train_language_row(row, seed, lp, data, cache.scratch),
     )
-    timing = cache.get("step-seconds") or {"seconds": time_language_rows(rows, lp, data)}
-    cache.put("step-seconds", timing)
+    timing = _step_seconds(cache, rows, lambda: time_language_rows(rows, lp, data))
     embedding = len(data.tokenizer) * lp.hidden_size
     return {
         "runs": records,
@@ -184,8 +192,7 @@ def run_vision(plan: Plan, args: argparse.Namespace, cache: RunCache) -> dict:
         "eval_accuracy",
         lambda row, seed: train_vision_row(row, seed, vp, data, cache.scratch),
     )
-    timing = cache.get("step-seconds") or {"seconds": time_vision_rows(rows, vp, data)}
-    cache.put("step-seconds", timing)
+    timing = _step_seconds(cache, rows, lambda: time_vision_rows(rows, vp, data))
     return {
         "runs": records,
         "rerun": rerun,

@@ -41,8 +41,7 @@ for _auto, _classes in (
         _cls.register_for_auto_class(_auto)
 
 
-# PEFT's default LoRA targets for model_type "aot" (`LoraConfig(task_type=...)` without `target_modules`); peft is
-# an optional dependency: without it nothing is registered.
+# PEFT's default LoRA targets for model_type "aot" (`LoraConfig(task_type=...)` without `target_modules`).
 peft_defaults.register()
 
 __all__ = [

@@ -1,7 +1,5 @@
-"""The `aot` command. Subcommands register themselves here; each parses arguments and calls the library.
-
-Every subcommand runs under the one error contract of `aot_transformers.errors`: bad input is one line and exit
-code 2, a failed run one line and exit code 1 (the traceback behind `aot --debug` or in a log file).
+"""The `aot` command. Subcommands register themselves here; each parses arguments and calls the library, under the
+error contract of `aot_transformers.errors`.
 """
 
 from __future__ import annotations

@@ -240,15 +240,6 @@ def _walk(folder: Path) -> tuple[list[str], list[str]]:
     return files, escaping
 
 
-def _hidden_top_level(folder: Path) -> list[str]:
-    """Ignore patterns for the folder's hidden top-level entries, except the Hub's own `.eval_results/`."""
-    patterns = []
-    for path in folder.iterdir():
-        if path.name.startswith(".") and path.name != EVAL_RESULTS_DIR:
-            patterns += [path.name, f"{path.name}/*"]
-    return patterns
-
-
 def check_push_contents(folder: Path, names: list[str], escaping: list[str]) -> None:
     """Refuse (`UsageError`, one line naming every offending file) a push of `folder` that would publish what its
     owner did not mean to: links leaving the folder (`escaping`), pickles among the files to upload (`names`), or
@@ -312,7 +303,9 @@ def push_to_hub(
         validate_repo_id(repo_id)
     except (HFValidationError, TypeError, ValueError) as error:
         raise UsageError(f"not a Hub repository id: {error}", argument="--repo-id", value=repo_id) from None
-    ignore = PUSH_IGNORE_PATTERNS + _hidden_top_level(folder)
+    # The folder's hidden top-level entries stay local, except the Hub's own `.eval_results/`.
+    hidden = [path.name for path in folder.iterdir() if path.name.startswith(".") and path.name != EVAL_RESULTS_DIR]
+    ignore = PUSH_IGNORE_PATTERNS + [pattern for name in hidden for pattern in (name, f"{name}/*")]
     try:
         relative, escaping = _walk(folder)
     except OSError as error:

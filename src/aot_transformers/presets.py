@@ -1,12 +1,9 @@
 """Named configurations of the papers' models, reached through `AoTConfig.from_preset(name, **overrides)`.
 
-Each preset follows one paper, cited with file and line in `PAPER_PARAMETERS` (the plain-text copies in
-../shared/papers). Parameter counts (nanoGPT's convention for language models: everything but the position table):
-AoT-MSSA-L Base / Medium / Large ≈ 102M / 182M / 326M, AoT-MHSA-L Base ≈ 122M, GPT-2's 50,257-token vocabulary;
-AoT-Base / Large / Huge (`aot-v-*`, the earlier version's Table 2) ≈ 16M / 52M / 86M without LayerNorm; AoT-MSSA-V
-22M and AoT-MHSA-V 15M (ICML 2025, Tables 1–2); vision at 224 px, patch 16, 1,000 classes. Shapes no paper prints
-(the Large LM's, every vision width, the ICML vision depths) are inferred from the counts.
-`tests/test_presets.py` checks each count on the meta device.
+Each preset follows one paper, cited with file and line in `PAPER_PARAMETERS` with the parameter count it reproduces
+(nanoGPT's convention for language models: everything but the position table), which `tests/test_presets.py` checks
+on the meta device. Shapes no paper prints (the Large LM's, every vision width, the ICML vision depths) are inferred
+from the counts.
 """
 
 from __future__ import annotations

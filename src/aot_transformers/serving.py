@@ -212,15 +212,6 @@ def _install() -> None:
             ids = ids["input_ids"]
         return len(ids[0]) if ids and isinstance(ids[0], list) else len(ids)
 
-    def check_messages(messages: Any, field: str) -> None:
-        if not isinstance(messages, list) or not messages:
-            raise RequestError(400, field, f"{field}: {messages!r} is not allowed (allowed: a non-empty list)")
-        for index, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise RequestError(
-                    400, f"{field}[{index}]", f"{field}[{index}]: a message needs a `role` and a `content`"
-                )
-
     def check_completion(handler, body: dict, model, processor, served: str) -> None:
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
@@ -229,7 +220,14 @@ def _install() -> None:
         fit_to_context(body, ("max_tokens",), tokens, model, "prompt")
 
     def check_chat(handler, body: dict, model, processor, served: str) -> None:
-        check_messages(body.get("messages"), "messages")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError(400, "messages", f"messages: {messages!r} is not allowed (allowed: a non-empty list)")
+        for index, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise RequestError(
+                    400, f"messages[{index}]", f"messages[{index}]: a message needs a `role` and a `content`"
+                )
         if not isinstance(body.get("chat_template_kwargs") or {}, dict):
             raise RequestError(400, "chat_template_kwargs", "chat_template_kwargs: not a JSON object")
         if _chat_template_missing(processor):

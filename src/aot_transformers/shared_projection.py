@@ -1,10 +1,8 @@
 """MSSA's CPU training kernel, the `"shared_projection"` attention backend that `aot train` selects for MSSA on CPU.
 
-With query = key = value (one projection per head), softmax(s · U Uᵀ) U has a backward that folds the three input
-gradients into two matmuls. It runs only where `shared_projection_applies` (a CPU training step of a short sequence
-without a mask); every other call is transformers' SDPA. It is not part of the remote-code unit: saved folders load
-with `"sdpa"`. Importing this module (the package does) registers the backend; `python -m benchmarks.bench_attention`
-measures it against SDPA.
+It runs only where `shared_projection_applies` (a CPU training step of a short sequence without a mask); every other
+call is transformers' SDPA. It is not part of the remote-code unit: saved folders load with `"sdpa"`. Importing this
+module (the package does) registers the backend; `python -m benchmarks.bench_attention` measures it against SDPA.
 """
 
 from __future__ import annotations

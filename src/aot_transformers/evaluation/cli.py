@@ -154,9 +154,7 @@ def run_table(args: argparse.Namespace) -> int:
 
 
 def _guard(function):
-    """Run an `aot eval` command under the error contract of `aot_transformers.errors`, with `aot eval` as the
-    name in messages: user errors are one line and exit code 2; a task that crashes while scoring is one line naming
-    the task and what is unchanged on disk, exit code 1 (its traceback behind `aot --debug` or in a log file)."""
+    """Run an `aot eval` command under the error contract of `aot_transformers.errors`, as `aot eval`."""
     return lambda args: run_command(lambda: function(args), prog="aot eval")
 
 

@@ -149,13 +149,12 @@ def figure7(study: Study, o: Options, classifier, data: dict, mean: torch.Tensor
     dataset = study.results["dataset"]
     val_images, val_labels = data["val_images"], data["val_labels"]
     val_accuracy = _vision.accuracy(classifier, _vision.normalise(val_images, mean, std, side), val_labels)
-    layer = o.layer
-    if layer is None:
-        layer = -2 if classifier.config.num_hidden_layers >= 2 else -1  # AoT Fig. 7: the penultimate layer
+    layers = classifier.config.num_hidden_layers
+    layer = -min(2, layers) if o.layer is None else o.layer  # AoT Fig. 7: the penultimate layer
     chosen = val_images[: o.num_images]
     maps = cls_attention_maps(classifier, _vision.normalise(chosen, mean, std, side), layer)
-    layer_index = layer % classifier.config.num_hidden_layers
-    title = f"[CLS] → patch attention, layer {layer_index} of {classifier.config.num_hidden_layers}, {dataset}"
+    layer_index = layer % layers
+    title = f"[CLS] → patch attention, layer {layer_index} of {layers}, {dataset}"
     axes = study.figure("attention_maps.png", ncols=maps.shape[1] + 1, nrows=len(maps), size=(1.6, 1.6))
     plot_attention_grid(axes, chosen.float() / 255.0, maps, title)
     measured = val_images[:256]
@@ -166,8 +165,7 @@ def figure7(study: Study, o: Options, classifier, data: dict, mean: torch.Tensor
     study.results.update({"layer": layer_index, "val_accuracy": val_accuracy, "object_share": share, "maps": maps})
     study.claim("validation accuracy of the classifier", f"{val_accuracy:.3f}", "(trained model needed for Fig. 7)")
     study.claim(
-        f"[CLS] attention on object patches, layer {layer_index} (penultimate of "
-        f"{classifier.config.num_hidden_layers}; mean over heads)",
+        f"[CLS] attention on object patches, layer {layer_index} (penultimate of {layers}; mean over heads)",
         f"{share['attention_on_object']:.2f} vs {share['object_patch_fraction']:.2f} for uniform attention",
         "heads attend to the object / semantically meaningful parts (Fig. 7, penultimate layer)",
         share["attention_on_object"] > share["object_patch_fraction"] if dataset == "mnist" else None,

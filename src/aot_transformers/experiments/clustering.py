@@ -37,16 +37,15 @@ SCORES = ("all_tokens", "first_token")
 
 
 def canonical_centroids(dim: int, num_clusters: int = 2, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The paper's centroids as rows (K, d): μ₀* = e_d, μ₁* = −e₁ (App. F.2, G.1); e₁, e₄, e₆ for K = 3 (G.4)."""
+    """The paper's centroids as rows (K, d): μ₀* = e_d, μ₁* = −e₁ (App. F.2, G.1); e₁, e₄, e₆ for K = 3 (G.4); other
+    K (or K = 3 below d = 6): `orthonormal_centroids` of seed 0."""
     _check_mixture(dim, num_clusters, 0.0)
-    if num_clusters > 3 or (num_clusters == 3 and dim < 6) or (num_clusters == 2 and dim < 2):
-        return orthonormal_centroids(dim, num_clusters, make_generator(0), dtype)
     eye = torch.eye(dim, dtype=dtype)
-    if num_clusters == 1:
-        return eye[-1:].clone()
     if num_clusters == 2:
         return torch.stack([eye[-1], -eye[0]])
-    return torch.stack([eye[0], eye[3], eye[5]])
+    if num_clusters == 3 and dim >= 6:
+        return torch.stack([eye[0], eye[3], eye[5]])
+    return orthonormal_centroids(dim, num_clusters, make_generator(0), dtype)
 
 
 def orthonormal_centroids(
@@ -165,9 +164,10 @@ def centroid_regulariser(tokens: torch.Tensor, heads: torch.Tensor, kind: str = 
 
 def centroid_distance(heads: torch.Tensor, centroids: torch.Tensor, signed: bool = False) -> torch.Tensor:
     """Eq. (11): min over permutations π and signs s of (Σ_k ‖μ_k − s_k μ*_π(k)‖²)^{1/2}; batched over leading dims
-    (heads, centroids (..., K, d) → (...)); with `signed`, the signs are not minimised over.
+    (heads, centroids (..., K, d) → (...)); with `signed`, the signs are not minimised over (Eq. (36) of App. H).
 
-    The linear risk cannot tell μ_k from −μ_k (μ_k enters every head twice) nor the heads apart (they are summed).
+    The linear risk cannot tell μ_k from −μ_k (μ_k enters every head twice) nor the heads apart (they are summed);
+    the softmax heads are not sign-symmetric (the centering and r₀ break the symmetry), so Eq. (36) counts the signs.
     """
     if heads.shape[-2:] != centroids.shape[-2:]:
         raise ValueError(f"`heads` {tuple(heads.shape)} and `centroids` {tuple(centroids.shape)} must have one shape.")
@@ -179,14 +179,6 @@ def centroid_distance(heads: torch.Tensor, centroids: torch.Tensor, signed: bool
     num = heads.shape[-2]
     totals = [sum(cost[..., k, perm[k]] for k in range(num)) for perm in itertools.permutations(range(num))]
     return torch.stack(totals).min(0).values.clamp(min=0.0).sqrt()
-
-
-def signed_centroid_distance(heads: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    """Eq. (36) of App. H: √min{‖μ̂₀ − μ₀*‖² + ‖μ̂₁ − μ₁*‖², ‖μ̂₀ − μ₁*‖² + ‖μ̂₁ − μ₀*‖²} — sign flips count.
-
-    The softmax heads are not sign-symmetric (the centering and r₀ break the symmetry), so this finer distance.
-    """
-    return centroid_distance(heads, centroids, signed=True)
 
 
 # --- Initialisation and projected SGD.
@@ -316,13 +308,12 @@ def train_heads(
     heads = initial_heads(mu_star, init, generator)
     lam_t = torch.full((total, 1, 1, 1), lam, requires_grad=predictor == "softmax")
     psi_t = torch.full((total, 1, 1, 1), float(psi), requires_grad=predictor == "softmax")
-    distance = signed_centroid_distance if predictor == "softmax" else centroid_distance
     history: dict[str, list] = {"steps": [], "distance": [], "path": []}
     start = time.perf_counter()
     for step in range(steps + 1):
         if step % record_every == 0 or step == steps:
             history["steps"].append(step)
-            history["distance"].append(distance(heads, mu_star).tolist())
+            history["distance"].append(centroid_distance(heads, mu_star, signed=predictor == "softmax").tolist())
             history["path"].append(heads.clone())
         if step == steps:
             break

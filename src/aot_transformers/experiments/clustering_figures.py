@@ -212,9 +212,7 @@ def figures3_4(study: Study, o: Options) -> None:
     study.claim(
         "Figs 3–4 (d = 10, σ = 0.3, L = 500, λ = 1/(1+2σ²)): E‖output − μ*_Z‖², inputs / T_lin / T_ctx",
         " / ".join(f"{v:.3f}" for v in spread.values())
-        + " (closed forms "
-        + " / ".join(f"{v:.3f}" for v in expected.values())
-        + ")",
+        + f" (closed forms {' / '.join(f'{v:.3f}' for v in expected.values())})",
         "the embeddings contract towards the centroids: variance 2σ²-ish ≪ dσ² (Props 4.2, 5.2)",
         spread["Fig. 3: T_lin(X) at μ = μ*"] < spread["inputs X"] and spread["Fig. 4: T_ctx(X)"] < spread["inputs X"],
     )

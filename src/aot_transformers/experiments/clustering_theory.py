@@ -3,7 +3,8 @@
 Every function here is a formula from the paper (cited in its docstring) or, where the paper gives only a limit, the
 exact finite-L value derived from Gaussian moments (the derivation is in the docstring and in README.md). They are
 checked against Monte Carlo in `tests/test_experiments_clustering.py` with tolerances derived from the sample size
-(`monte_carlo_tolerance`), and printed beside Monte Carlo by `aot experiment clustering --parts theory`.
+(`monte_carlo_tolerance`), and printed beside Monte Carlo by `aot experiment clustering --parts theory`; the closed
+forms only the tests use (the exact and limit risks, the regulariser's value) are in that test module.
 
 Setting (Section 2, (P_σ)): tokens X = μ*_Z + σξ, Z uniform over K = 2 orthonormal centroids, ξ ~ N(0, I_d);
 C = E[XXᵀ] = P/K + σ²I with P the projection onto the centroids' span. T_lin (Eq. 4) with heads μ₀, μ₁ and the
@@ -12,7 +13,6 @@ factor 2λ/L; T_ctx (Eq. 12) = (2λ/L) Σ_m ⟨X_ℓ, X_m⟩ X_m; the risk is Eq
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
@@ -240,16 +240,6 @@ def oracle_risk_limit(dim: int, sigma: float, num_clusters: int = 2) -> float:
     return sigma**2 * (dim - num_clusters)
 
 
-def oracle_linear_attention_risk_limit(dim: int, sigma: float, lam: float, num_clusters: int = 2) -> float:
-    """Proof of Prop. 4.2 (D.2): L → ∞ risk for any λ, (1 + dσ²) − λ(2 + 8σ² + 8σ⁴) + λ²(1 + 2σ²)³ for K = 2.
-
-    For K heads (factor 2λ/L each, Eq. 3): T → cPX with c = 2λ(1/K + σ²), risk (1 − c)²(1 + Kσ²) + σ²(d − K).
-    """
-    _check_mixture(dim, num_clusters, sigma)
-    c = 2 * lam * (1 / num_clusters + sigma**2)
-    return (1 - c) ** 2 * (1 + num_clusters * sigma**2) + sigma**2 * (dim - num_clusters)
-
-
 def _second_moments(dim: int, sigma: float, num_clusters: int) -> dict[str, float]:
     """Moments of one token X = μ* + σξ (‖μ*‖ = 1) used by the exact risks.
 
@@ -271,26 +261,6 @@ def _second_moments(dim: int, sigma: float, num_clusters: int) -> dict[str, floa
     a = 1 / num_clusters + s2  # eigenvalue of C on the centroids' span
     traces = {f"trC{n}": num_clusters * a**n + (dim - num_clusters) * s2**n for n in (2, 3)}  # tr C², tr C³
     return dict(x1=x1, x2=x2, x3=x3, p1=p1, p2=p2, p3=p3, q1=q1, a=a, **traces)
-
-
-def oracle_linear_attention_risk_exact(
-    dim: int, sigma: float, seq_len: int, lam: float, num_clusters: int = 2
-) -> float:
-    """Exact finite-L risk of T_lin (identity values) at μ = μ*: T_ℓ = 2λ Ĉ P X_ℓ (Ĉ = (1/L) Σ_m X_m X_mᵀ).
-
-    Eq. (27) of the paper for K = 2, written with moments: E[XᵀĈPX] and E[XᵀPĈ²PX] split the double sum over
-    (m, m') by which indices coincide with ℓ, with CP = aP (a = 1/K + σ²) and PX ⟂ (I − P)X.
-    """
-    _check_mixture(dim, num_clusters, sigma, seq_len)
-    m, length = _second_moments(dim, sigma, num_clusters), seq_len
-    a = m["a"]
-    x_px = m["p2"] + m["p1"] * m["q1"]  # E[‖X‖²‖PX‖²]
-    first = (x_px + (length - 1) * num_clusters * a**2) / length  # E[XᵀĈPX]
-    px4_x = m["p3"] + m["p2"] * m["q1"]  # E[‖PX‖⁴‖X‖²]
-    second = (
-        px4_x + (length - 1) * (a * x_px + 2 * a * m["p2"]) + (length - 1) * (length - 2) * num_clusters * a**3
-    ) / length**2  # E[XᵀPĈ²PX]
-    return m["x1"] - 4 * lam * first + 4 * lam**2 * second
 
 
 # --- Section 5: the in-context quantizer T_ctx.
@@ -339,35 +309,11 @@ def in_context_conditional_variance_limit(dim: int, sigma: float, lam: float) ->
     return 2 * lam**2 * sigma**2 * (1 + 4 * sigma**2 + 2 * dim * sigma**4)
 
 
-def in_context_quantization_risk_limit(dim: int, sigma: float, lam: float, num_clusters: int = 2) -> float:
-    """Prop. 5.2: lim_{L→∞} risk of T_ctx = tr(C) − 4λ tr(C²) + 4λ² tr(C³).
-
-    For K = 2 this is the paper's (1 + σ²d) − 2λ(1 + 4σ² + 2dσ⁴) + 4λ²(2(σ² + ½)³ + (d − 2)σ⁶).
-    """
-    m = _second_moments(dim, sigma, num_clusters)
-    return m["x1"] - 4 * lam * m["trC2"] + 4 * lam**2 * m["trC3"]
-
-
-def in_context_quantization_optimal_temperature(dim: int, sigma: float, num_clusters: int = 2) -> float:
-    """Prop. 5.2: the λ minimising the limit risk, tr(C²)/(2 tr(C³)) = (1 + 4σ² + 2dσ⁴)/(4(2(σ² + ½)³ + (d−2)σ⁶))."""
-    m = _second_moments(dim, sigma, num_clusters)
-    return m["trC2"] / (2 * m["trC3"])
-
-
 def in_context_optimal_risk_limit(dim: int, sigma: float) -> float:
     """Prop. 5.2: at the optimal λ, lim risk = σ²(d − 2)(1 + 2σ²) / (1 + 6σ² + 12σ⁴ + 4dσ⁶) ≤ σ²(d − 2)."""
     _check_mixture(dim, 2, sigma)
     s2 = sigma**2
     return s2 * (dim - 2) * (1 + 2 * s2) / (1 + 6 * s2 + 12 * s2**2 + 4 * dim * s2**3)
-
-
-def in_context_quantization_risk_exact(
-    dim: int, sigma: float, seq_len: int, lam: float, num_clusters: int = 2
-) -> float:
-    """Exact finite-L risk of T_ctx = 2λ Ĉ X_ℓ: E‖X‖² − 4λ E[XᵀĈX] + 4λ² E[XᵀĈ²X] (see `_in_context_moments`)."""
-    _check_mixture(dim, num_clusters, sigma, seq_len)
-    x1, first, second = _in_context_moments(dim, sigma, seq_len, num_clusters)
-    return x1 - 4 * lam * first + 4 * lam**2 * second
 
 
 # --- Appendix A: the degenerate mixture (P₀), σ = 0.
@@ -401,24 +347,3 @@ def degenerate_is_minimiser(kappa0: float, kappa1: float, eta0: float, eta1: flo
         and abs(kappa1**2 + eta1**2 - 1) <= atol
         and abs(kappa0 * eta1 + kappa1 * eta0) <= atol
     )
-
-
-# --- Regulariser (Eq. 17 / Section 3.3).
-
-
-def centroid_regulariser_closed_form(heads: torch.Tensor, centroids: torch.Tensor, sigma: float) -> torch.Tensor:
-    """The population value of r = Σ_{k<k'} E[⟨μ_k, X⟩²⟨μ_k', X⟩²] (Section 3.3; r⁽¹⁾ of App. G.4 for K = 3).
-
-    Given the cluster c, u = ⟨μ_k, X⟩ and v = ⟨μ_k', X⟩ are jointly Gaussian with means m_u = ⟨μ_k, μ*_c⟩,
-    m_v = ⟨μ_k', μ*_c⟩, variances σ²‖μ‖² and covariance s = σ²⟨μ_k, μ_k'⟩; Isserlis' theorem gives
-    E[u²v²] = (m_u² + σ²‖μ_k‖²)(m_v² + σ²‖μ_k'‖²) + 2s² + 4 m_u m_v s. Averaged over the K clusters.
-    """
-    sigma = check_real("sigma", sigma, 0.0)
-    means = heads @ centroids.T  # (K_heads, K_clusters)
-    gram = heads @ heads.T
-    total = heads.new_zeros(())
-    for k, k2 in itertools.combinations(range(heads.shape[0]), 2):
-        mu, mv, s = means[k], means[k2], sigma**2 * gram[k, k2]
-        var_u, var_v = sigma**2 * gram[k, k], sigma**2 * gram[k2, k2]
-        total = total + ((mu**2 + var_u) * (mv**2 + var_v) + 2 * s**2 + 4 * mu * mv * s).mean()
-    return total

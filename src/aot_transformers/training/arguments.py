@@ -151,7 +151,6 @@ def check_training_arguments(args) -> None:
         "adam_beta2": (lambda value: 0 <= value < 1, "a number in [0, 1)"),
         "seed": (lambda value: 0 <= value < 2**32, seeds),
         "data_seed": (lambda value: 0 <= value < 2**32, seeds),  # None: the seed
-        "warmup_steps": (lambda value: not value < 0, "a number >= 0"),
         "save_steps": (lambda value: math.isfinite(value) and value > 0, steps),
         "logging_steps": (lambda value: math.isfinite(value) and value > 0, steps),
         "eval_steps": (lambda value: math.isfinite(value) and value > 0, steps),

@@ -21,15 +21,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
     from ..hub import push_to_hub
 
-    try:
-        options = ("token", "endpoint", "private", "revision", "commit_message", "create_pr")
-        result = push_to_hub(args.folder, args.repo_id, **{name: getattr(args, name) for name in options})
-    except (ValueError, FileNotFoundError) as error:  # the folder or repo id given: bad input (exit 2)
-        raise UsageError(str(error)) from error
-    # HubPushError (the push itself failed) is a RunError: exit 1 through the error contract
+    # Bad input is a UsageError (exit 2), a failed push a HubPushError (exit 1), through the error contract.
+    options = ("token", "endpoint", "private", "revision", "commit_message", "create_pr")
+    result = push_to_hub(args.folder, args.repo_id, **{name: getattr(args, name) for name in options})
     print(f"Pushed {len(result.files)} files to {result.repo_url}")
     print(f"commit: {result.commit_url}")
     if result.commit_oid:

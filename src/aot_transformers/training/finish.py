@@ -31,7 +31,6 @@ from .arguments import CURVES_FILE, PublishArguments, TrainingSetupError
 logger = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
-HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 # Files of a Trainer checkpoint that are optimizer state, not the model (pushed only by the checkpoint strategies).
 TRAINER_STATE_PATTERNS = ["optimizer*", "scheduler*", "rng_state*", "scaler*", "trainer_state.json", "training_args*"]
 
@@ -50,11 +49,8 @@ class HubPlan:
 def take_over_hub_options(training_args, publish_args: PublishArguments) -> HubPlan:
     """Take the push out of Trainer's hands (see the module docstring) and return the plan that `finish_run` and
     `HubCheckpointCallback` carry out. Raises `TrainingSetupError` for options that cannot be honoured."""
-    if training_args.output_dir is None:
-        raise TrainingSetupError("--output_dir is required.")
+    # `TrainingArguments` has already refused an unknown `--hub_strategy` (its `HubStrategy` enum).
     strategy = str(getattr(training_args.hub_strategy, "value", training_args.hub_strategy))
-    if strategy not in HUB_STRATEGIES:
-        raise TrainingSetupError("unknown strategy", argument="--hub_strategy", value=strategy, allowed=HUB_STRATEGIES)
     push = bool(training_args.push_to_hub)
     training_args.push_to_hub = False
     repo_id = training_args.hub_model_id
@@ -293,7 +289,6 @@ def finish_run(
 
 
 __all__ = [
-    "HUB_STRATEGIES",
     "HubPlan",
     "finish_run",
     "hub_checkpoint_callback",

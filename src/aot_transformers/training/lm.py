@@ -55,8 +55,6 @@ def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
     """
     from transformers import AutoTokenizer, GPT2TokenizerFast
 
-    from .. import configuration_aot  # noqa: F401 - the `aot` model type is registered on package import
-
     folder = Path(name_or_path)
     if (
         folder.is_dir()
@@ -273,9 +271,7 @@ def train_lm(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def parse_lm_arguments(argv: list[str] | None = None):
-    """Parse `(LMModelArguments, TextDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
-    TrainingArguments)` from the command line, from a single .json / .yaml file, or from a recipe file followed by
-    overriding flags."""
+    """Parse `(*LM_ARGUMENTS, TrainingArguments)` as `arguments.parse_dataclasses` does."""
     return parse_dataclasses(LM_ARGUMENTS, argv)
 
 

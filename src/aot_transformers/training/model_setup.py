@@ -76,8 +76,7 @@ def build_config(model_args: ModelArguments, default_preset: str, **fields: Any)
             config = AoTConfig.from_pretrained(model_name_or_path)
             if config.model_type != "aot":
                 raise TrainingSetupError(f"{model_name_or_path} is a {config.model_type!r} model, not an AoT model.")
-            for name, value in overrides.items():
-                setattr(config, name, value)
+            config.update(overrides)
             config.validate()
             return config
         if config_file:

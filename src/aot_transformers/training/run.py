@@ -245,8 +245,7 @@ def dataset_length(dataset) -> int | None:
 
 def run_main(prepare: Callable[..., TrainingRun], argument_classes: tuple[type, ...], argv, prog: str) -> int:
     """A command-line entry point: parse `(*argument_classes, TrainingArguments)` (model, data, publish, LoRA and
-    optimizer arguments), prepare and train, under the error contract of `aot_transformers.errors` (bad input: one
-    line, exit 2; a failed run: one line, exit 1)."""
+    optimizer arguments), prepare and train, under the error contract of `aot_transformers.errors`."""
 
     def job() -> int:
         model_args, data_args, publish_args, lora, optim, training_args = parse_dataclasses(argument_classes, argv)
