@@ -142,7 +142,7 @@ def _knn_kept_keys(scores, visible, knn_k, width) -> tuple[torch.Tensor, torch.T
     indices, threshold, _ = _top_width(scores, visible, _keep(knn_k, scores, visible), width)
     kept_scores = scores.gather(-1, indices)
     tied = kept_scores == threshold  # as many slots as kept tied keys
-    running = torch.eq(scores, threshold, out=torch.empty_like(scores)).cumsum(dim=-1)  # exact below 2**24 keys
+    running = torch.eq(scores, threshold, out=torch.empty_like(scores)).cumsum_(dim=-1)  # exact below 2**24 keys
     lowest = torch.searchsorted(running, tied.cumsum(dim=-1, dtype=running.dtype))
     return torch.where(tied, lowest, indices), kept_scores
 

@@ -327,12 +327,13 @@ def table5_parameters(study: Study) -> None:
     """AoT Table 5's parameter counts, rebuilt: the backbones at the table's sizes with Garg et al.'s read-in (d = 20)
     and read-out and GPT-2's 50,257 x 128 token embedding, which Garg et al.'s model carries and never uses (inputs
     arrive through the read-in), for prompts of 41 points (the paper's) and 101 (Garg et al.'s position table)."""
-    rows, unused = study.results.setdefault("table5", {}), 50257 * 128  # GPT-2's token embedding at width 128
+    rows, vocab = study.results.setdefault("table5", {}), 50257  # GPT-2's vocabulary, embedded at width 128
+    unused = vocab * 128
     for kind, (layers, printed) in TABLE5.items():
         counts = {}
         for points in (41, 101):
             config = backbone_config(kind, 128, layers, 8, max_points=points)
-            config.vocab_size = unused // 128
+            config.vocab_size = vocab
             model = InContextRegressor(config, dim=20, tokens="garg")
             counts[points] = sum(p.numel() for p in model.parameters())
         rows[kind] = {"layers": layers, "paper_millions": float(printed), "parameters": counts, "unused": unused}
