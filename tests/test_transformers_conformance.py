@@ -80,14 +80,14 @@ def eager_means_knn():
     The common tests ask for 'eager' only because it is the dense backend that returns attention maps; with
     `knn_k` set the 'knn' backend is the one that computes (and returns) them, and 'eager' is refused by design.
     """
-    original = AoTPreTrainedModel._knn_guard
+    original = AoTPreTrainedModel.get_correct_attn_implementation
 
-    def knn_guard(self, requested_attention):
+    def knn_guard(self, requested_attention, is_init_check=False):
         if requested_attention == "eager" and self.config.knn_k is not None:
             requested_attention = "knn"
-        return original(self, requested_attention)
+        return original(self, requested_attention, is_init_check)
 
-    with mock.patch.object(AoTPreTrainedModel, "_knn_guard", knn_guard):
+    with mock.patch.object(AoTPreTrainedModel, "get_correct_attn_implementation", knn_guard):
         yield
 
 

@@ -137,20 +137,8 @@ class AoTConfig(PretrainedConfig):
     def validate(self) -> None:
         """Check every field; raise `ValueError` (or `TypeError`) naming the field, the value and what is allowed.
         Runs when the config is built, when a model is built from it and when it is saved (a field changed after
-        construction, `config.knn_k = 0`, never reaches a kernel); transformers' own checks follow the AoT ones."""
-        self._check_aot_fields()
-        if self.num_labels < 1:  # a head with no outputs
-            raise ValueError(f"`num_labels` must be an int >= 1, got {self.num_labels}.")
-        maps = self._output_attentions
-        if maps and self._attn_implementation == "knn":  # transformers accepts only "eager"; "knn" returns maps too
-            self._output_attentions = False
-        try:
-            super().validate()
-        finally:
-            self._output_attentions = maps
-
-    def _check_aot_fields(self) -> None:
-        # Numbers are stored as Python ints and floats (numpy scalars and Fractions would not serialise).
+        construction, `config.knn_k = 0`, never reaches a kernel); transformers' own checks follow the AoT ones.
+        Numbers are stored as Python ints and floats (numpy scalars and Fractions would not serialise)."""
         for name in INT_FIELDS:
             setattr(self, name, check_number(name, getattr(self, name)))
         if self.hidden_size % self.num_attention_heads != 0:
@@ -178,8 +166,7 @@ class AoTConfig(PretrainedConfig):
                 f"`image_size` ({self.image_size}) must be divisible by `patch_size` ({self.patch_size})."
             )
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            value = getattr(self, name)
-            if value is not None:
+            if (value := getattr(self, name)) is not None:
                 values = [check_number(name, v, "[0, inf)") for v in (value if isinstance(value, list) else [value])]
                 setattr(self, name, values if isinstance(value, list) else values[0])
                 if max(values, default=0) >= self.vocab_size:
@@ -189,6 +176,15 @@ class AoTConfig(PretrainedConfig):
                 f"`mlp_ratio` ({self.mlp_ratio}) gives MLP blocks of width {self.intermediate_size}; it must give at "
                 f"least 1 (mlp_ratio >= {0.5 / self.hidden_size:.3g} at hidden_size {self.hidden_size})."
             )
+        if self.num_labels < 1:  # a head with no outputs
+            raise ValueError(f"`num_labels` must be an int >= 1, got {self.num_labels}.")
+        maps = self._output_attentions
+        if maps and self._attn_implementation == "knn":  # transformers accepts only "eager"; "knn" returns maps too
+            self._output_attentions = False
+        try:
+            super().validate()
+        finally:
+            self._output_attentions = maps
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a dict; a vision checkpoint lists `AoTVisionModel` among its `architectures` too, so that
@@ -200,11 +196,10 @@ class AoTConfig(PretrainedConfig):
             output["architectures"] = [*architectures, "AoTVisionModel"]
         return output
 
-    # transformers allows `output_attentions` only with "eager", which a k-NN config refuses: the "knn" kernel returns
-    # the attention maps itself.
     @property
     def output_attentions(self) -> bool:
-        """Whether the model returns every layer's attention maps (backends "eager" and "knn")."""
+        """Whether the model returns every layer's attention maps: backends "eager" and "knn" (transformers allows only
+        "eager", which a k-NN config refuses)."""
         return self._output_attentions
 
     @output_attentions.setter
@@ -220,7 +215,6 @@ class AoTConfig(PretrainedConfig):
             )
         self._output_attentions = value
 
-    # Derived values live here, in one place.
     @property
     def base_model_tp_plan(self) -> dict[str, str]:
         """transformers' tensor parallelism (`from_pretrained(..., tp_plan="auto")`): heads split across ranks (the

@@ -57,15 +57,11 @@ TEXT_AUTO_MAP = _auto_map("AoTModel", "AoTForCausalLM", "AoTForSequenceClassific
 VISION_AUTO_MAP = _auto_map("AoTVisionModel", "AoTForImageClassification")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # weights that may hold a pickle, in any case
 CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
-# The sentence of the card transformers' `push_to_hub` writes when the repository has none.
-_BLANK_CARD = "This model card has been automatically generated."
 KNN_BACKENDS = ("knn",)  # the backends that honour `knn_k`; with `knn_k` set, no other is accepted
 
-# transformers-version shims, all in one place. transformers 5.24 (inside the supported >=5.5,<6) renamed the cache
-# argument and output field `past_key_values` to `cache` (the old name still works, with a deprecation warning) and
-# moved the write of continuous batching's paged cache from the attention function (which found the cache in its
-# kwargs) into the attention layer (`cache.update(..., kwargs=kwargs)`, as Llama). The models accept both names and
-# speak the installed version's.
+# transformers-version shims, all in one place. transformers 5.24 renamed the cache argument and output field
+# `past_key_values` to `cache` (the old name still works, with a warning) and moved the write of continuous batching's
+# paged cache from the attention function into the attention layer (`cache.update(..., kwargs=kwargs)`, as Llama).
 CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 _MASK_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 _LAYER_UPDATES_PAGED_CACHE = CACHE_FIELD == "cache"
@@ -102,10 +98,8 @@ def _check_labels(labels: torch.Tensor, num_classes: int, field: str) -> None:
 
 
 def _transposed(linear: nn.Module, outputs: torch.Tensor) -> torch.Tensor:
-    """`outputs @ W` for the weight W that `linear` applies (x ↦ x Wᵀ + b), through the module itself: the
-    vector-Jacobian product of an affine map is its transposed linear map. A LoRA adapter, a quantised weight or a
-    tensor-parallel shard is thus seen as the projection sees it (merging an adapter keeps the model's function; the
-    shards' products are summed by the parallel layer's own backward)."""
+    """`outputs @ W` for the weight W that `linear` applies (x ↦ x Wᵀ + b), as the vector-Jacobian product of the
+    module itself: a LoRA adapter, a quantised weight or a tensor-parallel shard is seen as the projection sees it."""
     probe = outputs.new_zeros(*outputs.shape[:-1], linear.in_features)
     if torch.compiler.is_compiling():  # dynamo traces torch.func, not torch.autograd.grad
         return torch.func.vjp(linear, probe)[1](outputs)[0]
@@ -146,8 +140,7 @@ class AoTAttention(nn.Module):
             self.subspace_proj = linear()  # U = [U_1 … U_H], query = key = value
         else:
             self.q_proj, self.k_proj, self.v_proj = linear(), linear(), linear()
-        # The white-box MSSA of the AoT paper, Eq. (4), has no output projection of its own: W^O = [U_1 … U_K]
-        # (Sec. 2.2, below Eq. (5)), the transpose of the subspace projection's weight.
+        # The white-box MSSA of the AoT paper, Eq. (4), has no output projection of its own (Sec. 2.2).
         self.o_proj = None if config.tie_output_projection else linear()
         # With unit queries the key norm sets the temperature, so the 1/sqrt(D) factor is dropped.
         self.scaling = 1.0 if config.normalize_query else self.head_dim**-0.5
@@ -171,7 +164,6 @@ class AoTAttention(nn.Module):
             value = key if once else value
         if self.config.normalize_query:
             query = F.normalize(query, dim=-1)
-
         implementation = self.config._attn_implementation
         attention_interface = ATTENTION_FUNCTIONS.get(implementation) or ALL_ATTENTION_FUNCTIONS.get_interface(
             implementation, eager_attention_forward
@@ -279,12 +271,12 @@ class AoTPreTrainedModel(PreTrainedModel):
         config.validate()  # fields may have been changed since the config was built
         super().__init__(config, *inputs, **kwargs)
 
-    def _knn_guard(self, requested: str | None) -> str | None:
-        """`"knn"` by default when `config.knn_k` is set; with `knn_k` only a k-NN backend, and a k-NN backend only
-        with `knn_k` (else the model would silently attend to every key, or have no k)."""
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """The attention backend to use: `"knn"` when `config.knn_k` is set, `"sdpa"` by default otherwise, or any
+        backend registered in `transformers.AttentionInterface`. With `knn_k` only a k-NN backend is accepted, and a
+        k-NN backend only with `knn_k` (else the model would silently attend to every key, or have no k)."""
         knn_k = self.config.knn_k
-        if requested is None:
-            return "knn" if knn_k is not None else None
+        requested = "knn" if requested_attention is None and knn_k is not None else requested_attention
         if knn_k is not None and requested not in KNN_BACKENDS:
             raise ValueError(
                 f"`attn_implementation={requested!r}` attends to every key, but the config sets `knn_k={knn_k!r}` "
@@ -294,21 +286,15 @@ class AoTPreTrainedModel(PreTrainedModel):
             )
         if knn_k is None and requested in KNN_BACKENDS:
             check_knn_k(knn_k)  # raises: a k-NN backend needs knn_k
-        return requested
+        if requested in ATTENTION_FUNCTIONS or requested in KNN_BACKENDS:
+            return requested
+        return super().get_correct_attn_implementation(requested, is_init_check)
 
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs) -> str:
-        attn_implementation = self._knn_guard(attn_implementation)
-        if attn_implementation in KNN_BACKENDS:
-            return attn_implementation
+        # transformers' own check strips "paged|" first and skips `get_correct_attn_implementation` for Hub kernels.
+        if self.config.knn_k is not None or attn_implementation in KNN_BACKENDS:
+            return self.get_correct_attn_implementation(attn_implementation, is_init_check)
         return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
-
-    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """The attention backend to use: `"knn"` when `config.knn_k` is set, `"sdpa"` by default otherwise, or any
-        backend registered in `transformers.AttentionInterface` (see `_knn_guard` for what is refused)."""
-        requested_attention = self._knn_guard(requested_attention)
-        if requested_attention in ATTENTION_FUNCTIONS:
-            return requested_attention
-        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def _run_layers(self, hidden_states, output_attentions=None, output_hidden_states=None, **kwargs):
         """The residual stream through `self.layers`, with every layer's output and attention maps when asked (the
@@ -325,9 +311,8 @@ class AoTPreTrainedModel(PreTrainedModel):
         return hidden_states, all_hidden_states, all_attentions and tuple(all_attentions)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save weights (safetensors only), config and the three code files, with the `auto_map` of the checkpoint's
-        kind (`TEXT_AUTO_MAP`, `VISION_AUTO_MAP`), the SHA-256 of each code file (`code_sha256`, read by `aot verify`
-        and at load) and the transformers versions the code needs."""
+        """Save weights (safetensors only), config and the three code files, with the checkpoint's `auto_map`, each
+        code file's SHA-256 (`code_sha256`, read by `aot verify` and at load) and the transformers versions needed."""
         if kwargs.get("safe_serialization") is False:
             raise ValueError("AoT models are saved as safetensors only; drop `safe_serialization=False`.")
         self.config.auto_map = dict(VISION_AUTO_MAP if self._is_vision else TEXT_AUTO_MAP)
@@ -338,8 +323,8 @@ class AoTPreTrainedModel(PreTrainedModel):
     def _upload_modified_files(self, working_dir, *args, **kwargs):
         """`push_to_hub` publishes the AoT model card (rendered by the `aot-transformers` package, when installed) in
         place of transformers' blank template; a card the repository already has is kept."""
-        readme = Path(working_dir) / "README.md"
-        if readme.is_file() and _BLANK_CARD in readme.read_text(encoding="utf-8"):
+        readme = Path(working_dir) / "README.md"  # transformers' template card, written when the repository has none:
+        if readme.is_file() and "This model card has been automatically generated." in readme.read_text("utf-8"):
             try:  # transformers' remote-code import check skips only imports inside try/except ImportError
                 from aot_transformers.model_card import card_for_folder
             except ImportError:  # the folder's code without the package: transformers' own card stays
@@ -493,7 +478,6 @@ class AoTModel(AoTPreTrainedModel):
             cache = (cache if cache is not None else DynamicCache(config=self.config)) if use_cache else None
             past_length = cache.get_seq_length() if cache is not None else 0
         self._check_inputs(input_ids, inputs_embeds, attention_mask, position_ids, past_length)
-
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d)
         # Packed sequences are signalled by the caller's positions (restarting at 0 inside a row); positions made
@@ -505,7 +489,6 @@ class AoTModel(AoTPreTrainedModel):
         elif position_ids is None:
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
         hidden_states = self.dropout(inputs_embeds + self.embed_positions(position_ids))  # positions (B or 1, T)
-
         mask_kwargs = {_MASK_CACHE_ARGUMENT: cache, "position_ids": given_position_ids}
         mask = create_causal_mask(self.config, inputs_embeds, attention_mask, **mask_kwargs)
         # `past_key_values` is the layers' own name for the cache, apart from the `cache` kwarg of backends.
@@ -550,11 +533,8 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """Next-token logits, and the loss when `labels` (B, T) are given (shifted inside; -100 is ignored).
-
-        `logits_to_keep`: an int keeps the logits of the last that many positions (0 keeps all); a 1-D tensor keeps
-        those positions. Extra keyword arguments (e.g. `num_items_in_batch` from `Trainer`) reach the loss, so
-        gradient accumulation averages over the tokens of the whole accumulated batch.
-        """
+        `logits_to_keep`: an int keeps the last that many positions (0 keeps all), a 1-D tensor those positions. Extra
+        keyword arguments (e.g. `Trainer`'s `num_items_in_batch`) reach the loss."""
         outputs = self.model(
             input_ids, attention_mask, position_ids, inputs_embeds=inputs_embeds, use_cache=use_cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
@@ -583,9 +563,8 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
 
 
 class AoTForSequenceClassification(GenericForSequenceClassification, AoTPreTrainedModel):
-    """`AoTModel` with a linear head on the last real token of each sequence (as GPT-2's): the causal model has seen
-    the whole sequence only there. The last real token is the rightmost one that is not `config.pad_token_id`
-    (left and right padding both work); without a `pad_token_id` only batches of one sequence can be classified."""
+    """`AoTModel` with a linear head on the last token that is not `config.pad_token_id` (as GPT-2's; left and right
+    padding both work); without a `pad_token_id` only batches of one sequence can be classified."""
 
     def __init__(self, config: AoTConfig):
         AoTPreTrainedModel.__init__(self, config)  # transformers' own `__init__` builds the backbone by AutoModel
@@ -596,8 +575,7 @@ class AoTForSequenceClassification(GenericForSequenceClassification, AoTPreTrain
 
 
 class AoTForTokenClassification(GenericForTokenClassification, AoTPreTrainedModel):
-    """`AoTModel` with dropout and a linear head on every token (as GPT-2's): each token is labelled from its
-    prefix."""
+    """`AoTModel` with dropout and a linear head on every token (as GPT-2's), each labelled from its prefix."""
 
     def __init__(self, config: AoTConfig):
         AoTPreTrainedModel.__init__(self, config)
@@ -698,11 +676,7 @@ class AoTForImageClassification(AoTPreTrainedModel):
     ) -> ImageClassifierOutput | tuple:
         """Class logits (B, L), and the loss when `labels` (B,) are given."""
         outputs = self.model(
-            pixel_values,
-            interpolate_pos_encoding=interpolate_pos_encoding,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
+            pixel_values, output_attentions, output_hidden_states, interpolate_pos_encoding, return_dict=True
         )
         logits = self.classifier(self.head_norm(outputs.pooler_output))  # (B, L)
         loss = None
