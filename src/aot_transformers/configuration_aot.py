@@ -73,16 +73,14 @@ class AoTConfig(PretrainedConfig):
     Args:
         attention_type: `"mssa"` (shared query = key = value projection and an output projection, 2·d² weights per
             layer) or `"mhsa"` (query, key, value and output projections, 4·d²).
-        knn_k: k-NN attention (KVT): `None` attends to every key; an `int` keeps that many keys per query; a `float` in
-            (0, 1] keeps `ceil(knn_k * n)` of the `n` keys a query may see (KVT's k = n/2 is 0.5). Each query keeps
-            exactly min(k, visible) keys, at least 1, the lowest positions among keys tied at the k-th score. Setting
-            it makes `"knn"` the attention backend, and the only one accepted.
+        knn_k: k-NN attention (KVT): `None` attends to every key; an `int` keeps that many keys per query, a `float`
+            in (0, 1] `ceil(knn_k * n)` of the `n` keys a query may see (at least 1; ties at the k-th score keep the
+            lowest positions). Setting it makes `"knn"` the attention backend, and the only one accepted.
         knn_chunk_size: Most queries the k-NN kernel scores at once; its memory grows linearly with the sequence.
         tie_output_projection: MSSA only: the output projection is `[U_1 … U_K]`, the transpose of the subspace
             projection, as in the AoT paper's Eq. (4) (every head writes back into its own subspace; d² fewer weights).
         normalize_query: Project each head's query onto the unit sphere (causal MSSA); the logits are then
             `<q/|q|, k>` without the 1/sqrt(head_dim) factor.
-        step_size: η, the residual step size of `x + η·attention(...)`.
         layer_norm: LayerNorm before each attention block (the vision model may run without).
         mlp_layers: `"none"` (AoT), `"first_half"` (hybrid ablation) or `"all"` (a standard transformer), with
             `mlp_ratio` the MLP width as a multiple of `hidden_size` and `hidden_act` its activation.
@@ -135,10 +133,9 @@ class AoTConfig(PretrainedConfig):
         self.validate()
 
     def validate(self) -> None:
-        """Check every field; raise `ValueError` (or `TypeError`) naming the field, the value and what is allowed.
-        Runs when the config is built, when a model is built from it and when it is saved (a field changed after
-        construction, `config.knn_k = 0`, never reaches a kernel); transformers' own checks follow the AoT ones.
-        Numbers are stored as Python ints and floats (numpy scalars and Fractions would not serialise)."""
+        """Check every field (numbers are stored as Python ints and floats, which serialise), then transformers' own
+        checks. Runs when the config is built, when a model is built from it and when it is saved: a field changed
+        after construction, `config.knn_k = 0`, never reaches a kernel."""
         for name in INT_FIELDS:
             setattr(self, name, check_number(name, getattr(self, name)))
         if self.hidden_size % self.num_attention_heads != 0:
@@ -188,21 +185,15 @@ class AoTConfig(PretrainedConfig):
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a dict; a vision checkpoint lists `AoTVisionModel` among its `architectures` too, so that
-        `AutoModel` (which matches `architectures` by class name) builds the vision backbone from it, not the text
-        one."""
+        `AutoModel` (which matches `architectures` by class name) builds the vision backbone, not the text one."""
         output = super().to_dict()
         architectures = output.get("architectures") or []
         if any(name in VISION_ARCHITECTURES for name in architectures) and "AoTVisionModel" not in architectures:
             output["architectures"] = [*architectures, "AoTVisionModel"]
         return output
 
-    @property
-    def output_attentions(self) -> bool:
-        """Whether the model returns every layer's attention maps: backends "eager" and "knn" (transformers allows only
-        "eager", which a k-NN config refuses)."""
-        return self._output_attentions
-
-    @output_attentions.setter
+    # transformers allows `output_attentions` only with "eager", which a k-NN config refuses: "knn" returns maps too.
+    @PretrainedConfig.output_attentions.setter
     def output_attentions(self, value: bool) -> None:
         maps_backend = "knn" if getattr(self, "knn_k", None) is not None else "eager"
         if value and self._attn_implementation is None:

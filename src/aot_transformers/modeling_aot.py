@@ -91,6 +91,11 @@ def _check_values(condition: torch.Tensor, message: str) -> None:
         torch._assert_async(condition.all(), message)
 
 
+def _check_shape(ok: bool, tensor: torch.Tensor, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{expected}, got {tuple(tensor.shape)}.")
+
+
 def _check_labels(labels: torch.Tensor, num_classes: int, field: str) -> None:
     if not torch.is_floating_point(labels):
         message = f"`labels` must lie in [0, {num_classes - 1}] ({field}={num_classes}) or be -100 (ignored)."
@@ -189,8 +194,7 @@ class AoTLayer(GradientCheckpointingLayer):
         self.attention_norm = norm()
         self.attention = AoTAttention(config, layer_idx, is_causal)
         self.dropout = nn.Dropout(config.hidden_dropout)
-        has_mlp = config.layer_has_mlp(layer_idx)
-        self.mlp_norm, self.mlp = (norm(), AoTMLP(config)) if has_mlp else (None, None)
+        self.mlp_norm, self.mlp = (norm(), AoTMLP(config)) if config.layer_has_mlp(layer_idx) else (None, None)
 
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs
@@ -259,13 +263,11 @@ class AoTPreTrainedModel(PreTrainedModel):
     config_class = AoTConfig
     config: AoTConfig
     base_model_prefix = "model"
-    main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["AoTLayer"]
     _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_sdpa = _supports_flash_attn = _supports_flex_attn = _supports_attention_backend = True
     _can_compile_fullgraph = True
-    _is_vision = False  # which `auto_map` a saved folder gets (`TEXT_AUTO_MAP` or `VISION_AUTO_MAP`)
 
     def __init__(self, config: AoTConfig, *inputs, **kwargs):
         config.validate()  # fields may have been changed since the config was built
@@ -297,8 +299,7 @@ class AoTPreTrainedModel(PreTrainedModel):
         return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
 
     def _run_layers(self, hidden_states, output_attentions=None, output_hidden_states=None, **kwargs):
-        """The residual stream through `self.layers`, with every layer's output and attention maps when asked (the
-        config's `output_attentions` and `output_hidden_states` by default)."""
+        """The residual stream through `self.layers`, with every layer's output and attention maps when asked."""
         attentions = self.config.output_attentions if output_attentions is None else output_attentions
         hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         all_hidden_states, all_attentions = [hidden_states] if hidden else None, [] if attentions else None
@@ -315,7 +316,7 @@ class AoTPreTrainedModel(PreTrainedModel):
         code file's SHA-256 (`code_sha256`, read by `aot verify` and at load) and the transformers versions needed."""
         if kwargs.get("safe_serialization") is False:
             raise ValueError("AoT models are saved as safetensors only; drop `safe_serialization=False`.")
-        self.config.auto_map = dict(VISION_AUTO_MAP if self._is_vision else TEXT_AUTO_MAP)
+        self.config.auto_map = dict(VISION_AUTO_MAP if self.main_input_name == "pixel_values" else TEXT_AUTO_MAP)
         self.config.code_sha256 = code_file_hashes(Path(__file__).parent)
         self.config.required_transformers = REQUIRED_TRANSFORMERS
         return super().save_pretrained(save_directory, *args, **kwargs)
@@ -413,8 +414,7 @@ class AoTModel(AoTPreTrainedModel):
                 raise TypeError(f"`input_ids` must be a tensor of token ids, got {type(input_ids).__name__}.")
             if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
                 raise TypeError(f"`input_ids` must be an integer tensor, got dtype {input_ids.dtype}.")
-            if input_ids.dim() != 2:
-                raise ValueError(f"`input_ids` must have shape (batch, sequence), got {tuple(input_ids.shape)}.")
+            _check_shape(input_ids.dim() == 2, input_ids, "`input_ids` must have shape (batch, sequence)")
             _check_values((input_ids >= 0) & (input_ids < vocab), f"`input_ids` must lie in [0, {vocab - 1}].")
         elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
             raise ValueError(f"`inputs_embeds` must be (batch, sequence, {width}), got {tuple(inputs_embeds.shape)}.")
@@ -434,18 +434,13 @@ class AoTModel(AoTPreTrainedModel):
                 f"({limit}); truncate the input or use a model with more positions."
             )
         if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
-            if tuple(attention_mask.shape) != (batch, total):
-                raise ValueError(
-                    f"A 2-D `attention_mask` must have shape (batch, cached + new tokens) = ({batch}, {total}), got "
-                    f"{tuple(attention_mask.shape)}."
-                )
+            expected = f"A 2-D `attention_mask` must have shape (batch, cached + new tokens) = ({batch}, {total})"
+            _check_shape(tuple(attention_mask.shape) == (batch, total), attention_mask, expected)
             message = "A 2-D `attention_mask` holds 1 for real tokens and 0 for padding, and no other values."
             _check_values((attention_mask == 0) | (attention_mask == 1), message)
         if position_ids is not None:
-            if position_ids.shape[-1] != length:
-                raise ValueError(
-                    f"`position_ids` must have {length} positions per row, got {tuple(position_ids.shape)}."
-                )
+            expected = f"`position_ids` must have {length} positions per row"
+            _check_shape(position_ids.shape[-1] == length, position_ids, expected)
             message = f"`position_ids` must lie in [0, {limit - 1}] (max_position_embeddings={limit})."
             _check_values((position_ids >= 0) & (position_ids < limit), message)
 
@@ -591,7 +586,6 @@ class AoTVisionModel(AoTPreTrainedModel):
 
     main_input_name = "pixel_values"
     _input_embed_layer = "patch_embeddings"  # transformers' `get_input_embeddings` finds `embeddings.patch_embeddings`
-    _is_vision = True
 
     def __init__(self, config: AoTConfig):
         super().__init__(config)
@@ -604,11 +598,8 @@ class AoTVisionModel(AoTPreTrainedModel):
         channels, side, patch = self.config.num_channels, self.config.image_size, self.config.patch_size
         if pixel_values is None or not torch.is_floating_point(pixel_values):
             raise TypeError(f"`pixel_values` must be a floating-point tensor, got {type(pixel_values).__name__}.")
-        if pixel_values.dim() != 4 or pixel_values.shape[1] != channels:
-            raise ValueError(
-                f"`pixel_values` must have shape (batch, {channels}, height, width) (num_channels = {channels}), got "
-                f"{tuple(pixel_values.shape)}."
-            )
+        expected = f"`pixel_values` must have shape (batch, {channels}, height, width) (num_channels = {channels})"
+        _check_shape(pixel_values.dim() == 4 and pixel_values.shape[1] == channels, pixel_values, expected)
         height, width = pixel_values.shape[-2:]
         if pixel_values.shape[0] == 0:
             raise ValueError("`pixel_values` must hold at least one image, got a batch of 0.")
@@ -639,7 +630,6 @@ class AoTVisionModel(AoTPreTrainedModel):
             self._check_pixels(pixel_values, interpolate_pos_encoding)
         pixel_values = pixel_values.to(self.embeddings.cls_token.dtype)
         hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
-        # Every token sees every token.
         hidden_states, all_hidden_states, all_attentions = self._run_layers(
             hidden_states, output_attentions, output_hidden_states, **kwargs
         )
@@ -654,7 +644,6 @@ class AoTForImageClassification(AoTPreTrainedModel):
     """AoT image classifier: `AoTVisionModel` with a LayerNorm + Linear head on the pooled token."""
 
     main_input_name = "pixel_values"
-    _is_vision = True
 
     def __init__(self, config: AoTConfig):
         super().__init__(config)
