@@ -479,7 +479,6 @@ class AoTModel(AoTPreTrainedModel):
         # here never are, and withholding them keeps the plain causal mask skippable under torch.compile too.
         given_position_ids = position_ids
         if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
-            # Count positions from each sequence's first real token, so left padding does not shift them.
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -inputs_embeds.shape[1] :]
         elif position_ids is None:
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
