@@ -144,7 +144,7 @@ def _kept_mask(scores, threshold, cutoff) -> torch.Tensor:
 def _knn_kept_keys(scores, visible, knn_k, width) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys each query keeps as indices, and their scores, (B, H, C, width) each; a query that keeps fewer fills
     the other slots with hidden keys (at -inf). `topk` returns some of the keys tied at the k-th score: their slots
-    get the lowest-index tied keys instead (the rule), by a binary search in the running count of the tied keys."""
+    get the lowest-index tied keys instead (the rule), found by `_nth_one`."""
     if width >= scores.shape[-1]:
         return torch.arange(scores.shape[-1], device=scores.device).expand(scores.shape), scores
     indices, threshold, _ = _top_width(scores, visible, _keep(knn_k, scores, visible), width)
