@@ -115,15 +115,16 @@ def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.T
 
 
 def _nth_one(ones, nth) -> torch.Tensor:
-    """Index of the `nth` one (float, 1-based, (B, H, C, m)) of each row of the float 0/1 `ones` (B, H, C, Tk): a
-    binary search in the running count of groups of `_GROUP` keys, then in the found group's (a running count of
-    the whole row is a sequential pass as slow as four parallel ones)."""
+    """Index of the `nth` one (float, 1-based, (B, H, C, 1)) of each row of the float 0/1 `ones` (B, H, C, Tk): a
+    binary search in the running count of its groups of `_GROUP` keys, then in the found group's. (A running count of
+    the whole row is a sequential pass, slower than the group sums and small searches.)"""
     groups = ones.unflatten(-1, (-1, _GROUP if ones.shape[-1] % _GROUP == 0 else ones.shape[-1]))  # (.., Tk/G, G)
-    running = groups.sum(dim=-1).cumsum_(dim=-1)
-    group = torch.searchsorted(running, nth).clamp_(max=running.shape[-1] - 1)  # (B, H, C, m)
-    before = running.gather(-1, (group - 1).clamp(min=0)).masked_fill_(group == 0, 0)
-    within = groups.gather(-2, group.unsqueeze(-1).expand(*group.shape, groups.shape[-1])).cumsum_(dim=-1)
-    return group * groups.shape[-1] + torch.searchsorted(within, (nth - before).unsqueeze(-1)).squeeze(-1)
+    counts = groups.sum(dim=-1)
+    running = counts.cumsum(dim=-1)
+    group = torch.searchsorted(running, nth).clamp_(max=counts.shape[-1] - 1)  # (B, H, C, 1)
+    within = groups.gather(-2, group.unsqueeze(-1).expand(*group.shape, groups.shape[-1])).squeeze(-2)
+    nth = nth - (running - counts).gather(-1, group)  # its rank within the group
+    return group * groups.shape[-1] + torch.searchsorted(within.cumsum_(dim=-1), nth)
 
 
 def _kept_mask(scores, threshold, cutoff) -> torch.Tensor:
@@ -144,13 +145,14 @@ def _kept_mask(scores, threshold, cutoff) -> torch.Tensor:
 def _knn_kept_keys(scores, visible, knn_k, width) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys each query keeps as indices, and their scores, (B, H, C, width) each; a query that keeps fewer fills
     the other slots with hidden keys (at -inf). `topk` returns some of the keys tied at the k-th score: their slots
-    get the lowest-index tied keys instead (the rule), found by `_nth_one`."""
+    get the lowest-index tied keys instead (the rule), by a binary search in the running count of the tied keys."""
     if width >= scores.shape[-1]:
         return torch.arange(scores.shape[-1], device=scores.device).expand(scores.shape), scores
     indices, threshold, _ = _top_width(scores, visible, _keep(knn_k, scores, visible), width)
     kept_scores = scores.gather(-1, indices)
     tied = kept_scores == threshold  # as many slots as kept tied keys
-    lowest = _nth_one(torch.eq(scores, threshold, out=torch.empty_like(scores)), tied.cumsum(-1, dtype=scores.dtype))
+    running = torch.eq(scores, threshold, out=torch.empty_like(scores)).cumsum_(dim=-1)  # exact below 2**24 keys
+    lowest = torch.searchsorted(running, tied.cumsum(dim=-1, dtype=running.dtype))
     return torch.where(tied, lowest, indices), kept_scores
 
 
