@@ -29,24 +29,20 @@ _TWO_STAGE_GROUP = 4
 # Bytes of (B, H, C, Tk) temporaries a chunk of C queries may hold, as `_KNN_CHUNK_BUFFERS` score-sized buffers: this
 # sets C on every device (`knn_chunk_size` caps it; benchmarks/README.md, k-NN kernel).
 _KNN_CHUNK_BUDGET, _KNN_CHUNK_BUFFERS = 32 * 2**20, 4
+_GROUP = 32  # keys per group of `_nth_one`'s first binary search
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}  # the integers `_ordered` reads each float width as
 
 
-def resolve_knn_k(knn_k: int | float, num_visible: torch.Tensor) -> torch.Tensor:
-    """Keys kept by each query, min(k, n) and at least 1, for integer `num_visible` (n) of any shape."""
+def resolve_knn_k(knn_k: int | float, num_visible: torch.Tensor | int) -> torch.Tensor | int:
+    """Keys kept by each query, min(k, n) and at least 1, for `num_visible` (n) an integer tensor of any shape or a
+    Python int (a shape, not data: then an int)."""
     if isinstance(knn_k, float):
         # k · n rounded up in integers, so that every device (MPS has no float64) counts the same keys; 0.1 · 10 is 1.
         ratio = Fraction(knn_k).limit_denominator(1 << 20)
-        k = (num_visible * ratio.numerator + ratio.denominator - 1) // ratio.denominator
-    else:
-        k = num_visible.clamp(max=knn_k)
-    return torch.minimum(k, num_visible).clamp(min=1)
-
-
-def _max_knn_k(knn_k: int | float, num_keys: int) -> int:
-    """`resolve_knn_k` for a query that sees all `num_keys` keys, as a Python int (a shape, not data)."""
-    ratio = Fraction(knn_k).limit_denominator(1 << 20) if isinstance(knn_k, float) else None
-    return max(1, min(num_keys, knn_k if ratio is None else -(-num_keys * ratio.numerator // ratio.denominator)))
+        knn_k = (num_visible * ratio.numerator + ratio.denominator - 1) // ratio.denominator
+    if isinstance(num_visible, torch.Tensor):
+        return num_visible.clamp(max=knn_k).clamp(min=1)
+    return max(1, min(num_visible, knn_k))
 
 
 def _ordered(bits: torch.Tensor) -> torch.Tensor:
@@ -84,7 +80,8 @@ def _top_width(scores, visible, keep, width) -> tuple[torch.Tensor, torch.Tensor
     values, indices = torch.topk(order, width, dim=-1, sorted=False)
     indices = indices if candidates is None else candidates.gather(-1, indices)
     least = values.amin(dim=-1, keepdim=True)  # the threshold's integer, and how many of the top width tie at it
-    return indices, _ordered(least).view(scores.dtype), (values == least).sum(dim=-1, keepdim=True)
+    tied = torch.eq(values, least, out=torch.empty_like(values, dtype=scores.dtype))  # a bool sum would cast
+    return indices, _ordered(least).view(scores.dtype), tied.sum(dim=-1, keepdim=True)
 
 
 def _keep(knn_k, scores, visible) -> torch.Tensor:
@@ -97,7 +94,7 @@ def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.T
     """Two numbers per query of a chunk's (B, H, C, Tk) `scores` (hidden keys at -inf; `visible` a boolean mask or
     None) that give the keys it keeps by the module docstring's rule: `threshold`, the k-th largest visible score, and
     `cutoff`, the index of the last key kept among those tied at it (None: every visible key is kept), (B, H, C, 1)
-    each, and their `_kept_mask`. `max_k`: `_max_knn_k(knn_k, Tk)`, or None to sort (`torch.export`: Tk symbolic)."""
+    each, and their `_kept_mask`. `max_k`: `resolve_knn_k(knn_k, Tk)`, or None to sort (export: Tk symbolic)."""
     if max_k is not None and max_k >= scores.shape[-1]:  # every visible key is kept
         threshold = scores.masked_fill(scores == -math.inf, math.inf).amin(dim=-1, keepdim=True)
         return threshold, None, _kept_mask(scores, threshold, None)
@@ -107,15 +104,27 @@ def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.T
         kept_tied = keep - torch.gt(scores, threshold, out=torch.empty_like(scores)).sum(dim=-1, keepdim=True)
     else:
         threshold, kept_tied = _top_width(scores, visible, keep, max_k)[1:]
-    # The kept tied keys are the first `kept_tied` of them by key index (float counts: exact below 2**24 keys): a
-    # binary search in their running count, or a count of the positions before it where ONNX has none (export).
-    running = torch.eq(scores, threshold, out=torch.empty_like(scores)).cumsum_(dim=-1)
-    kept_tied = kept_tied.to(running.dtype)
+    # The kept tied keys are the first `kept_tied` of them by key index (float counts: exact below 2**24 keys): where
+    # ONNX has no binary search (export), a count of the positions before the last one.
+    tied, kept_tied = torch.eq(scores, threshold, out=torch.empty_like(scores)), kept_tied.to(scores.dtype)
     if max_k is None:
-        cutoff = (running < kept_tied).sum(dim=-1, keepdim=True)
+        cutoff = (tied.cumsum_(dim=-1) < kept_tied).sum(dim=-1, keepdim=True)
     else:
-        cutoff = torch.searchsorted(running, kept_tied)
+        cutoff = _nth_one(tied, kept_tied)
     return threshold, cutoff, _kept_mask(scores, threshold, cutoff)
+
+
+def _nth_one(ones, nth) -> torch.Tensor:
+    """Index of the `nth` one (float, 1-based, (B, H, C, 1)) of each row of the float 0/1 `ones` (B, H, C, Tk): a
+    binary search in the running count of its groups of `_GROUP` keys, then in the found group's. (A running count of
+    the whole row is a sequential pass, slower than the group sums and small searches.)"""
+    groups = ones.unflatten(-1, (-1, _GROUP if ones.shape[-1] % _GROUP == 0 else ones.shape[-1]))  # (.., Tk/G, G)
+    counts = groups.sum(dim=-1)
+    running = counts.cumsum(dim=-1)
+    group = torch.searchsorted(running, nth).clamp_(max=counts.shape[-1] - 1)  # (B, H, C, 1)
+    within = groups.gather(-2, group.unsqueeze(-1).expand(*group.shape, groups.shape[-1])).squeeze(-2)
+    nth = nth - (running - counts).gather(-1, group)  # its rank within the group
+    return group * groups.shape[-1] + torch.searchsorted(within.cumsum_(dim=-1), nth)
 
 
 def _kept_mask(scores, threshold, cutoff) -> torch.Tensor:
@@ -222,7 +231,7 @@ class _KnnAttentionFunction(torch.autograd.Function):
     ):
         (batch, heads, q_len, _), num_keys = query.shape, key.shape[-2]
         stat_dtype = torch.promote_types(query.dtype, torch.float32)
-        max_k = _max_knn_k(knn_k, num_keys)
+        max_k = resolve_knn_k(knn_k, num_keys)
         save_kept = _saves_kept_keys(knn_k, max_k, query.shape[-1], softcap, dropout)
         per_query = batch * heads * num_keys * stat_dtype.itemsize * _KNN_CHUNK_BUFFERS  # `chunk_size` caps the chunks
         chunk_size = max(1, min(chunk_size, _KNN_CHUNK_BUDGET // max(1, per_query)))
@@ -239,7 +248,7 @@ class _KnnAttentionFunction(torch.autograd.Function):
             ctx.rng_state = generator.get_state()
         for start, stop, end, chunk_visible, chunk_bias in _chunks(visible, bias, causal, query, key, chunk_size):
             scores = _scores(query[:, :, start:stop], key[:, :, :end], chunk_visible, chunk_bias, scaling, softcap)
-            width, total = _max_knn_k(knn_k, end), None
+            width, total = resolve_knn_k(knn_k, end), None
             if save_kept:
                 indices, kept_scores = _knn_kept_keys(scores, chunk_visible, knn_k, width)
                 probs = _softmax(kept_scores, sinks)  # (B, H, C, width)
@@ -258,31 +267,33 @@ class _KnnAttentionFunction(torch.autograd.Function):
             chunk_output = torch.matmul(probs.to(value.dtype), value[:, :, :end])
             output[:, :, start:stop] = chunk_output if total is None else chunk_output / total
             del probs
-        ctx.save_for_backward(query, key, value, visible, bias, sinks, *stats)
+        ctx.save_for_backward(query, key, value, visible, bias, sinks, output, *stats)
         ctx.options = causal, scaling, softcap, knn_k, chunk_size, dropout, save_kept
         return output
 
     @staticmethod
     def backward(ctx, grad_output):
-        query, key, value, visible, bias, sinks, *stats = ctx.saved_tensors
+        query, key, value, visible, bias, sinks, output, *stats = ctx.saved_tensors
         causal, scaling, softcap, knn_k, chunk_size, dropout, save_kept = ctx.options
         generator = torch.Generator(device=query.device).set_state(ctx.rng_state) if dropout > 0.0 else None
         grad_query, grad_key, grad_value = torch.empty_like(query), torch.zeros_like(key), torch.zeros_like(value)
         grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[4] else None
         stat_dtype = torch.promote_types(query.dtype, torch.float32)
         grad_sinks = torch.zeros_like(sinks, dtype=stat_dtype) if ctx.needs_input_grad[5] else None
+        # The softmax backward is dS = P ∘ (dP - rowsum(P ∘ dP)), and rowsum(P ∘ dP) = rowsum(dO ∘ O) (as flash
+        # attention): a (T, D) product in place of a (C, Tk) one per chunk. A sink has no value, so its dP is 0.
+        rows = (grad_output.to(stat_dtype) * output.to(stat_dtype)).sum(dim=-1, keepdim=True)  # (B, H, Tq, 1)
         for start, stop, end, chunk_visible, chunk_bias in _chunks(visible, bias, causal, query, key, chunk_size):
             chunk_query, chunk_key, chunk_value = query[:, :, start:stop], key[:, :, :end], value[:, :, :end]
-            grad_out = grad_output[:, :, start:stop]  # (B, H, C, D)
+            grad_out, row = grad_output[:, :, start:stop], rows[:, :, start:stop]  # (B, H, C, D), (B, H, C, 1)
             grad_probs = torch.matmul(grad_out, chunk_value.transpose(-1, -2)).to(stat_dtype)  # (B, H, C, Tk')
             if save_kept:  # the softmax backward on the kept keys only (the others have P = dS = 0)
-                width = _max_knn_k(knn_k, end)
+                width = resolve_knn_k(knn_k, end)
                 indices = stats[0][:, :, start:stop, :width].long()
                 probs = stats[1][:, :, start:stop, :width]  # (B, H, C, width)
                 dense = probs.new_zeros(*indices.shape[:-1], end).scatter_(-1, indices, probs)  # P
                 grad_value[:, :, :end] += torch.matmul(dense.to(value.dtype).transpose(-1, -2), grad_out)
-                grad_probs = grad_probs.gather(-1, indices)
-                grad_kept = torch._softmax_backward_data(grad_probs, probs, -1, stat_dtype)
+                grad_kept = grad_probs.gather(-1, indices).sub_(row).mul_(probs)
                 grad_scores = dense.scatter_(-1, indices, grad_kept)  # the same slots
             else:
                 scores = _scores(chunk_query, chunk_key, chunk_visible, chunk_bias, scaling, softcap)
@@ -297,10 +308,8 @@ class _KnnAttentionFunction(torch.autograd.Function):
                     grad_probs = grad_probs * kept / (1.0 - dropout)
                 grad_value[:, :, :end] += torch.matmul(used.to(value.dtype).transpose(-1, -2), grad_out)
                 del used
-                # Softmax backward dS = P ∘ (dP - rowsum(P ∘ dP)); a sink has no value, so its dP is 0.
-                grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, stat_dtype)  # (B, H, C, Tk')
+                grad_scores = grad_probs.sub_(row).mul_(probs)  # (B, H, C, Tk')
             if grad_sinks is not None:
-                row = (probs * grad_probs).sum(dim=-1, keepdim=True)
                 grad_sinks -= ((1.0 - probs.sum(dim=-1, keepdim=True)) * row).sum(dim=(0, 2, 3))
             del probs, grad_probs
             if grad_bias is not None:
@@ -392,7 +401,7 @@ def knn_attention_forward(
     causal = visible is None and _is_causal(module, is_causal, query.shape[2])
     exporting = torch.compiler.is_exporting()
     if output_attentions or exporting or torch.compiler.is_compiling():
-        max_k = None if exporting else _max_knn_k(knn_k, key.shape[2])
+        max_k = None if exporting else resolve_knn_k(knn_k, key.shape[2])
         args = (visible, bias, s_aux, causal, scaling, softcap, dropout, generator, knn_k, max_k)
         output, weights = _dense_attention(query, key, value, *args)
         return output.transpose(1, 2).contiguous(), weights if output_attentions else None

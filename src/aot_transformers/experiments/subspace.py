@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..attention_aot import _knn_threshold, _max_knn_k
+from ..attention_aot import _knn_threshold, resolve_knn_k
 
 
 def _apply_phi(
@@ -60,7 +60,8 @@ def subspace_attention(
         full_mask = None if mask is None else mask.expand_as(scores)
         masked = scores if mask is None else scores.masked_fill(~full_mask, float("-inf"))
         with torch.no_grad():
-            rejected = _knn_threshold(masked.detach(), full_mask, knn_k, _max_knn_k(knn_k, scores.shape[-1]))[2] == 0
+            max_k = resolve_knn_k(knn_k, scores.shape[-1])
+            rejected = _knn_threshold(masked.detach(), full_mask, knn_k, max_k)[2] == 0
         mask = ~rejected
     weights = _apply_phi(scores, phi, mask)
     mixed = torch.matmul(weights.to(projected.dtype), projected)  # (B, K, N, p)
