@@ -324,7 +324,7 @@ class AoTPreTrainedModel(PreTrainedModel):
     def _upload_modified_files(self, working_dir, *args, **kwargs):
         """`push_to_hub` publishes the AoT model card (rendered by the `aot-transformers` package, when installed) in
         place of transformers' blank template; a card the repository already has is kept."""
-        readme = Path(working_dir) / "README.md"  # transformers' template card, written when the repository has none:
+        readme = Path(working_dir) / "README.md"  # transformers writes its template card where the repository has none
         if readme.is_file() and "This model card has been automatically generated." in readme.read_text("utf-8"):
             try:  # transformers' remote-code import check skips only imports inside try/except ImportError
                 from aot_transformers.model_card import card_for_folder
