@@ -106,7 +106,7 @@ def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.T
         threshold, kept_tied = _top_width(scores, visible, keep, max_k)[1:]
     # The kept tied keys are the first `kept_tied` of them by key index (float counts: exact below 2**24 keys): where
     # ONNX has no binary search (export), a count of the positions before the last one.
-    tied, kept_tied = torch.eq(scores, threshold, out=torch.empty_like(scores)), kept_tied.to(scores.dtype)
+    tied = torch.eq(scores, threshold, out=torch.empty_like(scores))  # `kept_tied` is a float count too
     if max_k is None:
         cutoff = (tied.cumsum_(dim=-1) < kept_tied).sum(dim=-1, keepdim=True)
     else:

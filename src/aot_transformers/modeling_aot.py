@@ -288,7 +288,7 @@ class AoTPreTrainedModel(PreTrainedModel):
             )
         if knn_k is None and requested in KNN_BACKENDS:
             check_knn_k(knn_k)  # raises: a k-NN backend needs knn_k
-        if requested in ATTENTION_FUNCTIONS or requested in KNN_BACKENDS:
+        if requested in ATTENTION_FUNCTIONS:  # the k-NN backends among them
             return requested
         return super().get_correct_attn_implementation(requested, is_init_check)
 
