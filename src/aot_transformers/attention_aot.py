@@ -380,7 +380,7 @@ def knn_attention_forward(
     softcap: float | None = None,
     s_aux: torch.Tensor | None = None,
     position_bias: torch.Tensor | None = None,
-    output_attentions: bool = False,
+    output_attentions: bool | None = None,
     generator: torch.Generator | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -391,6 +391,8 @@ def knn_attention_forward(
     and `torch.export`, the kernel runs in one piece and returns the (B, H, Tq, Tk) weights (before dropout).
     `generator` draws the dropout masks (default: the device's global generator)."""
     config = getattr(module, "config", None)
+    if output_attentions is None:  # transformers records the maps a model's config asks for
+        output_attentions = getattr(config, "output_attentions", False)
     knn_k = check_knn_k(knn_k if knn_k is not None else getattr(config, "knn_k", None))
     max_chunk = check_number("knn_chunk_size", knn_chunk_size or getattr(config, "knn_chunk_size", None) or 256)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling

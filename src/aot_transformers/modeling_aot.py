@@ -41,6 +41,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from .attention_aot import ATTENTION_FUNCTIONS, eager_attention_forward
 from .configuration_aot import REQUIRED_TRANSFORMERS, AoTConfig, check_knn_k
@@ -198,13 +199,12 @@ class AoTLayer(GradientCheckpointingLayer):
 
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        normed = self.attention_norm(hidden_states)
-        attn_output, attn_weights = self.attention(normed, attention_mask, past_key_values, **kwargs)
+    ) -> torch.Tensor:
+        attn_output = self.attention(self.attention_norm(hidden_states), attention_mask, past_key_values, **kwargs)[0]
         hidden_states = torch.add(hidden_states, self.dropout(attn_output), alpha=self.step_size)
         if self.mlp is not None:
             hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
-        return hidden_states, attn_weights
+        return hidden_states
 
 
 class AoTPatchEmbeddings(nn.Module):
@@ -268,6 +268,9 @@ class AoTPreTrainedModel(PreTrainedModel):
     _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_sdpa = _supports_flash_attn = _supports_flex_attn = _supports_attention_backend = True
     _can_compile_fullgraph = True
+    # transformers records `output_hidden_states` (the input, then each layer's output; the last replaced by the final
+    # output, as GPT-2's) and `output_attentions` (each attention's maps) with hooks on these modules.
+    _can_record_outputs = {"hidden_states": AoTLayer, "attentions": AoTAttention}
 
     def __init__(self, config: AoTConfig, *inputs, **kwargs):
         config.validate()  # fields may have been changed since the config was built
@@ -297,19 +300,6 @@ class AoTPreTrainedModel(PreTrainedModel):
         if self.config.knn_k is not None or attn_implementation in KNN_BACKENDS:
             return self.get_correct_attn_implementation(attn_implementation, is_init_check)
         return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
-
-    def _run_layers(self, hidden_states, output_attentions=None, output_hidden_states=None, **kwargs):
-        """The residual stream through `self.layers`, with every layer's output and attention maps when asked."""
-        attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        all_hidden_states, all_attentions = [hidden_states] if hidden else None, [] if attentions else None
-        for layer in self.layers:
-            hidden_states, attn_weights = layer(hidden_states, output_attentions=attentions, **kwargs)
-            if hidden:
-                all_hidden_states.append(hidden_states)
-            if attentions:
-                all_attentions.append(attn_weights)
-        return hidden_states, all_hidden_states, all_attentions and tuple(all_attentions)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save weights (safetensors only), config and the three code files, with the checkpoint's `auto_map`, each
@@ -444,7 +434,7 @@ class AoTModel(AoTPreTrainedModel):
             message = f"`position_ids` must lie in [0, {limit - 1}] (max_position_embeddings={limit})."
             _check_values((position_ids >= 0) & (position_ids < limit), message)
 
-    @can_return_tuple
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -453,8 +443,6 @@ class AoTModel(AoTPreTrainedModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
@@ -485,16 +473,9 @@ class AoTModel(AoTPreTrainedModel):
         hidden_states = self.dropout(inputs_embeds + self.embed_positions(position_ids))  # positions (B or 1, T)
         mask_kwargs = {_MASK_CACHE_ARGUMENT: cache, "position_ids": given_position_ids}
         mask = create_causal_mask(self.config, inputs_embeds, attention_mask, **mask_kwargs)
-        # `past_key_values` is the layers' own name for the cache, apart from the `cache` kwarg of backends.
-        flags = (output_attentions, output_hidden_states)
-        hidden_states, all_hidden_states, all_attentions = self._run_layers(
-            hidden_states, *flags, attention_mask=mask, past_key_values=cache, **kwargs
-        )
-        hidden_states = self.norm(hidden_states)
-        if all_hidden_states is not None:  # as in GPT-2, the last entry is the normalised output
-            all_hidden_states = (*all_hidden_states[:-1], hidden_states)
-        outputs = {"hidden_states": all_hidden_states, "attentions": all_attentions, CACHE_FIELD: cache}
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states, **outputs)
+        for layer in self.layers:  # `past_key_values`: the layers' name for the cache (backends take a `cache` kwarg)
+            hidden_states = layer(hidden_states, mask, past_key_values=cache, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{CACHE_FIELD: cache})
 
 
 class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
@@ -520,8 +501,6 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         cache: Cache | None = None,
         **kwargs,
@@ -531,7 +510,6 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         keyword arguments (e.g. `Trainer`'s `num_items_in_batch`) reach the loss."""
         outputs = self.model(
             input_ids, attention_mask, position_ids, inputs_embeds=inputs_embeds, use_cache=use_cache,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
             cache=_one_cache(cache, past_key_values), return_dict=True, **kwargs
         )  # fmt: skip
         hidden_states = outputs.last_hidden_state
@@ -614,14 +592,9 @@ class AoTVisionModel(AoTPreTrainedModel):
                 "use the model's image processor, or pass `interpolate_pos_encoding=True` to resize the positions."
             )
 
-    @can_return_tuple
+    @capture_outputs
     def forward(
-        self,
-        pixel_values: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        interpolate_pos_encoding: bool = False,
-        **kwargs,
+        self, pixel_values: torch.Tensor | None = None, interpolate_pos_encoding: bool = False, **kwargs
     ) -> BaseModelOutputWithPooling | tuple:
         """Encode images (B, C, H, W) into tokens (B, N+1, d) and a pooled vector (B, d); images are `image_size`
         square unless `interpolate_pos_encoding=True` resizes the position table to any size the patches tile."""
@@ -629,14 +602,10 @@ class AoTVisionModel(AoTPreTrainedModel):
             self._check_pixels(pixel_values, interpolate_pos_encoding)
         pixel_values = pixel_values.to(self.embeddings.cls_token.dtype)
         hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
-        hidden_states, all_hidden_states, all_attentions = self._run_layers(
-            hidden_states, output_attentions, output_hidden_states, **kwargs
-        )
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, **kwargs)
         pooled = hidden_states[:, 0] if self.config.pooling == "cls" else hidden_states[:, 1:].mean(dim=1)  # (B, d)
-        return BaseModelOutputWithPooling(
-            last_hidden_state=hidden_states, pooler_output=pooled, attentions=all_attentions,
-            hidden_states=all_hidden_states and tuple(all_hidden_states)
-        )  # fmt: skip
+        return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=pooled)
 
 
 class AoTForImageClassification(AoTPreTrainedModel):
@@ -657,15 +626,11 @@ class AoTForImageClassification(AoTPreTrainedModel):
         self,
         pixel_values: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         interpolate_pos_encoding: bool = False,
         **kwargs,
     ) -> ImageClassifierOutput | tuple:
         """Class logits (B, L), and the loss when `labels` (B,) are given."""
-        outputs = self.model(
-            pixel_values, output_attentions, output_hidden_states, interpolate_pos_encoding, return_dict=True
-        )
+        outputs = self.model(pixel_values, interpolate_pos_encoding, return_dict=True, **kwargs)
         logits = self.classifier(self.head_norm(outputs.pooler_output))  # (B, L)
         loss = None
         if labels is not None:
