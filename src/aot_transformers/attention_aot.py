@@ -9,8 +9,7 @@ k-NN attention (KVT, https://arxiv.org/abs/2106.00515) keeps, for each query, th
 exactly min(k, visible) keys — with a fractional k, min(ceil(k · visible), visible), at least 1 — the lowest key
 indices among keys tied at the k-th score. It runs in chunks of queries sized by a byte budget; its backward reads the
 kept keys saved per query (small integer k) or recomputes each chunk from four numbers saved per query: memory
-O(chunk · Tk + T · (D + k)) per head, and no step reads a tensor value into Python. Part of the remote-code unit: the
-models look their kernel up in `ATTENTION_FUNCTIONS` first, then in transformers' `ALL_ATTENTION_FUNCTIONS`.
+O(chunk · Tk + T · (D + k)) per head, and no step reads a tensor value into Python. Part of the remote-code unit.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from transformers.modeling_utils import AttentionInterface
 
 from .configuration_aot import check_knn_k, check_number
 
-# Below this many candidate keys per kept key, the two-stage top-k does not pay (benchmarks/README.md, k-NN kernel).
-_TWO_STAGE_GROUP = 4
+_TWO_STAGE_GROUP = 4  # keys per group of `_top_width`'s two-stage top-k (benchmarks/README.md, k-NN kernel)
 # Bytes of (B, H, C, Tk) temporaries a chunk of C queries may hold, as `_KNN_CHUNK_BUFFERS` score-sized buffers: this
 # sets C on every device (`knn_chunk_size` caps it; benchmarks/README.md, k-NN kernel).
 _KNN_CHUNK_BUDGET, _KNN_CHUNK_BUFFERS = 32 * 2**20, 4
@@ -98,19 +96,15 @@ def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.T
     if max_k is not None and max_k >= scores.shape[-1]:  # every visible key is kept
         threshold = scores.masked_fill(scores == -math.inf, math.inf).amin(dim=-1, keepdim=True)
         return threshold, None, _kept_mask(scores, threshold, None)
+    # The kept tied keys are the first `kept_tied` of them by key index (float counts: exact below 2**24 keys).
     keep = _keep(knn_k, scores, visible)
-    if max_k is None:
+    if max_k is None:  # export: a sort, and (ONNX has no binary search) a count of the positions before the last one
         threshold = torch.sort(scores, dim=-1, descending=True)[0].gather(-1, (keep - 1).expand(*scores.shape[:-1], 1))
         kept_tied = keep - torch.gt(scores, threshold, out=torch.empty_like(scores)).sum(dim=-1, keepdim=True)
+        cutoff = (torch.eq(scores, threshold).to(scores.dtype).cumsum(dim=-1) < kept_tied).sum(dim=-1, keepdim=True)
     else:
         threshold, kept_tied = _top_width(scores, visible, keep, max_k)[1:]
-    # The kept tied keys are the first `kept_tied` of them by key index (float counts: exact below 2**24 keys): where
-    # ONNX has no binary search (export), a count of the positions before the last one.
-    tied = torch.eq(scores, threshold, out=torch.empty_like(scores))  # `kept_tied` is a float count too
-    if max_k is None:
-        cutoff = (tied.cumsum_(dim=-1) < kept_tied).sum(dim=-1, keepdim=True)
-    else:
-        cutoff = _nth_one(tied, kept_tied)
+        cutoff = _nth_one(torch.eq(scores, threshold, out=torch.empty_like(scores)), kept_tied)
     return threshold, cutoff, _kept_mask(scores, threshold, cutoff)
 
 
@@ -164,10 +158,9 @@ def _scores(query, key, visible, bias, scaling, softcap) -> torch.Tensor:
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    if bias is not None:
-        scores = (
-            scores.add_(bias) if torch.broadcast_shapes(scores.shape, bias.shape) == scores.shape else scores + bias
-        )
+    if bias is not None:  # in place, unless the bias broadcasts the scores to a larger shape
+        in_place = torch.broadcast_shapes(scores.shape, bias.shape) == scores.shape
+        scores = scores.add_(bias) if in_place else scores + bias
     if visible is not None:
         scores = scores.masked_fill_(~visible, -math.inf)
     return scores
@@ -182,11 +175,9 @@ def _softmax(scores, sinks):
 
 
 def _kept_softmax(scores, sinks, kept, top=None, total=None):
-    """The softmax over the keys where the float mask `kept` is 1 (and the sinks), in place of `scores`, as weights
-    exp(s - top) / total, and `top` and `total` (B, H, C, 1); the backward passes the forward's (four passes over the
-    scores, no reduction). The forward divides its (C, D) output by `total`, not the (C, Tk) weights. The largest
-    visible score is always kept, so it is the kept keys' maximum; a product with a float mask is cheaper than a
-    masked fill."""
+    """In place of `scores`, the softmax over the keys where the float mask `kept` is 1 (a product: cheaper than a
+    masked fill) and the sinks, as exp(s - top) and its `top` (the largest visible score: always kept) and `total`,
+    (B, H, C, 1); the forward divides its (C, D) output by `total`. Given the forward's: P (four passes, no sum)."""
     if top is not None:
         return scores.sub_(top).exp_().mul_(kept).div_(total)
     sink = None if sinks is None else sinks.to(scores.dtype).reshape(1, -1, 1, 1)
@@ -221,9 +212,7 @@ class _KnnAttentionFunction(torch.autograd.Function):
     """Chunked exact k-NN attention whose backward holds no (Tq, Tk) tensor (as flash attention). For a small integer
     k (`_saves_kept_keys`) the forward saves each query's kept keys and probabilities, (B, H, Tq, k); otherwise the
     k-th largest visible score, a tie cutoff and the softmax's maximum and total, from which the backward recomputes
-    the chunk's scores, kept set (no top-k) and probabilities. Dropout masks are drawn again from the forward's
-    generator state.
-    """
+    the chunk's scores, kept set (no top-k) and probabilities. Dropout masks are drawn again from the saved state."""
 
     @staticmethod
     def forward(
@@ -391,8 +380,7 @@ def knn_attention_forward(
     and `torch.export`, the kernel runs in one piece and returns the (B, H, Tq, Tk) weights (before dropout).
     `generator` draws the dropout masks (default: the device's global generator)."""
     config = getattr(module, "config", None)
-    if output_attentions is None:  # transformers records the maps a model's config asks for
-        output_attentions = getattr(config, "output_attentions", False)
+    output_attentions = getattr(config, "output_attentions", False) if output_attentions is None else output_attentions
     knn_k = check_knn_k(knn_k if knn_k is not None else getattr(config, "knn_k", None))
     max_chunk = check_number("knn_chunk_size", knn_chunk_size or getattr(config, "knn_chunk_size", None) or 256)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling

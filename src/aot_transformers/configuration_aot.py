@@ -30,10 +30,6 @@ INTERVALS = {"step_size": "(0.0, 100.0]", "mlp_ratio": "(0.0, inf)", "attention_
 INTERVALS |= {"hidden_dropout": "[0.0, 1.0)", "layer_norm_eps": "(0.0, inf)", "initializer_range": "[0.0, 100.0]"}
 BOOL_FIELDS = ("normalize_query", "tie_output_projection", "layer_norm", "attention_bias", "tie_word_embeddings")
 BOOL_FIELDS += ("use_cache",)
-# Model classes built on the vision backbone; a checkpoint of one also names the backbone (see `to_dict`).
-VISION_ARCHITECTURES = ("AoTVisionModel", "AoTForImageClassification")
-# Attention backends whose kernels return the attention maps (`output_attentions=True`).
-ATTENTION_MAP_BACKENDS = ("eager", "knn")
 
 
 def check_number(name: str, value: Any, allowed: str = "[1, inf)") -> int | float:
@@ -188,7 +184,7 @@ class AoTConfig(PretrainedConfig):
         `AutoModel` (which matches `architectures` by class name) builds the vision backbone, not the text one."""
         output = super().to_dict()
         architectures = output.get("architectures") or []
-        if any(name in VISION_ARCHITECTURES for name in architectures) and "AoTVisionModel" not in architectures:
+        if "AoTForImageClassification" in architectures and "AoTVisionModel" not in architectures:
             output["architectures"] = [*architectures, "AoTVisionModel"]
         return output
 
@@ -198,11 +194,10 @@ class AoTConfig(PretrainedConfig):
         maps_backend = "knn" if getattr(self, "knn_k", None) is not None else "eager"
         if value and self._attn_implementation is None:
             self._attn_implementation = maps_backend
-        if value and self._attn_implementation not in ATTENTION_MAP_BACKENDS:
+        if value and self._attn_implementation not in ("eager", "knn"):  # the backends that return attention maps
             raise ValueError(
-                f"`output_attentions=True` needs an attention backend that returns attention maps "
-                f"({', '.join(ATTENTION_MAP_BACKENDS)}), but the config uses {self._attn_implementation!r}; set "
-                f"`attn_implementation='{maps_backend}'`."
+                f"`output_attentions=True` needs an attention backend that returns attention maps (eager, knn), but "
+                f"the config uses {self._attn_implementation!r}; set `attn_implementation='{maps_backend}'`."
             )
         self._output_attentions = value
 
@@ -220,18 +215,15 @@ class AoTConfig(PretrainedConfig):
         return plan
 
     @property
-    def head_dim(self) -> int:
-        """Width of one attention head."""
+    def head_dim(self) -> int:  # the width of one attention head
         return self.hidden_size // self.num_attention_heads
 
     @property
-    def num_patches(self) -> int:
-        """Number of image patches (vision models)."""
+    def num_patches(self) -> int:  # image patches (vision models)
         return (self.image_size // self.patch_size) ** 2
 
     @property
-    def intermediate_size(self) -> int:
-        """Hidden width of the MLP blocks of the ablations."""
+    def intermediate_size(self) -> int:  # the hidden width of the ablations' MLP blocks
         return int(round(self.mlp_ratio * self.hidden_size))
 
     def layer_has_mlp(self, layer_idx: int) -> bool:

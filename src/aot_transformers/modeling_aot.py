@@ -3,8 +3,8 @@
 Every layer is `x + η · attention(LayerNorm(x))` with no MLP (Wang et al., "Attention-Only Transformers via Unrolled
 Subspace Denoising", ICML 2025, https://arxiv.org/abs/2506.03790), the attention MSSA (one projection per head is
 query, key and value) or MHSA; k-NN attention is the config's `knn_k`, MLP blocks only the ablations' (`mlp_layers`).
-Part of the remote-code unit: imports only torch, transformers and its two sibling files (and, for the model card on
-`push_to_hub` only, the `aot-transformers` package when it is installed).
+Part of the remote-code unit: imports only torch, safetensors, transformers and its two sibling files (and
+`aot-transformers`, if installed, for the model card on `push_to_hub`).
 
 Shapes: B batch, T tokens, d hidden size, H heads, D head width (d = H·D), C channels, P patch side, N patches,
 L labels, V vocabulary.
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -48,8 +49,7 @@ from .configuration_aot import REQUIRED_TRANSFORMERS, AoTConfig, check_knn_k
 
 
 def _auto_map(backbone: str, *heads: str) -> dict[str, str]:
-    # What `auto_map` in a saved config.json points each Auto class to: `AutoModel` to the folder's own backbone, and
-    # only the heads its weights can build.
+    """A saved config.json's `auto_map`: `AutoModel` builds the folder's backbone, and only its heads are listed."""
     classes = {"AutoModel": backbone} | {f"AutoModel{head[3:]}": head for head in heads}
     return {"AutoConfig": "configuration_aot.AoTConfig"} | {k: f"modeling_aot.{v}" for k, v in classes.items()}
 
@@ -268,8 +268,7 @@ class AoTPreTrainedModel(PreTrainedModel):
     _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_sdpa = _supports_flash_attn = _supports_flex_attn = _supports_attention_backend = True
     _can_compile_fullgraph = True
-    # transformers records `output_hidden_states` (the input, then each layer's output; the last replaced by the final
-    # output, as GPT-2's) and `output_attentions` (each attention's maps) with hooks on these modules.
+    # transformers' hooks record the input and each layer's output (the last: the final output, as GPT-2's) and maps.
     _can_record_outputs = {"hidden_states": AoTLayer, "attentions": AoTAttention}
 
     def __init__(self, config: AoTConfig, *inputs, **kwargs):
@@ -289,9 +288,9 @@ class AoTPreTrainedModel(PreTrainedModel):
                 "batching's paged kernels are dense too). Use attn_implementation='knn', or set "
                 "`config.knn_k = None` for dense attention."
             )
-        if knn_k is None and requested in KNN_BACKENDS:
-            check_knn_k(knn_k)  # raises: a k-NN backend needs knn_k
-        if requested in ATTENTION_FUNCTIONS:  # the k-NN backends among them
+        if requested in KNN_BACKENDS:
+            check_knn_k(knn_k)  # raises without knn_k: a k-NN backend needs a k
+        if requested in ATTENTION_FUNCTIONS:
             return requested
         return super().get_correct_attn_implementation(requested, is_init_check)
 
@@ -304,8 +303,6 @@ class AoTPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save weights (safetensors only), config and the three code files, with the checkpoint's `auto_map`, each
         code file's SHA-256 (`code_sha256`, read by `aot verify` and at load) and the transformers versions needed."""
-        if kwargs.get("safe_serialization") is False:
-            raise ValueError("AoT models are saved as safetensors only; drop `safe_serialization=False`.")
         self.config.auto_map = dict(VISION_AUTO_MAP if self.main_input_name == "pixel_values" else TEXT_AUTO_MAP)
         self.config.code_sha256 = code_file_hashes(Path(__file__).parent)
         self.config.required_transformers = REQUIRED_TRANSFORMERS
@@ -319,9 +316,8 @@ class AoTPreTrainedModel(PreTrainedModel):
             try:  # transformers' remote-code import check skips only imports inside try/except ImportError
                 from aot_transformers.model_card import card_for_folder
             except ImportError:  # the folder's code without the package: transformers' own card stays
-                card_for_folder = None
-            if card_for_folder is not None:
-                card_for_folder(working_dir, args[0] if args else kwargs.get("repo_id")).save(readme)
+                return super()._upload_modified_files(working_dir, *args, **kwargs)
+            card_for_folder(working_dir, args[0] if args else kwargs.get("repo_id")).save(readme)
         return super()._upload_modified_files(working_dir, *args, **kwargs)
 
     @classmethod
@@ -343,26 +339,17 @@ class AoTPreTrainedModel(PreTrainedModel):
                 )
         try:
             loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        except Exception as error:
-            if type(error).__name__ == "SafetensorError":
-                raise OSError(
-                    f"The safetensors weights of {source} are corrupted or truncated ({error}); download or save "
-                    "them again."
-                ) from error
-            raise
+        except SafetensorError as error:
+            message = f"corrupted or truncated ({error}); download or save them again"
+            raise OSError(f"The safetensors weights of {source} are {message}.") from error
         # Running as remote code (not the installed package), refuse code files that differ from those saved.
         recorded = getattr((loaded[0] if isinstance(loaded, tuple) else loaded).config, "code_sha256", None)
         if recorded and __name__.startswith("transformers_modules"):  # older folders carry no hashes
-            if not isinstance(recorded, dict):
-                raise ValueError(
-                    f"`code_sha256` in the config.json of {source} must map each code file to its SHA-256."
-                )
-            actual = code_file_hashes(Path(__file__).parent)
+            actual, recorded = code_file_hashes(Path(__file__).parent), recorded if isinstance(recorded, dict) else {}
             if edited := sorted(name for name in CODE_FILES if recorded.get(name) != actual[name]):
                 raise ValueError(
-                    f"The code files {edited} of {source} differ from those recorded in its config.json "
-                    "(`code_sha256`): they were edited after saving. Run `aot verify` on the folder, or save the "
-                    "model again."
+                    f"`code_sha256` in the config.json of {source} (a SHA-256 per code file) does not match the code "
+                    f"files {edited}: they were edited after saving. Run `aot verify` on the folder, or save it again."
                 )
         return loaded  # `output_loading_info=True` adds a report: (model, info)
 
@@ -415,9 +402,7 @@ class AoTModel(AoTPreTrainedModel):
         if torch.compiler.is_compiling():
             return
         if batch == 0 or length == 0:  # transformers' attention kernels cannot reshape an empty batch
-            raise ValueError(
-                f"The input must hold at least one sequence of at least one token, got {batch} x {length}."
-            )
+            raise ValueError(f"The input needs at least one sequence of at least one token, got {batch} x {length}.")
         if position_ids is None and total > limit:
             raise ValueError(
                 f"Sequence length {total} (cached {past_length} + new {length}) exceeds `max_position_embeddings` "
@@ -517,11 +502,10 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden_states[:, keep, :])  # (B, T', V)
         loss = None
         if labels is not None:
-            if labels.shape != hidden_states.shape[:2]:
-                raise ValueError(
-                    f"`labels` must have the shape of the input (batch, sequence) = {tuple(hidden_states.shape[:2])}, "
-                    f"got {tuple(labels.shape)}."
-                )
+            expected = (
+                f"`labels` must have the shape of the input (batch, sequence) = {tuple(hidden_states.shape[:2])}"
+            )
+            _check_shape(labels.shape == hidden_states.shape[:2], labels, expected)
             if logits.shape[1] != labels.shape[1]:
                 raise ValueError("`labels` need the logits of every position: use `logits_to_keep=0`.")
             if torch.is_floating_point(labels):
@@ -568,7 +552,6 @@ class AoTVisionModel(AoTPreTrainedModel):
         super().__init__(config)
         self.embeddings = AoTVisionEmbeddings(config)
         self.layers = nn.ModuleList([AoTLayer(config, i, is_causal=False) for i in range(config.num_hidden_layers)])
-        self.gradient_checkpointing = False
         self.post_init()
 
     def _check_pixels(self, pixel_values: torch.Tensor | None, interpolate_pos_encoding: bool) -> None:
