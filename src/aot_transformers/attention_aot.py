@@ -188,9 +188,8 @@ def _kept_softmax(scores, sinks, kept, top=None, total=None):
 
 
 def _chunks(visible, bias, causal, query, key, chunk_size):
-    """Per chunk of queries start:stop: (start, stop, end, visible, bias), the number `end` of leading keys they may
-    see, their mask (None: all of them) and bias. With the implied causal mask (query i sees keys 0..i) a chunk scores
-    only the keys up to its last query, about half the work, and builds its (C, Tk') mask."""
+    """Per chunk of queries start:stop: (start, stop, end, visible, bias), with `end` the leading keys they may see.
+    With the implied causal mask (query i sees keys 0..i) a chunk scores only those, and builds its (C, Tk') mask."""
     for start in range(0, query.shape[2], chunk_size):
         stop = min(start + chunk_size, query.shape[2])
         end = min(key.shape[2], stop) if causal else key.shape[2]
@@ -317,10 +316,9 @@ class _KnnAttentionFunction(torch.autograd.Function):
 def _dense_attention(
     query, key, value, visible, bias, sinks, causal, scaling, softcap, dropout, rng, knn_k=None, max_k=None
 ):
-    """Attention in one piece through autograd: (B, H, Tq, D) output and (B, H, Tq, Tk) weights (before dropout). The
-    eager backend, and k-NN attention (`knn_k`) when the weights are requested (they then carry gradients, as dense
-    attention's do), under `torch.compile` and under `torch.export` (`max_k=None`: a sort instead of a top-k of
-    symbolic size), with the same kept set as the chunks."""
+    """Attention in one piece through autograd, (B, H, Tq, D) output and (B, H, Tq, Tk) weights (before dropout): the
+    eager backend, and k-NN attention (`knn_k`, the chunks' kept set) when the weights are requested (with gradients,
+    as dense attention's), under `torch.compile` and `torch.export` (`max_k=None`: a sort, not a symbolic top-k)."""
     if causal:  # keys past the last query: never seen
         visible = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
     scores = _scores(query, key, visible, bias, scaling, softcap)
@@ -373,12 +371,11 @@ def knn_attention_forward(
     generator: torch.Generator | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The `"knn"` backend, for AoT and for any transformers model: exact k-NN attention (module docstring).
-    `knn_k` and `knn_chunk_size` default to `module.config`'s; key/value heads are repeated for grouped-query heads;
-    soft-capping (`softcap`, Gemma 2), sinks (`s_aux`, GPT-OSS) and additive biases (`position_bias`, T5; float
+    """The `"knn"` backend, for AoT and any transformers model: exact k-NN attention (module docstring). `knn_k`,
+    `knn_chunk_size` and `output_attentions` default to `module.config`'s; key/value heads are repeated for GQA;
+    soft-capping (`softcap`, Gemma 2), sinks (`s_aux`, GPT-OSS) and additive biases (`position_bias`, T5; a float
     `attention_mask`) apply as in eager attention, before the top-k. With `output_attentions`, under `torch.compile`
-    and `torch.export`, the kernel runs in one piece and returns the (B, H, Tq, Tk) weights (before dropout).
-    `generator` draws the dropout masks (default: the device's global generator)."""
+    and `torch.export` it runs in one piece and returns the weights. `generator` draws the dropout masks."""
     config = getattr(module, "config", None)
     output_attentions = getattr(config, "output_attentions", False) if output_attentions is None else output_attentions
     knn_k = check_knn_k(knn_k if knn_k is not None else getattr(config, "knn_k", None))
@@ -401,17 +398,7 @@ def knn_attention_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
-def eager_attention_forward(
-    module: torch.nn.Module | None,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    is_causal: bool | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, is_causal=None, **kwargs):
     """Dense attention with explicit weights, the `"eager"` backend: boolean or additive masks, and a missing mask
     read as SDPA reads it (module docstring)."""
     visible, bias = _masks(attention_mask, None)

@@ -6,8 +6,7 @@ query, key and value) or MHSA; k-NN attention is the config's `knn_k`, MLP block
 Part of the remote-code unit: imports only torch, safetensors, transformers and its two sibling files (and
 `aot-transformers`, if installed, for the model card on `push_to_hub`).
 
-Shapes: B batch, T tokens, d hidden size, H heads, D head width (d = H·D), C channels, P patch side, N patches,
-L labels, V vocabulary.
+Shapes: B batch, T tokens, d = H·D width (H heads of D), C channels, P patch side, N patches, L labels, V vocabulary.
 """
 
 from __future__ import annotations
@@ -189,9 +188,8 @@ class AoTLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: AoTConfig, layer_idx: int, is_causal: bool):
         super().__init__()
-        self.step_size = config.step_size
-        width, eps, layer_norm = config.hidden_size, config.layer_norm_eps, config.layer_norm
-        norm = lambda: nn.LayerNorm(width, eps=eps) if layer_norm else nn.Identity()
+        self.step_size, layer_norm = config.step_size, config.layer_norm
+        norm = lambda: nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if layer_norm else nn.Identity()
         self.attention_norm = norm()
         self.attention = AoTAttention(config, layer_idx, is_causal)
         self.dropout = nn.Dropout(config.hidden_dropout)
@@ -276,9 +274,8 @@ class AoTPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """The attention backend to use: `"knn"` when `config.knn_k` is set, `"sdpa"` by default otherwise, or any
-        backend registered in `transformers.AttentionInterface`. With `knn_k` only a k-NN backend is accepted, and a
-        k-NN backend only with `knn_k` (else the model would silently attend to every key, or have no k)."""
+        """The attention backend: by default `"knn"` if `config.knn_k` is set, else `"sdpa"`. With `knn_k` only a k-NN
+        backend is accepted (another would silently attend to every key), and a k-NN backend only with `knn_k`."""
         knn_k = self.config.knn_k
         requested = "knn" if requested_attention is None and knn_k is not None else requested_attention
         if knn_k is not None and requested not in KNN_BACKENDS:
@@ -449,15 +446,14 @@ class AoTModel(AoTPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d)
         # Packed sequences are signalled by the caller's positions (restarting at 0 inside a row); positions made
-        # here never are, and withholding them keeps the plain causal mask skippable under torch.compile too.
-        given_position_ids = position_ids
+        # below never are, and withholding them keeps the plain causal mask skippable under torch.compile too.
+        mask_kwargs = {_MASK_CACHE_ARGUMENT: cache, "position_ids": position_ids}
+        mask = create_causal_mask(self.config, inputs_embeds, attention_mask, **mask_kwargs)
         if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -inputs_embeds.shape[1] :]
         elif position_ids is None:
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
         hidden_states = self.dropout(inputs_embeds + self.embed_positions(position_ids))  # positions (B or 1, T)
-        mask_kwargs = {_MASK_CACHE_ARGUMENT: cache, "position_ids": given_position_ids}
-        mask = create_causal_mask(self.config, inputs_embeds, attention_mask, **mask_kwargs)
         for layer in self.layers:  # `past_key_values`: the layers' name for the cache (backends take a `cache` kwarg)
             hidden_states = layer(hidden_states, mask, past_key_values=cache, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{CACHE_FIELD: cache})
@@ -502,9 +498,7 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden_states[:, keep, :])  # (B, T', V)
         loss = None
         if labels is not None:
-            expected = (
-                f"`labels` must have the shape of the input (batch, sequence) = {tuple(hidden_states.shape[:2])}"
-            )
+            expected = f"`labels` must have the input's shape (batch, sequence) = {tuple(hidden_states.shape[:2])}"
             _check_shape(labels.shape == hidden_states.shape[:2], labels, expected)
             if logits.shape[1] != labels.shape[1]:
                 raise ValueError("`labels` need the logits of every position: use `logits_to_keep=0`.")
