@@ -160,7 +160,7 @@ def write_export(model, save_directory, processors, files: dict, overwrite=True,
     if overwrite:
         check_replaceable(save_directory, protected)
     with atomic_folder(save_directory, overwrite) as staging:
-        model.save_pretrained(staging, safe_serialization=True)
+        model.save_pretrained(staging)
         for processor in processors:
             if processor is not None:
                 processor.save_pretrained(staging)
