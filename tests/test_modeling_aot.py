@@ -116,6 +116,24 @@ def test_sdpa_eager_and_output_attentions_agree():
     assert torch.all(eager.attentions[0].triu(1) == 0)
 
 
+def test_hidden_states_are_the_layer_outputs_and_can_be_selected_by_index():
+    """transformers' output recorder: the embeddings, each layer's residual stream, the last one normalised (as
+    GPT-2's); `output_hidden_states=[i, ...]` keeps only those entries, with the same values."""
+    model = _lm()
+    ids = _ids()
+    with torch.no_grad():
+        full = model.model(ids, output_hidden_states=True)
+        selected = model.model(ids, output_hidden_states=[0, -1]).hidden_states
+        embeddings = model.model.embed_tokens(ids) + model.model.embed_positions(torch.arange(ids.shape[1]))
+        first_layer = model.model.layers[0](embeddings, None)
+    torch.testing.assert_close(full.hidden_states[0], embeddings)
+    torch.testing.assert_close(full.hidden_states[1], first_layer)
+    torch.testing.assert_close(full.hidden_states[-1], full.last_hidden_state)
+    assert len(selected) == len(full.hidden_states) and selected[1] is None
+    torch.testing.assert_close(selected[0], full.hidden_states[0])
+    torch.testing.assert_close(selected[-1], full.hidden_states[-1])
+
+
 def test_knn_attentions_have_k_nonzeros():
     model = _lm(knn_k=3)
     with torch.no_grad():
