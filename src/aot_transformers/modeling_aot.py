@@ -313,8 +313,9 @@ class AoTPreTrainedModel(PreTrainedModel):
             try:  # transformers' remote-code import check skips only imports inside try/except ImportError
                 from aot_transformers.model_card import card_for_folder
             except ImportError:  # the folder's code without the package: transformers' own card stays
-                return super()._upload_modified_files(working_dir, *args, **kwargs)
-            card_for_folder(working_dir, args[0] if args else kwargs.get("repo_id")).save(readme)
+                pass
+            else:
+                card_for_folder(working_dir, args[0] if args else kwargs.get("repo_id")).save(readme)
         return super()._upload_modified_files(working_dir, *args, **kwargs)
 
     @classmethod
