@@ -25,9 +25,11 @@ if not Version("5.5") <= Version(transformers.__version__) < Version("6"):
 INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")
 INT_FIELDS += ("knn_chunk_size", "image_size", "patch_size", "num_channels")
 CHOICES = {"attention_type": ("mssa", "mhsa"), "mlp_layers": ("none", "first_half", "all"), "pooling": ("cls", "mean")}
+CHOICES |= {"mlp_type": ("mlp", "ista")}
 # The bounds of `step_size` and `initializer_range` keep a float32 model finite (far larger ones overflow to NaN).
 INTERVALS = {"step_size": "(0.0, 100.0]", "mlp_ratio": "(0.0, inf)", "attention_dropout": "[0.0, 1.0)"}
 INTERVALS |= {"hidden_dropout": "[0.0, 1.0)", "layer_norm_eps": "(0.0, inf)", "initializer_range": "[0.0, 100.0]"}
+INTERVALS |= {"ista_step_size": "(0.0, inf)", "ista_lambda": "[0.0, inf)"}
 BOOL_FIELDS = ("normalize_query", "tie_output_projection", "layer_norm", "attention_bias", "tie_word_embeddings")
 BOOL_FIELDS += ("use_cache",)
 
@@ -80,6 +82,10 @@ class AoTConfig(PretrainedConfig):
         layer_norm: LayerNorm before each attention block (the vision model may run without).
         mlp_layers: `"none"` (AoT), `"first_half"` (hybrid ablation) or `"all"` (a standard transformer), with
             `mlp_ratio` the MLP width as a multiple of `hidden_size` and `hidden_act` its activation.
+        mlp_type: The block those layers carry: `"mlp"`, added to the residual stream, or `"ista"`, CRATE's sparse
+            coding step (Yu et al., https://arxiv.org/abs/2306.01129), which replaces the tokens `x` by
+            `ReLU(x + η·Dᵀ(x − D·x) − η·λ)` for a learned d × d dictionary `D`, η = `ista_step_size` and
+            λ = `ista_lambda`. CRATE itself: `mlp_layers="all"`, `mlp_type="ista"`, MSSA without `normalize_query`.
         hidden_dropout: Dropout on embeddings and residual branches.
         pooling: How the image classifier pools tokens: the `"cls"` token or the `"mean"` patch token.
     """
@@ -107,8 +113,11 @@ class AoTConfig(PretrainedConfig):
     step_size: float = 1.0
     layer_norm: bool = True
     mlp_layers: str = "none"
+    mlp_type: str = "mlp"
     mlp_ratio: float = 4.0
     hidden_act: str = "gelu_new"
+    ista_step_size: float = 0.1
+    ista_lambda: float = 0.1
     attention_bias: bool = False
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
@@ -164,7 +173,7 @@ class AoTConfig(PretrainedConfig):
                 setattr(self, name, values if isinstance(value, list) else values[0])
                 if max(values, default=0) >= self.vocab_size:
                     raise ValueError(f"`{name}` ({value}) must be < `vocab_size` ({self.vocab_size}).")
-        if self.mlp_layers != "none" and self.intermediate_size < 1:
+        if self.mlp_layers != "none" and self.mlp_type == "mlp" and self.intermediate_size < 1:
             raise ValueError(
                 f"`mlp_ratio` ({self.mlp_ratio}) gives MLP blocks of width {self.intermediate_size}; it must give at "
                 f"least 1 (mlp_ratio >= {0.5 / self.hidden_size:.3g} at hidden_size {self.hidden_size})."
@@ -210,7 +219,7 @@ class AoTConfig(PretrainedConfig):
         plan = {f"layers.*.attention.{name}": "colwise" for name in attention}
         if not self.tie_output_projection:
             plan["layers.*.attention.o_proj"] = "rowwise"
-        if self.mlp_layers != "none":
+        if self.mlp_layers != "none" and self.mlp_type == "mlp":  # an ISTA dictionary is replicated
             plan.update({"layers.*.mlp.fc_in": "colwise", "layers.*.mlp.fc_out": "rowwise"})
         return plan
 

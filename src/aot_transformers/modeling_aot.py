@@ -2,7 +2,8 @@
 
 Every layer is `x + η · attention(LayerNorm(x))` with no MLP (Wang et al., "Attention-Only Transformers via Unrolled
 Subspace Denoising", ICML 2025, https://arxiv.org/abs/2506.03790), the attention MSSA (one projection per head is
-query, key and value) or MHSA; k-NN attention is the config's `knn_k`, MLP blocks only the ablations' (`mlp_layers`).
+query, key and value) or MHSA; k-NN attention is the config's `knn_k`, MLP blocks only the ablations' (`mlp_layers`),
+ISTA blocks in their place CRATE's (`mlp_type="ista"`).
 Part of the remote-code unit: imports only torch, safetensors, transformers and its two sibling files (and
 `aot-transformers`, if installed, for the model card on `push_to_hub`).
 
@@ -132,6 +133,22 @@ class AoTMLP(nn.Module):
         return self.fc_out(self.act(self.fc_in(hidden_states)))
 
 
+class AoTIsta(nn.Module):
+    """CRATE's sparse coding block (Yu et al., https://arxiv.org/abs/2306.01129): one ISTA step from `a = x` on the
+    non-negative lasso `min_a λ‖a‖₁ + ½‖x − D·a‖²` with a learned d × d dictionary D, `ReLU(x + η·Dᵀ(x − D·x) − η·λ)`
+    (η `ista_step_size`, λ `ista_lambda`)."""
+
+    def __init__(self, config: AoTConfig):
+        super().__init__()
+        self.step_size, self.sparsity = config.ista_step_size, config.ista_lambda
+        self.dictionary = nn.Parameter(torch.empty(config.hidden_size, config.hidden_size))  # D
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # Tokens are rows: D·x is `x @ Dᵀ` and Dᵀ·r is `r @ D` (CRATE's `F.linear(x, D)` and `F.linear(r, D.t())`).
+        residual = hidden_states - hidden_states @ self.dictionary.T  # x − D·x (B, T, d)
+        return F.relu(hidden_states + self.step_size * (residual @ self.dictionary) - self.step_size * self.sparsity)
+
+
 class AoTAttention(nn.Module):
     """Multi-head subspace self-attention (MSSA) or standard multi-head self-attention (MHSA). MSSA projects the
     tokens once per head, `u = x U_k`, as query, key and value: its KV cache holds one tensor, half of MHSA's."""
@@ -184,7 +201,8 @@ class AoTAttention(nn.Module):
 
 
 class AoTLayer(GradientCheckpointingLayer):
-    """One unrolled denoising step, `x + η · attention(LayerNorm(x))`, plus an MLP block in the ablations."""
+    """One unrolled denoising step, `x + η · attention(LayerNorm(x))`, plus an MLP block in the ablations or, in
+    CRATE, an ISTA block that replaces the tokens (no residual)."""
 
     def __init__(self, config: AoTConfig, layer_idx: int, is_causal: bool):
         super().__init__()
@@ -193,14 +211,17 @@ class AoTLayer(GradientCheckpointingLayer):
         self.attention_norm = norm()
         self.attention = AoTAttention(config, layer_idx, is_causal)
         self.dropout = nn.Dropout(config.hidden_dropout)
-        self.mlp_norm, self.mlp = (norm(), AoTMLP(config)) if config.layer_has_mlp(layer_idx) else (None, None)
+        block = AoTIsta if config.mlp_type == "ista" else AoTMLP
+        self.mlp_norm, self.mlp = (norm(), block(config)) if config.layer_has_mlp(layer_idx) else (None, None)
 
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs
     ) -> torch.Tensor:
         attn_output = self.attention(self.attention_norm(hidden_states), attention_mask, past_key_values, **kwargs)[0]
         hidden_states = torch.add(hidden_states, self.dropout(attn_output), alpha=self.step_size)
-        if self.mlp is not None:
+        if isinstance(self.mlp, AoTIsta):
+            hidden_states = self.mlp(self.mlp_norm(hidden_states))
+        elif self.mlp is not None:
             hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
         return hidden_states
 
@@ -364,6 +385,8 @@ class AoTPreTrainedModel(PreTrainedModel):
         elif isinstance(module, AoTVisionEmbeddings):
             init.trunc_normal_(module.cls_token, mean=0.0, std=std)
             init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
+        elif isinstance(module, AoTIsta):  # CRATE's initialisation
+            init.kaiming_uniform_(module.dictionary)
 
 
 class AoTModel(AoTPreTrainedModel):
