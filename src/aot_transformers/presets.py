@@ -34,6 +34,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "aot-mssa-l-medium": _shape(_CAUSAL_MSSA, 36, 1280, 20),
     "aot-mssa-l-large": _shape(_CAUSAL_MSSA, 48, 1600, 25),
     "aot-mhsa-l-base": _shape(_LANGUAGE, 24, 896, 14, attention_type="mhsa"),
+    # Earlier version, Table 1: the ablations print only their counts; GPT-2 Base's 12 x 768 with MSSA and a 4x MLP
+    # in blocks 1-6 (Hybrid) or in all (Full MLP) reproduces both. GPT-2 Base itself: MHSA + MLP in every block.
+    "aot-mssa-l-hybrid": _shape(_CAUSAL_MSSA, 12, 768, 12, mlp_layers="first_half"),
+    "aot-mssa-l-full": _shape(_CAUSAL_MSSA, 12, 768, 12, mlp_layers="all"),
+    "gpt2-base": _shape(_LANGUAGE, 12, 768, 12, attention_type="mhsa", mlp_layers="all"),
     # Earlier version, Table 2: the depths 12 / 24 / 32 are printed, the widths inferred.
     "aot-v-base": _shape(_VISION_NO_NORM, 12, 768, 12),
     "aot-v-large": _shape(_VISION_NO_NORM, 24, 1024, 16),
@@ -55,6 +60,9 @@ PAPER_PARAMETERS: dict[str, tuple[int, float, str]] = {
     "aot-mssa-l-medium": (182_000_000, 0.015, f"{_ICML}:232 (Table 3; shape: Table 4, line 570)"),
     "aot-mssa-l-large": (326_000_000, 0.015, f"{_EARLIER}:337 (Table 1; shape inferred)"),
     "aot-mhsa-l-base": (122_000_000, 0.015, f"{_ICML}:233 (Table 3; shape: Table 4, line 571)"),
+    "aot-mssa-l-hybrid": (81_000_000, 0.015, f"{_EARLIER}:338 (Table 1; shape inferred)"),
+    "aot-mssa-l-full": (109_000_000, 0.015, f"{_EARLIER}:339 (Table 1; shape inferred)"),
+    "gpt2-base": (124_000_000, 0.015, f"{_EARLIER}:340 (Table 1; GPT-2's 12 x 768 x 12)"),
     "aot-v-base": (16_000_000, 0.025, f"{_EARLIER}:359 (Table 2)"),
     "aot-v-large": (52_000_000, 0.025, f"{_EARLIER}:360 (Table 2)"),
     "aot-v-huge": (86_000_000, 0.025, f"{_EARLIER}:361 (Table 2)"),
