@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -16,24 +17,36 @@ pytest.importorskip("datasets")
 pytest.importorskip("sklearn")
 
 from PIL import Image  # noqa: E402
-from transformers import AutoImageProcessor, EvalPrediction, TrainingArguments, pipeline  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoImageProcessor,
+    AutoModelForImageClassification,
+    EvalPrediction,
+    TrainingArguments,
+    ViTForImageClassification,
+    pipeline,
+)
 
 from aot_transformers.training.arguments import PublishArguments, TrainingSetupError  # noqa: E402
 from aot_transformers.training.image import (  # noqa: E402
     ImageModelArguments,
     accuracy_metrics,
     prepare_image_training,
+    run_image_training,
     train_image,
 )
 from aot_transformers.training.vision_data import (  # noqa: E402
+    RAND_AUGMENT_OPS,
     ImageBatchCollator,
     ImageDataArguments,
+    RandAugment,
+    apply_rand_augment_op,
     load_cifar10_archives,
     load_image_source,
     load_pixel_csv,
     load_sklearn_digits,
     make_image_processor,
     preprocess_images,
+    rand_augment_magnitude,
     random_crop_flip,
 )
 
@@ -139,6 +152,33 @@ def test_splits_are_stratified_and_disjoint(cifar_dir):
     assert sorted(set(source.validation["label"])) == [0, 1, 2]
 
 
+def _pixels_and_labels(dataset) -> list[tuple[bytes, int]]:
+    return [(example["pixel_values"].tobytes(), int(example["labels"])) for example in dataset]
+
+
+def test_validation_images_do_not_depend_on_the_training_seed(tmp_path, cifar_dir):
+    def datasets_of(seed: int, **data):
+        run = prepare_image_training(
+            ImageModelArguments(config_overrides=TINY),
+            ImageDataArguments(dataset_name=str(cifar_dir), test_split_percentage=10, max_train_samples=40, **data),
+            training_args(tmp_path, output_dir=str(tmp_path / f"run-{seed}-{data.get('split_seed', 0)}"), seed=seed),
+        )
+        splits = (run.trainer.train_dataset, run.trainer.eval_dataset, run.test())
+        return [sorted(_pixels_and_labels(split)) for split in splits]
+
+    train, validation, test = datasets_of(seed=0)
+    assert len(validation) == 6 and len(test) == 7 and len(train) == 40
+    assert datasets_of(seed=1) == [train, validation, test]  # the same images, whatever the training seed
+    assert datasets_of(seed=0, split_seed=1)[1] != validation  # --split_seed draws another split
+
+
+@pytest.mark.slow
+def test_shared_cifar10_archives_split_into_45000_training_and_5000_validation_images(shared_data):
+    source = load_image_source(ImageDataArguments(dataset_name=str(shared_data / "vision" / "cifar10")))
+    assert (len(source.train), len(source.validation), source.test) == (45_000, 5_000, None)
+    assert np.bincount(source.validation["label"]).tolist() == [500] * 10  # stratified
+
+
 def test_imagefolder_with_validation_dir(imagefolder):
     source = load_image_source(
         ImageDataArguments(dataset_name=str(imagefolder / "train"), validation_dir=str(imagefolder / "val"))
@@ -197,6 +237,9 @@ def test_hub_dataset_with_unseen_integer_labels_is_a_clear_error(monkeypatch):
         (dict(), dict(dataset_name="./no/such/folder"), "no such file or folder"),
         (dict(), dict(dataset_name="IMAGEFOLDER", image_column="photo"), "no image column 'photo'"),
         (dict(), dict(augment="maybe"), "--augment"),
+        (dict(), dict(rand_augment=True, rand_augment_magnitude=31), "--rand_augment_magnitude 31"),
+        (dict(), dict(rand_augment=True, rand_augment_num_ops=-1), "--rand_augment_num_ops -1"),
+        (dict(model_type="gpt2"), dict(), "--model_type 'gpt2'"),
     ],
 )
 def test_bad_input_fails_before_training(tmp_path, imagefolder, model_args, data_args, message):
@@ -234,6 +277,97 @@ def test_random_crop_flip():
     padded = random_crop_flip(images, padding=2)
     assert padded.shape == images.shape
     assert (padded == 0).any()  # some crops reach into the zero padding
+
+
+def _pattern_image() -> Image.Image:
+    """A 32×32 RGB image with structure in both directions and every channel (no random generator involved)."""
+    y, x, c = np.meshgrid(np.arange(32), np.arange(32), np.arange(3), indexing="ij")
+    return Image.fromarray(((x * 7 + y * 13 + c * 50 + (x * y) % 17) % 256).astype(np.uint8))
+
+
+# Pixel sums of `_pattern_image()` after each operation at magnitude 9 (positive sign, then negative), and after
+# `RandAugment()` seeded with torch.manual_seed(0 … 4), computed with torchvision 0.28's `RandAugment` and `_apply_op`
+# (torchvision.transforms.autoaugment) on the same image.
+TORCHVISION_SUMS = {
+    "Identity": (392795,),
+    "ShearX": (374886, 376018),
+    "ShearY": (373814, 377544),
+    "TranslateX": (346173, 343751),
+    "TranslateY": (346429, 341447),
+    "Rotate": (367128, 369432),
+    "Brightness": (474226, 285198),
+    "Color": (392335, 392124),
+    "Contrast": (391522, 391366),
+    "Sharpness": (391875, 391638),
+    "Posterize": (391256,),
+    "Solarize": (223719,),
+    "AutoContrast": (392795,),
+    "Equalize": (391670,),
+}
+TORCHVISION_SEEDED_SUMS = [341026, 345815, 212282, 391256, 284091]
+
+
+def test_rand_augment_operations_match_torchvision():
+    image = _pattern_image()
+    assert tuple(TORCHVISION_SUMS) == RAND_AUGMENT_OPS  # the order in which operations are drawn
+    for op, expected in TORCHVISION_SUMS.items():
+        magnitude, signed = rand_augment_magnitude(op, 9, 32, 32)
+        signs = (1, -1) if signed else (1,)
+        sums = tuple(int(np.asarray(apply_rand_augment_op(image, op, s * magnitude), np.int64).sum()) for s in signs)
+        assert sums == expected, op
+    seeded = []
+    for seed in range(5):
+        torch.manual_seed(seed)
+        seeded.append(int(np.asarray(RandAugment()(image), np.int64).sum()))
+    assert seeded == TORCHVISION_SEEDED_SUMS
+
+
+def test_rand_augment_at_magnitude_zero_leaves_images_unchanged():
+    image = _pattern_image()
+    image = Image.fromarray(np.minimum(np.asarray(image), 254))  # Solarize at magnitude 0 inverts only 255
+    for op in set(RAND_AUGMENT_OPS) - {"AutoContrast", "Equalize"}:  # these two have no magnitude
+        unchanged = apply_rand_augment_op(image, op, rand_augment_magnitude(op, 0, 32, 32)[0])
+        assert np.array_equal(np.asarray(unchanged), np.asarray(image)), op
+    shift, _ = rand_augment_magnitude("TranslateX", 9, 32, 32)  # 150/331 of the width at 9/30: 4.35 -> 4 pixels
+    moved = np.asarray(apply_rand_augment_op(image, "TranslateX", shift))
+    assert np.array_equal(moved[:, 4:], np.asarray(image)[:, :-4]) and not moved[:, :4].any()
+
+
+def test_rand_augment_is_seeded_changes_images_and_keeps_shape_and_dtype(cifar_dir):
+    processor = make_image_processor(16, 3)
+    prepared = preprocess_images(load_cifar10_archives(cifar_dir, max_per_class=4), processor, 3)
+    pixels = torch.as_tensor(np.stack([example["pixel_values"] for example in prepared]), dtype=torch.uint8)
+
+    def augmented(seed: int):
+        torch.manual_seed(seed)
+        return RandAugment(num_ops=2, magnitude=9).augment_batch(pixels)
+
+    first = augmented(0)
+    assert first.shape == pixels.shape and first.dtype == torch.uint8
+    assert torch.equal(augmented(0), first) and not torch.equal(augmented(1), first)
+    assert sum(not torch.equal(a, p) for a, p in zip(first, pixels, strict=True)) >= 9
+    grey = pixels[:, :1]  # (12, 1, 16, 16)
+    torch.manual_seed(0)
+    assert RandAugment().augment_batch(grey).shape == grey.shape
+    with pytest.raises(ValueError, match="magnitude must be an integer from 0 to 30, got 31"):
+        RandAugment(magnitude=31)
+
+
+def test_rand_augment_applies_to_training_batches_only(tmp_path, cifar_dir):
+    run = prepare_image_training(
+        ImageModelArguments(config_overrides=TINY),
+        ImageDataArguments(dataset_name=str(cifar_dir), augment="no", rand_augment=True),
+        training_args(tmp_path),
+    )
+    trainer = run.trainer
+    plain = ImageBatchCollator(run.processor)
+    evaluation = next(iter(trainer.get_eval_dataloader()))["pixel_values"]
+    expected = plain([trainer.eval_dataset[i] for i in range(len(evaluation))])["pixel_values"]
+    torch.testing.assert_close(evaluation, expected, atol=0, rtol=0)
+    unaugmented = {image.numpy().tobytes() for image in plain(list(trainer.train_dataset))["pixel_values"]}
+    training = next(iter(trainer.get_train_dataloader()))["pixel_values"]
+    assert sum(image.numpy().tobytes() not in unaugmented for image in training) >= len(training) // 2
+    assert run.summary["augmentation"] == "RandAugment (2 ops, magnitude 9)"
 
 
 def test_accuracy_of_logits():
@@ -286,3 +420,37 @@ def test_fine_tune_on_new_classes_replaces_the_head(tmp_path, cifar_dir, imagefo
     )
     assert run.trainer.model.config.id2label == {0: "cat", 1: "dog"}
     assert run.trainer.model.classifier.out_features == 2
+
+
+def test_vit_baseline_trains_and_reloads_with_auto_classes(tmp_path, cifar_dir):
+    run = prepare_image_training(
+        ImageModelArguments(model_type="vit", config_overrides=TINY),
+        ImageDataArguments(dataset_name=str(cifar_dir), validation_split_percentage=20, rand_augment=True),
+        training_args(tmp_path, max_steps=3),
+        PublishArguments(model_name="tiny-vit"),
+    )
+    metrics = run_image_training(run)
+    final = tmp_path / "run" / "model"
+    assert {"config.json", "model.safetensors", "preprocessor_config.json", "README.md", "results.json"} <= {
+        p.name for p in final.iterdir()
+    }
+    assert not list(final.glob("*.py"))  # transformers' own model: no remote code
+    reloaded = AutoModelForImageClassification.from_pretrained(final).eval()
+    assert isinstance(reloaded, ViTForImageClassification)
+    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "image_size", "patch_size")
+    assert {name: getattr(reloaded.config, name) for name in sizes} == dict(zip(sizes, (32, 2, 4, 16, 4), strict=True))
+    assert reloaded.config.id2label == {0: "cat", 1: "dog", 2: "frog"}
+    batch = ImageBatchCollator(run.processor)([run.trainer.eval_dataset[i] for i in range(8)])
+    trained = run.trainer.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            reloaded(pixel_values=batch["pixel_values"]).logits,
+            trained(pixel_values=batch["pixel_values"]).logits,
+            atol=0,
+            rtol=0,
+        )
+    results = json.loads((final / "results.json").read_text())
+    assert results["results"]["validation"]["accuracy"] == metrics["eval_accuracy"]
+    assert results["settings"]["augmentation"].endswith("+ RandAugment (2 ops, magnitude 9)")
+    classifier = pipeline("image-classification", model=str(final))  # no trust_remote_code needed
+    assert {p["label"] for p in classifier(_image(COLOURS["dog"], 99, size=40))} <= {"cat", "dog", "frog"}

@@ -1,8 +1,10 @@
-"""Image-classification training of AoT models with `transformers.Trainer`.
+"""Image-classification training of AoT models, or of transformers' ViT of the same size (`--model_type vit`),
+with `transformers.Trainer`.
 
 Runs as `aot train image …`, `python -m aot_transformers.training.image …`, and under `torchrun` / `accelerate
 launch -m aot_transformers.training.image …`. The image processor is saved with the model, so
-`pipeline("image-classification", model=folder, trust_remote_code=True)` works on the result.
+`pipeline("image-classification", model=folder, trust_remote_code=True)` works on the result (a ViT needs no remote
+code).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from .optim import OptimizerArguments
 from .run import TrainingRun, dataset_length, run_main, run_training
 from .run_state import RecordRunTrainerMixin, data_fingerprint
 from .vision_data import (
+    RAND_AUGMENT_BINS,
     ImageBatchCollator,
     ImageDataArguments,
+    RandAugment,
     load_image_source,
     make_image_processor,
     preprocess_images,
@@ -75,7 +79,7 @@ def prepare_image_training(
 ) -> TrainingRun:
     """Check every input, load the images, build the model, processor and `Trainer`. Nothing is trained yet.
     `publish_args`, `callbacks`, `lora` and `optim` follow, as in `TrainingRun.begin`."""
-    from ..modeling_aot import AoTForImageClassification
+    from transformers import AutoModelForImageClassification
 
     run = TrainingRun.begin("image-classification", "accuracy", model_args, data_args, training_args, *more, **options)
     if data_args.augment not in ("auto", "yes", "no"):
@@ -84,6 +88,7 @@ def prepare_image_training(
         raise TrainingSetupError(
             "", argument="--crop_padding", value=data_args.crop_padding, allowed="an integer >= 0 (pixels)"
         )
+    rand_augment = _rand_augment(data_args)
     check_dataset_name(
         data_args.dataset_name,
         "an image folder, archive folder, CSV or Hub dataset id; leave it out for scikit-learn's digits",
@@ -91,10 +96,15 @@ def prepare_image_training(
     # The config first: a bad preset or override fails before any image is read. The classification head may be
     # re-initialised for new classes; every other tensor of a checkpoint must fit the config.
     config = run.build_config(
-        AoTForImageClassification, DEFAULT_IMAGE_PRESET, ("classifier.",), image_size=model_args.image_size
+        AutoModelForImageClassification, DEFAULT_IMAGE_PRESET, ("classifier.",), image_size=model_args.image_size
     )
     data = data_fingerprint(data_args.dataset_name, data_args.validation_dir) + [f"{data_args.dataset_config_name}"]
-    run.start(config, data, augment=data_args.augment)
+    if rand_augment is not None and config.num_channels not in (1, 3):
+        raise TrainingSetupError(
+            f"RandAugment works on grayscale or RGB images; the model has {config.num_channels} channels",
+            argument="--rand_augment",
+        )
+    run.start(config, data, augment=data_args.augment, **_data_settings(data_args))
     with training_args.main_process_first(desc="loading images"):
         run.source = source = load_image_source(data_args, seed=training_args.seed)
     id2label = dict(enumerate(source.class_names))
@@ -116,15 +126,17 @@ def prepare_image_training(
         train, validation = prepare(source.train, "training images"), prepare(source.validation, "validation images")
     if source.test is not None:
         run.test = lambda: prepare(source.test, "test images")
-    crop = f"random crop (padding {data_args.crop_padding}) + horizontal flip"
+    augmentations = [f"random crop (padding {data_args.crop_padding}) + horizontal flip"] if augment else []
+    if rand_augment is not None:
+        augmentations.append(f"RandAugment ({rand_augment.num_ops} ops, magnitude {rand_augment.magnitude})")
     run.summary = {
         "image size": f"{config.image_size} px, patch {config.patch_size}",
-        "augmentation": crop if augment else "none",
+        "augmentation": " + ".join(augmentations) or "none",
         "training images": "streamed" if dataset_length(source.train) is None else len(source.train),
     }
-    model = run.load_model(
-        AoTForImageClassification, config, f", {len(id2label)} classes", ignore_mismatched_sizes=reinitialise_head
-    )
+    if source.kind != "stream":
+        run.summary["split seed"] = data_args.split_seed
+    model = run.load_model(config, f", {len(id2label)} classes", ignore_mismatched_sizes=reinitialise_head)
     trainer = run.make_trainer(
         _augmenting_trainer_class(),
         model,
@@ -134,8 +146,33 @@ def prepare_image_training(
         data_collator=ImageBatchCollator(processor, augment=False),
         compute_metrics=accuracy_metrics(),
     )
-    trainer.train_data_collator = ImageBatchCollator(processor, augment=augment, crop_padding=data_args.crop_padding)
+    trainer.train_data_collator = ImageBatchCollator(
+        processor, augment=augment, crop_padding=data_args.crop_padding, rand_augment=rand_augment
+    )
     return run
+
+
+def _rand_augment(data_args: ImageDataArguments) -> RandAugment | None:
+    """The `RandAugment` of `--rand_augment` (None when off); a bad number of operations or magnitude is a
+    `TrainingSetupError` naming its flag."""
+    if not data_args.rand_augment:
+        return None
+    num_ops, magnitude = data_args.rand_augment_num_ops, data_args.rand_augment_magnitude
+    if isinstance(num_ops, bool) or not isinstance(num_ops, int) or num_ops < 0:
+        raise TrainingSetupError("", argument="--rand_augment_num_ops", value=num_ops, allowed="an integer >= 0")
+    if isinstance(magnitude, bool) or not isinstance(magnitude, int) or not 0 <= magnitude < RAND_AUGMENT_BINS:
+        allowed = f"an integer from 0 to {RAND_AUGMENT_BINS - 1}"
+        raise TrainingSetupError("", argument="--rand_augment_magnitude", value=magnitude, allowed=allowed)
+    return RandAugment(num_ops, magnitude)
+
+
+def _data_settings(data_args: ImageDataArguments) -> dict[str, Any]:
+    """The data settings a resumed run must share with its checkpoint, beyond the data itself: the held-out split
+    and RandAugment (left out when off, so that a run that does not use it matches a checkpoint from before it)."""
+    settings: dict[str, Any] = {} if data_args.streaming else {"split_seed": data_args.split_seed}
+    if data_args.rand_augment:
+        settings["rand_augment"] = f"{data_args.rand_augment_num_ops},{data_args.rand_augment_magnitude}"
+    return settings
 
 
 run_image_training = run_training  # train, evaluate (validation, and test when there is one), write, push if asked
@@ -143,7 +180,7 @@ IMAGE_ARGUMENTS = (ImageModelArguments, ImageDataArguments, PublishArguments, Lo
 
 
 def train_image(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Train an AoT image classifier end to end (see the module docstring) and return its metrics; takes the
+    """Train an AoT (or ViT) image classifier end to end (see the module docstring) and return its metrics; takes the
     arguments of `prepare_image_training`."""
     return run_training(prepare_image_training(*args, **kwargs))
 

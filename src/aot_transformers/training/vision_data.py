@@ -1,6 +1,6 @@
 """Image data for classification: Hub datasets, `imagefolder` directories, the CIFAR-10 `train_<class>.tar.gz`
 archives and MNIST-style pixel CSVs of `../shared/data/vision`, and scikit-learn's digits; plus the image
-processor and the light augmentation (random crop with padding, horizontal flip) used for CIFAR-10."""
+processor, the light augmentation (random crop with padding, horizontal flip) used for CIFAR-10, and RandAugment."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from .arguments import TrainingSetupError, load_hub_dataset
 SKLEARN_DIGITS = "sklearn-digits"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 _CIFAR_ARCHIVE = re.compile(r"^train_(?P<label>[^.]+)\.tar\.gz$")
+RAND_AUGMENT_BINS = 31  # torchvision's `num_magnitude_bins`
 
 
 @dataclass
@@ -43,8 +44,19 @@ class ImageDataArguments:
         10.0, "Share of the training images held out for validation (stratified)."
     )
     test_split_percentage: float = arg(0.0, "Share of the training images held out as a test set (stratified).")
+    split_seed: int = arg(
+        0,
+        "Seed of the held-out validation and test images and of the --max_train_samples/--max_eval_samples subsets; "
+        "independent of --seed, so that runs of different seeds are evaluated on the same images (CIFAR-10: "
+        "45,000 / 5,000 with the default 10%).",
+    )
     augment: str = arg("auto", "Random crop with padding + horizontal flip: 'yes', 'no' or 'auto' (on for CIFAR-10).")
     crop_padding: int = arg(4, "Padding of the random crop, in pixels.")
+    rand_augment: bool = arg(
+        False, "RandAugment (https://arxiv.org/abs/1909.13719) on training images, after the crop and flip."
+    )
+    rand_augment_num_ops: int = arg(2, "Number of RandAugment operations applied to each image.")
+    rand_augment_magnitude: int = arg(9, f"Magnitude of the RandAugment operations, 0 to {RAND_AUGMENT_BINS - 1}.")
     max_train_samples: int | None = arg(None, "Use at most this many training images.")
     max_eval_samples: int | None = arg(None, "Use at most this many validation images.")
     streaming: bool = arg(
@@ -221,7 +233,11 @@ def align_labels(train_names: list[str], other, where: str):
 
 
 def load_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
-    """Load the image splits described by `args`; every column and label problem raises `TrainingSetupError`."""
+    """Load the image splits described by `args`; every column and label problem raises `TrainingSetupError`.
+
+    The validation and test images held out of the training images, and the `--max_*_samples` subsets, are drawn
+    with `args.split_seed`: the training `seed` only orders a streamed training set, so runs that differ in their
+    seed see the same training images and are evaluated on the same validation images."""
     if args.streaming:
         return load_streamed_image_source(args, seed)
 
@@ -260,18 +276,19 @@ def load_image_source(args: ImageDataArguments, seed: int = 42) -> ImageSource:
         if not 0 <= share < 100:
             raise TrainingSetupError(f"--{split_name}_split_percentage must be in [0, 100), got {share}.")
     if test is None and args.test_split_percentage > 0:
-        train, test = _stratified_split(train, args.test_split_percentage, seed)
+        train, test = _stratified_split(train, args.test_split_percentage, args.split_seed + 1)
     if validation is None and args.validation_split_percentage > 0:
-        train, validation = _stratified_split(train, args.validation_split_percentage, seed + 1)
+        train, validation = _stratified_split(train, args.validation_split_percentage, args.split_seed)
     class_names = class_names_of(train)
     if validation is not None:
         validation = align_labels(class_names, validation, "The validation data")
     if test is not None:
         test = align_labels(class_names, test, "The test data")
     if args.max_train_samples is not None:
-        train = train.shuffle(seed=seed).select(range(min(len(train), args.max_train_samples)))
+        train = train.shuffle(seed=args.split_seed).select(range(min(len(train), args.max_train_samples)))
     if validation is not None and args.max_eval_samples is not None:
-        validation = validation.shuffle(seed=seed).select(range(min(len(validation), args.max_eval_samples)))
+        validation = validation.shuffle(seed=args.split_seed)
+        validation = validation.select(range(min(len(validation), args.max_eval_samples)))
     label = hub_ids[0] if hub_ids else SKLEARN_DIGITS if kind == "sklearn-digits" else path.name
     return ImageSource(train, validation, test, class_names, description, hub_ids, kind, label)
 
@@ -423,32 +440,6 @@ def _open(image, mode: str | None):
     return image
 
 
-class ImageBatchCollator:
-    """Stacks uint8 `pixel_values` (from `preprocess_images`) into a normalised float batch (B, C, S, S) exactly as
-    the image processor would, plus random crop-with-padding and horizontal flip when `augment` (training)."""
-
-    def __init__(self, processor, augment: bool = False, crop_padding: int = 4):
-        import torch
-
-        self.scale = float(processor.rescale_factor) if processor.do_rescale else 1.0
-        mean = processor.image_mean if processor.do_normalize else 0.0
-        std = processor.image_std if processor.do_normalize else 1.0
-        self.mean = torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1, 1)  # (1, C, 1, 1)
-        self.std = torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1, 1)
-        self.augment = augment
-        self.crop_padding = crop_padding
-
-    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        import torch
-
-        pixels = torch.stack([torch.as_tensor(example["pixel_values"]) for example in examples]).float()  # (B,C,S,S)
-        pixel_values = (pixels * self.scale - self.mean) / self.std
-        if self.augment:
-            pixel_values = random_crop_flip(pixel_values, self.crop_padding)
-        labels = torch.as_tensor([int(example["labels"]) for example in examples], dtype=torch.long)
-        return {"pixel_values": pixel_values, "labels": labels}
-
-
 def random_crop_flip(pixel_values, padding: int):
     """Per image: pad by `padding` with zeros (the normalised mean), crop back at a random offset, and flip
     horizontally with probability 1/2 — the standard CIFAR-10 augmentation, on a (B, C, S, S) batch."""
@@ -464,3 +455,172 @@ def random_crop_flip(pixel_values, padding: int):
         pixel_values = torch.stack(crops)
     flip = torch.rand(batch) < 0.5
     return torch.where(flip[:, None, None, None], pixel_values.flip(-1), pixel_values)
+
+
+# RandAugment (Cubuk et al., 2020, https://arxiv.org/abs/1909.13719) on PIL images, written after torchvision 0.28's
+# `transforms.RandAugment` and `transforms.autoaugment._apply_op`, whose operations, magnitude bins, defaults and
+# random draws it repeats. torchvision itself is no dependency: its wheels on PyPI are CUDA builds whose compiled ops
+# do not load beside torch's CPU build ("operator torchvision::nms does not exist" at import).
+
+RAND_AUGMENT_OPS = (  # torchvision's order: an operation is drawn by its index
+    "Identity",
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "Rotate",
+    "Brightness",
+    "Color",
+    "Contrast",
+    "Sharpness",
+    "Posterize",
+    "Solarize",
+    "AutoContrast",
+    "Equalize",
+)
+
+
+def rand_augment_magnitude(op: str, level: int, height: int, width: int) -> tuple[float, bool]:
+    """The magnitude of operation `op` at bin `level` (0 to 30) for an image of `height` × `width` pixels, and
+    whether its sign is drawn at random: torchvision's `RandAugment._augmentation_space` with 31 bins."""
+    import torch
+
+    ranges = {  # magnitude at bin 0, at bin 30, signed
+        "ShearX": (0.0, 0.3, True),
+        "ShearY": (0.0, 0.3, True),
+        "TranslateX": (0.0, 150.0 / 331.0 * width, True),
+        "TranslateY": (0.0, 150.0 / 331.0 * height, True),
+        "Rotate": (0.0, 30.0, True),
+        "Brightness": (0.0, 0.9, True),
+        "Color": (0.0, 0.9, True),
+        "Contrast": (0.0, 0.9, True),
+        "Sharpness": (0.0, 0.9, True),
+        "Solarize": (255.0, 0.0, False),  # the threshold
+    }
+    if op == "Posterize":  # the bits kept: 8 down to 4
+        return float(8 - round(level / ((RAND_AUGMENT_BINS - 1) / 4))), False
+    if op not in ranges:
+        return 0.0, False
+    start, end, signed = ranges[op]
+    # float32 bins, as torchvision's: a float64 threshold of 85.0 instead of 84.99999 would solarize other pixels
+    return float(torch.linspace(start, end, RAND_AUGMENT_BINS)[level]), signed
+
+
+def apply_rand_augment_op(image, op: str, magnitude: float, fill: int = 0):
+    """`image` (PIL, "L" or "RGB") transformed by the RandAugment operation `op` at `magnitude`, as torchvision's
+    `_apply_op` does on PIL images: nearest-neighbour resampling, `fill` outside the moved image. The shears keep the
+    top-left corner fixed, rotation the centre."""
+    from PIL import Image, ImageEnhance, ImageOps
+
+    fill_colour = fill if len(image.getbands()) == 1 else (fill,) * len(image.getbands())
+    affine = {  # output pixel (x, y) takes input pixel (a x + b y + c, d x + e y + f)
+        "ShearX": (1.0, magnitude, 0.0, 0.0, 1.0, 0.0),
+        "ShearY": (1.0, 0.0, 0.0, magnitude, 1.0, 0.0),
+        "TranslateX": (1.0, 0.0, -float(int(magnitude)), 0.0, 1.0, 0.0),
+        "TranslateY": (1.0, 0.0, 0.0, 0.0, 1.0, -float(int(magnitude))),
+    }
+    enhancers = {
+        "Brightness": ImageEnhance.Brightness,
+        "Color": ImageEnhance.Color,
+        "Contrast": ImageEnhance.Contrast,
+        "Sharpness": ImageEnhance.Sharpness,
+    }
+    if op in affine:
+        nearest = Image.Resampling.NEAREST
+        return image.transform(image.size, Image.Transform.AFFINE, affine[op], nearest, fillcolor=fill_colour)
+    if op == "Rotate":
+        return image.rotate(magnitude, Image.Resampling.NEAREST, expand=False, fillcolor=fill_colour)
+    if op in enhancers:
+        return enhancers[op](image).enhance(1.0 + magnitude)
+    if op == "Posterize":
+        return ImageOps.posterize(image, int(magnitude))
+    if op == "Solarize":
+        return ImageOps.solarize(image, magnitude)
+    if op == "AutoContrast":
+        return ImageOps.autocontrast(image)
+    if op == "Equalize":
+        return ImageOps.equalize(image)
+    if op == "Identity":
+        return image
+    raise ValueError(f"Unknown RandAugment operation {op!r}; the operations are {', '.join(RAND_AUGMENT_OPS)}.")
+
+
+class RandAugment:
+    """RandAugment as torchvision's `transforms.RandAugment(num_ops, magnitude)` on PIL images: `num_ops`
+    operations, each drawn uniformly from `RAND_AUGMENT_OPS` (with replacement), at bin `magnitude` of 31, with a
+    random sign where the operation has one. The draws come from torch's global generator, in torchvision's order, so
+    `transformers.set_seed` makes them reproducible and every DataLoader worker draws its own."""
+
+    def __init__(self, num_ops: int = 2, magnitude: int = 9, fill: int = 0):
+        if isinstance(num_ops, bool) or not isinstance(num_ops, int) or num_ops < 0:
+            raise ValueError(f"RandAugment num_ops must be an integer >= 0, got {num_ops!r}.")
+        if isinstance(magnitude, bool) or not isinstance(magnitude, int) or not 0 <= magnitude < RAND_AUGMENT_BINS:
+            raise ValueError(
+                f"RandAugment magnitude must be an integer from 0 to {RAND_AUGMENT_BINS - 1}, got {magnitude!r}."
+            )
+        self.num_ops, self.magnitude, self.fill = num_ops, magnitude, fill
+
+    def __call__(self, image):
+        import torch
+
+        for _ in range(self.num_ops):
+            op = RAND_AUGMENT_OPS[int(torch.randint(len(RAND_AUGMENT_OPS), (1,)).item())]
+            magnitude, signed = rand_augment_magnitude(op, self.magnitude, image.height, image.width)
+            if signed and torch.randint(2, (1,)):
+                magnitude = -magnitude
+            image = apply_rand_augment_op(image, op, magnitude, self.fill)
+        return image
+
+    def augment_batch(self, pixels):
+        """A uint8 batch (B, C, S, S) with C 1 or 3, each image augmented on its own; same shape and dtype."""
+        import numpy as np
+        import torch
+        from PIL import Image
+
+        if pixels.dtype != torch.uint8 or pixels.ndim != 4 or pixels.shape[1] not in (1, 3):
+            raise ValueError(
+                f"RandAugment takes uint8 (B, 1 or 3, H, W) batches, got {pixels.dtype} {tuple(pixels.shape)}."
+            )
+        augmented = []
+        for image in pixels.numpy():  # (C, H, W)
+            array = np.array(self(Image.fromarray(image[0] if len(image) == 1 else image.transpose(1, 2, 0))))
+            augmented.append(array[None] if array.ndim == 2 else array.transpose(2, 0, 1))  # (C, H, W)
+        return torch.from_numpy(np.stack(augmented))
+
+    def __repr__(self) -> str:
+        return f"RandAugment(num_ops={self.num_ops}, magnitude={self.magnitude}, fill={self.fill})"
+
+
+class ImageBatchCollator:
+    """Stacks uint8 `pixel_values` (from `preprocess_images`) into a normalised float batch (B, C, S, S) exactly as
+    the image processor would. Training batches are augmented first, on the pixels: random crop-with-padding and
+    horizontal flip when `augment`, then `rand_augment` (a `RandAugment`) when given."""
+
+    def __init__(
+        self, processor, augment: bool = False, crop_padding: int = 4, rand_augment: RandAugment | None = None
+    ):
+        import torch
+
+        self.scale = float(processor.rescale_factor) if processor.do_rescale else 1.0
+        mean = processor.image_mean if processor.do_normalize else 0.0
+        std = processor.image_std if processor.do_normalize else 1.0
+        self.mean = torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1, 1)  # (1, C, 1, 1)
+        self.std = torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1, 1)
+        # The crop pads with the pixel value that normalises to 0 (the mean), not with black.
+        self.padding_value = self.mean / self.scale
+        self.augment = augment
+        self.crop_padding = crop_padding
+        self.rand_augment = rand_augment
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        pixels = torch.stack([torch.as_tensor(example["pixel_values"]) for example in examples])  # (B, C, S, S)
+        if self.augment:
+            padded = random_crop_flip(pixels.float() - self.padding_value, self.crop_padding)
+            pixels = padded + self.padding_value
+        if self.rand_augment is not None:  # on whole pixel values, as torchvision's (the padding's 127.5: 128)
+            pixels = self.rand_augment.augment_batch(pixels.round().to(torch.uint8))
+        pixel_values = (pixels.float() * self.scale - self.mean) / self.std
+        labels = torch.as_tensor([int(example["labels"]) for example in examples], dtype=torch.long)
+        return {"pixel_values": pixel_values, "labels": labels}
