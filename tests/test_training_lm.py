@@ -447,3 +447,122 @@ def test_cpu_training_uses_the_shared_projection_backend_for_mssa_only():
         use_training_attention(model, on_cpu)
         chosen[name] = model.config._attn_implementation
     assert chosen == {"mssa": "shared_projection", "mhsa": "sdpa", "knn": "knn"}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# a dataset repository (Hub layout) and the packed blocks
+# --------------------------------------------------------------------------------------------------------------
+
+
+def write_dataset_repository(root: Path, splits: dict[str, list[str]]) -> Path:
+    """A folder laid out as a Hub dataset repository: a card declaring `configs` and one parquet shard per split."""
+    import datasets
+
+    (root / "data").mkdir(parents=True)
+    for split, texts in splits.items():
+        datasets.Dataset.from_dict({"text": texts}).to_parquet(str(root / "data" / f"{split}-00000-of-00001.parquet"))
+    files = "".join(f"  - split: {split}\n    path: data/{split}-*.parquet\n" for split in splits)
+    (root / "README.md").write_text(f"---\nconfigs:\n- config_name: default\n  data_files:\n{files}---\n# A card\n")
+    return root
+
+
+def test_a_dataset_repository_folder_trains_validates_and_tests_on_its_own_splits(tmp_path):
+    docs = embedded_corpus()
+    splits = {"train": docs[:30], "validation": docs[30:34], "test": docs[34:37]}
+    source = load_text_source(TextDataArguments(dataset_name=str(write_dataset_repository(tmp_path / "repo", splits))))
+    assert source.train["text"] == splits["train"]  # neither the card nor another split's books
+    assert source.validation["text"] == splits["validation"]  # not the train split's tail
+    assert source.test["text"] == splits["test"]
+    assert source.documents  # one row, one book: EOS between them
+
+
+def _blocks_by_hand(tokenizer, texts: list[str], block_size: int) -> list[list[int]]:
+    stream = [t for text in texts for t in tokenizer(text, add_special_tokens=False)["input_ids"] + [0]]
+    return [stream[i : i + block_size] for i in range(0, len(stream) // block_size * block_size, block_size)]
+
+
+def test_packing_is_one_stream_of_the_documents_whatever_the_workers_or_the_cache(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    tokenizer = train_bpe_tokenizer(corpus_lines(), vocab_size=300, show_progress=False)
+    docs = embedded_corpus()[:40]
+    repo = write_dataset_repository(tmp_path / "repo", {"train": docs, "validation": docs[:2]})
+    file_backed = load_text_source(TextDataArguments(dataset_name=str(repo))).train
+    in_memory = datasets.Dataset.from_dict({"text": docs})
+    expected = _blocks_by_hand(tokenizer, docs, 64)
+    for dataset, workers in ((in_memory, None), (in_memory, 2), (file_backed, 2), (file_backed, None)):
+        packed = tokenize_and_pack(dataset, tokenizer, 64, "text", add_eos=True, num_proc=workers)
+        assert packed["input_ids"] == expected and packed["labels"] == expected
+    cached = list((tmp_path / "cache" / "aot_blocks").glob("*.arrow"))
+    assert len(cached) == 1  # the file-backed blocks, keyed by data, tokenizer and block size; in-memory data is not
+    # A second run reads the cached blocks without tokenizing anything.
+    monkeypatch.setattr(type(tokenizer), "__call__", lambda *a, **k: pytest.fail("tokenized again"))
+    assert tokenize_and_pack(file_backed, tokenizer, 64, "text", add_eos=True)["input_ids"] == expected
+
+
+def test_a_text_that_is_not_a_string_is_named_by_column_and_row():
+    import datasets
+
+    tokenizer = train_bpe_tokenizer(corpus_lines(), vocab_size=300, show_progress=False)
+    data = datasets.Dataset.from_dict({"text": ["a book", "another", None, "more"]})
+    with pytest.raises(TrainingSetupError, match=r"training text: row 2 of the text column 'text' holds NoneType"):
+        tokenize_and_pack(data, tokenizer, 4, "text", add_eos=True, desc="training text")
+
+
+def test_max_eval_samples_spreads_the_validation_blocks_over_the_whole_split():
+    import datasets
+
+    from aot_transformers.training.lm import spread
+
+    blocks = datasets.Dataset.from_dict({"input_ids": [[i] for i in range(100)]})
+    assert [row[0] for row in spread(blocks, 5)["input_ids"]] == [0, 25, 50, 74, 99]
+    assert len(spread(blocks, 500)) == 100
+
+
+# --------------------------------------------------------------------------------------------------------------
+# baselines through the same command
+# --------------------------------------------------------------------------------------------------------------
+
+SIZES = "vocab_size=320,hidden_size=32,num_hidden_layers=2,num_attention_heads=4,max_position_embeddings=64"
+
+
+@pytest.mark.parametrize(
+    "model_type, cls_name", [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"), ("aot", "AoTForCausalLM")]
+)
+def test_model_type_trains_transformers_own_baseline_from_the_same_size_fields(tmp_path, model_type, cls_name):
+    data = TextDataArguments(block_size=32)
+    args = LMModelArguments(model_type=model_type, preset="aot-mssa-l-tiny", config_overrides=SIZES)
+    train_lm(args, data, training_args(tmp_path, max_steps=2))
+    final = tmp_path / "run" / "model"
+    model = AutoModelForCausalLM.from_pretrained(final, trust_remote_code=model_type == "aot")
+    assert type(model).__name__ == cls_name
+    config = model.config
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (32, 2, 4)
+    assert config.eos_token_id == AutoTokenizer.from_pretrained(final).eos_token_id  # not GPT-2's 50256
+    if model_type != "aot":  # no remote code: transformers' own model, with the preset's 4x MLP
+        assert not list(final.glob("*.py"))
+        mlp = config.n_inner if model_type == "gpt2" else config.intermediate_size
+        assert mlp == (128 if model_type == "gpt2" else round(2 * 128 / 3))
+
+
+def test_a_config_file_of_another_model_trains_that_model_or_is_refused(tmp_path):
+    from transformers import BertConfig, GPT2Config
+
+    GPT2Config(n_embd=32, n_layer=1, n_head=4, n_positions=64, vocab_size=320).save_pretrained(tmp_path / "gpt2")
+    train_lm(
+        LMModelArguments(config_file=str(tmp_path / "gpt2" / "config.json")),
+        TextDataArguments(block_size=32),
+        training_args(tmp_path, max_steps=1),
+    )
+    assert json.loads((tmp_path / "run" / "model" / "config.json").read_text())["model_type"] == "gpt2"
+    BertConfig().save_pretrained(tmp_path / "bert")
+    _fails_before_training(
+        tmp_path / "b",
+        LMModelArguments(config_file=str(tmp_path / "bert" / "config.json")),
+        TextDataArguments(),
+        r"is a 'bert' model; this task trains aot, gpt2, llama",
+    )
+    _fails_before_training(
+        tmp_path / "c", LMModelArguments(model_type="vit"), TextDataArguments(), r"--model_type 'vit'.*aot, gpt2, llama"
+    )

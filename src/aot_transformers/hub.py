@@ -128,7 +128,7 @@ def export_model(
     folder, and an existing folder survives a failed export).
 
     Args:
-        model: Any AoT model.
+        model: Any AoT model (its code files go with it), or a transformers baseline trained by `aot train`.
         save_directory: Destination folder.
         tokenizer: Saved with the model when given.
         image_processor: Saved with the model when given.
@@ -145,8 +145,10 @@ def export_model(
     Returns:
         The destination path.
     """
-    if not isinstance(model, AoTPreTrainedModel):
-        raise TypeError(f"`model` must be an AoT model, got {type(model).__name__}.")
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"`model` must be a transformers model, got {type(model).__name__}.")
     files = dict(extra_files or {})
     if model_card is not None:
         files["README.md"] = str(model_card)

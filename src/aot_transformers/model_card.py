@@ -58,7 +58,7 @@ def _format(value: Any) -> str:
 
 
 def architecture_rows(config, num_parameters: int | None = None, is_text: bool = True) -> list[tuple[str, str]]:
-    """The rows of the card's architecture table for an `AoTConfig`."""
+    """The rows of the card's architecture table for an `AoTConfig` (or a baseline's config: the fields it has)."""
     fields = ["attention_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "head_dim", "knn_k"]
     fields += ["normalize_query", "step_size", "layer_norm", "mlp_layers"]
     labels = {"knn_k": "knn_k (k-NN attention)", "step_size": "step_size (η)", "size": "image_size / patch_size"}
@@ -68,6 +68,7 @@ def architecture_rows(config, num_parameters: int | None = None, is_text: bool =
     else:
         fields += ["size", "num_channels", "num_labels", "pooling"]
         computed["size"] = f"{config.image_size} / {config.patch_size}"
+    fields = [f for f in fields if f in computed or hasattr(config, f)]
     rows = [(labels.get(f, f), computed[f] if f in computed else getattr(config, f)) for f in fields]
     if num_parameters is not None:
         rows.append(("parameters", num_parameters))
@@ -162,7 +163,7 @@ def render_model_card(
         if is_text
         else f"An image classifier ({config.num_hidden_layers} layers, width {config.hidden_size}, "
         f"{config.num_labels} classes).",
-        knn_k=config.knn_k,
+        knn_k=getattr(config, "knn_k", None),
         architecture=architecture_rows(config, num_parameters, is_text),
         repo_id=repo_id,  # the loading snippet: of the adapter (on `base`) or of the model (a text model or not)
         task=task,

@@ -35,9 +35,12 @@ def load_hub_dataset(name: str, args, local_hint: str, **options):
     try:
         loaded = datasets.load_dataset(name, args.dataset_config_name, **options)
     except Exception as error:  # say so before anything else happens
-        raise TrainingSetupError(
-            f"Could not load dataset {name!r} from the Hub: {type(error).__name__}: {error}. For local {local_hint}."
-        ) from error
+        where = (
+            "" if Path(name).is_dir() else f" from the Hub: {type(error).__name__}: {error}. For local {local_hint}"
+        )
+        if not where:
+            where = f": {type(error).__name__}: {error}"
+        raise TrainingSetupError(f"Could not load dataset {name!r}{where}.") from error
     if args.train_split not in loaded:
         raise TrainingSetupError(f"Dataset {name!r} has no split {args.train_split!r} (splits: {list(loaded)}).")
     return loaded
@@ -48,7 +51,12 @@ class ModelArguments:
     """Which model to train: a checkpoint to fine-tune, a preset, or a config file, with overrides. Shared by the
     language-model and image-classification trainers, which add their own fields (tokenizer, image size)."""
 
-    model_name_or_path: str | None = arg(None, "An AoT checkpoint (folder or Hub id) to fine-tune.")
+    model_name_or_path: str | None = arg(None, "A checkpoint (folder or Hub id) to fine-tune.")
+    model_type: str = arg(
+        "aot",
+        "The architecture of a new model: 'aot', or a baseline built from the same size fields (--preset, "
+        "--config_overrides hidden_size=...): 'gpt2' or 'llama' (aot train lm), 'vit' (aot train image).",
+    )
     preset: str | None = arg(None, "A named configuration (`aot info` lists them); default: the task's tiny one.")
     config_file: str | None = arg(None, "A config.json to build the model from.")
     config_overrides: str | None = arg(None, "Config fields to override, e.g. 'hidden_size=128,num_hidden_layers=6'.")

@@ -174,17 +174,38 @@ def _perplexity_trainer_class():
     return PerplexityTrainer
 
 
+def _token_chunks(blocks):
+    """The token ids of a packed `Dataset` as flat NumPy arrays, one per Arrow chunk (no copy, no Python lists), or
+    of a mapping `{"input_ids": [[...], ...]}` as one array."""
+    import numpy as np
+
+    if hasattr(blocks, "data") and hasattr(blocks.data, "column"):
+        return [chunk.flatten().to_numpy() for chunk in blocks.data.column("input_ids").chunks]
+    return [np.asarray(blocks["input_ids"], dtype=np.int64).ravel()]
+
+
 def unigram_perplexity(train_blocks, eval_blocks, vocab_size: int) -> float:
     """Perplexity on `eval_blocks` of the unigram model fitted to `train_blocks` (add-one smoothing): the baseline
     a language model has to beat. Counts the same target tokens as the LM's loss (all but the first of a block)."""
     import numpy as np
 
-    train = np.asarray(train_blocks["input_ids"], dtype=np.int64).ravel()
-    counts = 1.0 + np.bincount(train, minlength=vocab_size)[:vocab_size]
+    counts = np.ones(vocab_size)
+    for chunk in _token_chunks(train_blocks):
+        counts += np.bincount(chunk, minlength=vocab_size)[:vocab_size]
     log_probs = np.log(counts / counts.sum())
-    evaluated = eval_blocks["input_ids"]
-    targets = np.asarray(evaluated, dtype=np.int64).reshape(len(evaluated), -1)[:, 1:]  # the LM loss's targets
+    block_size = len(eval_blocks["input_ids"][0])
+    targets = np.concatenate(_token_chunks(eval_blocks)).reshape(-1, block_size)[:, 1:]  # the LM loss's targets
     return math.exp(-float(log_probs[targets].sum()) / max(targets.size, 1))
+
+
+def spread(dataset, count: int):
+    """`count` examples of `dataset` evenly spaced from its first to its last (all of them if it has fewer): a
+    sample of every document of a validation split, not its first few."""
+    import numpy as np
+
+    if count >= len(dataset):
+        return dataset
+    return dataset.select(np.linspace(0, len(dataset) - 1, count).round().astype(int).tolist())
 
 
 def prepare_lm_training(
@@ -193,12 +214,10 @@ def prepare_lm_training(
     """Check every input, load and pack the data, build the model and the `Trainer`. Nothing is trained yet.
     `publish_args`, `callbacks`, `lora` and `optim` follow, as in `TrainingRun.begin`."""
     import torch
-    from transformers import default_data_collator
-
-    from ..modeling_aot import AoTForCausalLM
+    from transformers import AutoModelForCausalLM, default_data_collator
 
     run = TrainingRun.begin("text-generation", "perplexity", model_args, data_args, training_args, *more, **options)
-    config = run.build_config(AoTForCausalLM, DEFAULT_LM_PRESET)
+    config = run.build_config(AutoModelForCausalLM, DEFAULT_LM_PRESET)
     block_size = data_args.block_size or min(512, config.max_position_embeddings)
     if not 2 <= block_size <= config.max_position_embeddings:
         raise TrainingSetupError(
@@ -219,9 +238,9 @@ def prepare_lm_training(
             f"would overflow the embedding. Use a smaller tokenizer or, for a new model, --config_overrides "
             f"vocab_size={len(tokenizer)}"
         )
-    if not model_args.model_name_or_path:
+    if not model_args.model_name_or_path:  # a new model speaks its tokenizer's special tokens (GPT-2's are 50256)
         for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
-            if getattr(config, name, None) is None and getattr(tokenizer, name, None) is not None:
+            if getattr(tokenizer, name, None) is not None:
                 setattr(config, name, getattr(tokenizer, name))
     add_eos = source.documents and tokenizer.eos_token_id is not None
 
@@ -232,6 +251,8 @@ def prepare_lm_training(
     with training_args.main_process_first(desc="tokenization"):
         train = pack(source.train, "training text")
         validation = pack(source.validation, "validation text") if source.validation is not None else None
+    if source.test is not None:
+        run.test = lambda: pack(source.test, "test text")
     if data_args.max_train_samples is not None:
         train = (
             train.take(data_args.max_train_samples)
@@ -239,7 +260,7 @@ def prepare_lm_training(
             else train.select(range(min(len(train), data_args.max_train_samples)))
         )
     if validation is not None and data_args.max_eval_samples is not None:
-        validation = validation.select(range(min(len(validation), data_args.max_eval_samples)))
+        validation = spread(validation, data_args.max_eval_samples)
     if not data_args.streaming and len(train) == 0:
         raise TrainingSetupError(
             f"The training text gives no complete block of {block_size} tokens; lower --block_size or add text."
@@ -252,7 +273,10 @@ def prepare_lm_training(
         baseline = unigram_perplexity(train, validation, config.vocab_size)
         run.extra_metrics["eval_unigram_perplexity"] = baseline
         run.summary["unigram baseline perplexity (validation)"] = round(baseline, 2)
-    model = run.load_model(AoTForCausalLM, config)
+    model = run.load_model(config)
+    # Evaluation needs the loss only: gathering the logits would hold blocks x block size x vocabulary floats (8 GB
+    # for 1,000 blocks of 256 tokens over 8,192 tokens) and compute nothing from them.
+    training_args.prediction_loss_only = True
     torch.set_float32_matmul_precision("high")
     run.make_trainer(
         _perplexity_trainer_class(), model, train, validation, tokenizer, data_collator=default_data_collator

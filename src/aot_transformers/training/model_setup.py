@@ -4,6 +4,7 @@ the pre-check of a checkpoint's weights before fine-tuning, and the attention ba
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,13 @@ from accelerate.utils import DistributedType
 
 from .._io import is_pickle_name, looks_like_path
 from ..configuration_aot import AoTConfig
+from ..presets import preset_kwargs
 from .arguments import ModelArguments, TrainingSetupError
 
 
-def parse_overrides(text: str | None) -> dict[str, Any]:
+def parse_overrides(text: str | None, known: set[str] | None = None) -> dict[str, Any]:
     """`"hidden_size=128,knn_k=0.5,attention_type=mhsa"` -> a dict with JSON-typed values (strings otherwise).
-    Refuses a name that is no config field (it would be stored and silently ignored)."""
+    Refuses a name that is not in `known` (default: the AoT config fields; it would be stored and silently ignored)."""
     import difflib
 
     overrides: dict[str, Any] = {}
@@ -34,7 +36,7 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
             overrides[name] = json.loads(value)
         except json.JSONDecodeError:
             overrides[name] = {"None": None, "True": True, "False": False}.get(value, value)
-    known = config_field_names()
+    known = config_field_names() if known is None else known
     for name in overrides:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
@@ -47,52 +49,123 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
     return overrides
 
 
-def config_field_names() -> set[str]:
-    """The names `--config_overrides` accepts: every field of an `AoTConfig`."""
-    return set(AoTConfig().to_dict()) | {"attn_implementation"}
+def config_field_names(config=None) -> set[str]:
+    """The names `--config_overrides` accepts: every field of `config` (default a new `AoTConfig`), with the
+    standard names its `attribute_map` translates (`hidden_size` for GPT-2's `n_embd`)."""
+    config = AoTConfig() if config is None else config
+    return set(config.to_dict()) | set(getattr(config, "attribute_map", {})) | {"attn_implementation"}
 
 
 # The config fields that set the size of a text model and of a vision model.
 TEXT_SIZE_FIELDS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "mlp_ratio")
 VISION_SIZE_FIELDS = ("image_size", "patch_size", "hidden_size", "num_hidden_layers", "mlp_ratio")
+# The baselines `--model_type` builds (transformers' own models), by task, and the fields they take from a preset.
+BASELINES = {"text-generation": ("gpt2", "llama"), "image-classification": ("vit",)}
+BASELINE_SIZE_FIELDS = {
+    "text-generation": (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "max_position_embeddings",
+    ),
+    "image-classification": (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "image_size",
+        "patch_size",
+        "num_channels",
+    ),
+}
 
 
-def build_config(model_args: ModelArguments, default_preset: str, **fields: Any) -> AoTConfig:
+def baseline_config(model_type: str, task: str, preset: AoTConfig, overrides: str | None = None):
+    """transformers' config of `model_type` (GPT-2, Llama, ViT) with the size of `preset` (width, depth, heads,
+    context or image and patch size, vocabulary) after `overrides` (the text of `--config_overrides`, in the
+    baseline's own field names or the standard ones), its MLP at the preset's `mlp_ratio` times that width (Llama's
+    gated MLP at 2/3 of it, so each layer holds as many weights as GPT-2's), and no dropout."""
+    from transformers import AutoConfig
+
+    overrides_ = parse_overrides(overrides, config_field_names(AutoConfig.for_model(model_type)))
+    fields = {name: getattr(preset, name) for name in BASELINE_SIZE_FIELDS[task]}
+    mlp_width = round(preset.mlp_ratio * overrides_.get("hidden_size", preset.hidden_size))
+    fields["intermediate_size"] = round(2 * mlp_width / 3) if model_type == "llama" else mlp_width
+    if model_type == "gpt2":
+        fields.update(n_inner=fields.pop("intermediate_size"), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        fields.update(bos_token_id=None, eos_token_id=None)  # GPT-2's 50256: set from the tokenizer
+    elif model_type == "vit":
+        fields.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    # Built in one call: derived fields (Llama's key-value heads and head size) follow the sizes given.
+    return AutoConfig.for_model(model_type, **{**fields, **overrides_})
+
+
+def build_config(model_args: ModelArguments, default_preset: str, task: str = "text-generation", **fields: Any):
     """The config of the model to train: from a checkpoint (fine-tuning), a config file, or a preset, with
-    `--config_overrides` and then `fields` applied, checked with `AoTConfig.validate()`. Raises
-    `TrainingSetupError` for a bad choice."""
+    `--config_overrides` and then `fields` applied, checked with `AoTConfig.validate()`; with `--model_type` a
+    baseline (`baseline_config`) of the preset's size. Raises `TrainingSetupError` for a bad choice."""
     model_name_or_path, preset, config_file = model_args.model_name_or_path, model_args.preset, model_args.config_file
+    model_type = model_args.model_type
     sources = [s for s in (model_name_or_path, config_file) if s] + ([preset] if preset else [])
     if len(sources) > 1:
         raise TrainingSetupError(
             "Give at most one of --model_name_or_path, --config_file and --preset, got "
             f"{', '.join(map(repr, sources))}."
         )
-    overrides = {**parse_overrides(model_args.config_overrides), **{k: v for k, v in fields.items() if v is not None}}
+    allowed = ("aot", *BASELINES[task])
+    if model_type not in allowed:
+        raise TrainingSetupError(
+            "is not a model this task trains", argument="--model_type", value=model_type, allowed=", ".join(allowed)
+        )
+    given = {k: v for k, v in fields.items() if v is not None}
     try:
         if model_name_or_path:
             if looks_like_path(model_name_or_path) and not Path(model_name_or_path).exists():
                 raise TrainingSetupError("no such folder", argument="--model_name_or_path", value=model_name_or_path)
-            config = AoTConfig.from_pretrained(model_name_or_path)
-            if config.model_type != "aot":
-                raise TrainingSetupError(f"{model_name_or_path} is a {config.model_type!r} model, not an AoT model.")
-            config.update(overrides)
-            config.validate()
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(model_name_or_path)
+            _check_model_type(config.model_type, allowed, model_name_or_path)
+            config.update({**parse_overrides(model_args.config_overrides, config_field_names(config)), **given})
+            if config.model_type == "aot":
+                config.validate()
             return config
         if config_file:
             path = Path(config_file)
             if not path.is_file():
                 raise TrainingSetupError("no such file", argument="--config_file", value=config_file)
             config_dict = json.loads(path.read_text())
-            config_dict.pop("model_type", None)
-            return AoTConfig(**{**config_dict, **overrides})
-        return AoTConfig.from_preset(preset or default_preset, **overrides)
+            file_type = config_dict.pop("model_type", "aot")
+            _check_model_type(file_type, allowed, config_file)
+            if file_type != "aot":
+                from transformers import AutoConfig
+
+                config = AutoConfig.for_model(file_type, **config_dict)
+                config.update({**parse_overrides(model_args.config_overrides, config_field_names(config)), **given})
+                return config
+            return AoTConfig(**{**config_dict, **parse_overrides(model_args.config_overrides), **given})
+        if model_type != "aot":
+            sizes = AoTConfig.from_preset(preset or default_preset, **given)
+            return baseline_config(model_type, task, sizes, model_args.config_overrides)
+        fields = {**parse_overrides(model_args.config_overrides), **given}
+        preset_fields = preset_kwargs(preset or default_preset)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):  # GPT-2's 50256 beyond a smaller vocabulary:
+            if (preset_fields.get(name) or 0) >= fields.get("vocab_size", math.inf):  # the tokenizer's ids follow
+                fields.setdefault(name, None)
+        return AoTConfig.from_preset(preset or default_preset, **fields)
     except TrainingSetupError:
         raise
     except (ValueError, TypeError) as error:
         raise TrainingSetupError(str(error)) from error
     except OSError as error:
         raise TrainingSetupError(f"Could not load the model config from {model_name_or_path!r}: {error}") from error
+
+
+def _check_model_type(found: str, allowed: tuple[str, ...], source: str) -> None:
+    if found not in allowed:
+        raise TrainingSetupError(
+            f"{source} is a {found!r} model; this task trains {', '.join(allowed)} (never another model silently)."
+        )
 
 
 def check_fits_in_memory(model) -> None:
@@ -103,7 +176,7 @@ def check_fits_in_memory(model) -> None:
     parameters, memory = model.num_parameters(), psutil.virtual_memory().total
     if 4 * parameters > memory:
         fields = VISION_SIZE_FIELDS if model.main_input_name == "pixel_values" else TEXT_SIZE_FIELDS
-        sizes = ", ".join(f"{name} {getattr(model.config, name)}" for name in fields)
+        sizes = ", ".join(f"{name} {getattr(model.config, name, None)}" for name in fields)
         raise TrainingSetupError(
             f"The model would have {parameters:,} parameters ({4 * parameters / 2**30:,.1f} GiB of float32 weights "
             f"alone), more than this machine's {memory / 2**30:.1f} GiB of memory ({sizes}): choose smaller sizes."
@@ -177,7 +250,7 @@ def tensor_parallel_config(training_args, config):
         raise refuse("needs tp_size >= 2 (FSDP alone: --fsdp with --fsdp_config)")
     if config.num_attention_heads % tp:
         raise refuse(f"tp_size must divide the {config.num_attention_heads} attention heads")
-    if config.tie_output_projection:
+    if getattr(config, "tie_output_projection", False):
         raise refuse("cannot train a tied MSSA output projection (tie_output_projection=True) tensor-parallel")
     if training_args.fsdp:
         raise refuse("shards with FSDP2 over dp_shard_size itself; drop --fsdp and --fsdp_config")
@@ -211,7 +284,8 @@ def use_training_attention(model, training_args) -> None:
     falls back to SDPA wherever it does not apply); the exported folder loads with the default backend (`"sdpa"`)."""
     config = model.config
     on_cpu = training_args.use_cpu or not torch.cuda.is_available()
-    if on_cpu and config.attention_type == "mssa" and config.knn_k is None and config._attn_implementation == "sdpa":
+    mssa = getattr(config, "attention_type", None) == "mssa"
+    if on_cpu and mssa and config.knn_k is None and config._attn_implementation == "sdpa":
         model.set_attn_implementation("shared_projection")
 
 

@@ -2,10 +2,10 @@
 only their own data and model preparation between its steps:
 
     run = TrainingRun.begin(task, metric, model_args, data_args, training_args, publish_args, callbacks, lora, optim)
-    config = run.build_config(ModelClass, DEFAULT_PRESET)  # the config, the checkpoint's weights, LoRA's targets
+    config = run.build_config(AutoClass, DEFAULT_PRESET)   # the config, the checkpoint's weights, LoRA's targets
     run.start(config, data_fingerprint, **settings)       # output folder, lock, resume, seed: nothing read before
     ...                                                   # the task's data, tokenizer or image processor
-    model = run.load_model(ModelClass, config)            # weights, training attention, LoRA adapters
+    model = run.load_model(config)                        # weights, training attention, LoRA adapters
     run.make_trainer(TrainerClass, model, train, validation, processor, ...)
     run_training(run)                                     # train, evaluate, write (and push) the final folder
 
@@ -55,6 +55,7 @@ class TrainingRun:
     lock: Any = None  # the output folder's lock, held until the run ends
     resume: str | None = None  # the checkpoint training resumes from
     trainer: Any = None
+    model_cls: type | None = None  # the class of the model trained: AoT's, or a baseline's (`--model_type`)
     processor: Any = None  # the tokenizer or image processor saved with the model
     source: Any = None  # the task's loaded data (`TextSource`, `ImageSource`): its name and Hub ids go in the card
     test: Callable[[], Any] | None = None  # the prepared test split, evaluated after training
@@ -86,12 +87,14 @@ class TrainingRun:
         callbacks = list(callbacks or [])
         return cls(task, metric, model_args, data_args, training_args, publish_args, hub, callbacks, lora, optimizer)
 
-    def build_config(self, model_cls, default_preset: str, skip_prefixes: tuple[str, ...] = (), **fields: Any):
-        """The model's config (`model_setup.build_config`), checked against the checkpoint's weights (tensors under
-        `skip_prefixes` may differ) and LoRA's target modules, before any data is read."""
+    def build_config(self, auto_cls, default_preset: str, skip_prefixes: tuple[str, ...] = (), **fields: Any):
+        """The model's config (`model_setup.build_config`) and class (the one `auto_cls`, a transformers Auto class,
+        maps it to), checked against the checkpoint's weights (tensors under `skip_prefixes` may differ) and LoRA's
+        target modules, before any data is read."""
         import torch
 
-        config = build_config(self.model_args, default_preset, **fields)
+        config = build_config(self.model_args, default_preset, self.task, **fields)
+        self.model_cls = model_cls = auto_cls._model_mapping[type(config)]
         self.distributed = tensor_parallel_config(self.training_args, config)
         if self.distributed is not None and self.lora is not None:
             raise TrainingSetupError("LoRA adapters are trained without tensor parallelism here", argument="--lora_r")
@@ -119,10 +122,10 @@ class TrainingRun:
         self.lock, self.resume = start_run(self.training_args, self.publish_args, self.identity)
         set_seed(self.training_args.seed)
 
-    def load_model(self, model_cls, config, note: str = "", **from_pretrained: Any):
+    def load_model(self, config, note: str = "", **from_pretrained: Any):
         """The checkpoint's model (fine-tuning) or a new one, with the training attention backend and, with LoRA,
         its adapters."""
-        name = self.model_args.model_name_or_path
+        name, model_cls = self.model_args.model_name_or_path, self.model_cls
         if self.distributed is not None:
             model = self._load_sharded(model_cls, config, name, **from_pretrained)
         elif name:
@@ -217,6 +220,7 @@ def run_training(run: TrainingRun) -> dict[str, Any]:
     try:
         trainer = run.trainer
         metrics = train_unless_finished(trainer, run.resume)
+        trainer.save_state()  # <output_dir>/trainer_state.json: the whole log history (curves), as transformers' examples
         results, name = [], run.source.name
         evaluations = [("validation", "eval", None)] if trainer.eval_dataset is not None else []
         evaluations += [("test", "test", run.test)] if run.test is not None else []

@@ -3,8 +3,10 @@ packing of token blocks."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +38,9 @@ class TextDataArguments:
     validation_file: list[str] | None = arg(
         None, "Local validation files or folders (default: split off the training data)."
     )
-    train_split: str = arg("train", "Split of a Hub dataset to train on.")
-    validation_split: str = arg("validation", "Split of a Hub dataset to validate on, when it has one.")
+    train_split: str = arg("train", "Split of a dataset repository (Hub id or folder) to train on.")
+    validation_split: str = arg("validation", "Split of a dataset repository to validate on, when it has one.")
+    test_split: str = arg("test", "Split of a dataset repository evaluated once after training, when it has one.")
     text_column: str = arg("text", "Column holding the text.")
     validation_split_percentage: float = arg(
         5.0, "Share of the training examples held out for validation (the last ones)."
@@ -62,11 +65,31 @@ class TextSource:
     hub_ids: list[str]
     documents: bool  # examples are whole documents (separate them with EOS) rather than lines
     name: str = "custom"  # the dataset's name in the model card's model-index
+    test: Any = None  # a repository's test split: never trained or validated on, evaluated once at the end
 
 
 def _looks_local(name: str) -> bool:
     """A path, an existing file or folder, or not a Hub id; a Hub id ending in a data-file suffix counts as a file."""
     return not is_hub_id(name) or Path(name).suffix.lower() in TEXT_BUILDERS or name.endswith(".gz")
+
+
+def is_dataset_repository(name: str) -> bool:
+    """A local folder laid out as a Hub dataset repository: a dataset card whose YAML declares `configs`, or data
+    files whose names mark splits other than train (`data/validation-*.parquet`, `test.jsonl`, ...). Such a folder is
+    read as `datasets.load_dataset(folder)` reads it, splits and all; any other folder is a bag of training files."""
+    from datasets.data_files import get_data_patterns
+    from huggingface_hub.repocard import metadata_load
+
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        return False
+    card = folder / "README.md"
+    if card.is_file() and "configs" in (metadata_load(card) or {}):
+        return True
+    try:
+        return bool(set(get_data_patterns(str(folder))) - {"train"})
+    except Exception:  # noqa: BLE001 - datasets' EmptyDatasetError and friends: no data files, so no repository
+        return False
 
 
 def collect_files(paths: list[str], what: str = "training") -> dict[str, list[str]]:
@@ -212,24 +235,27 @@ def load_text_source(args: TextDataArguments) -> TextSource:
     name = args.dataset_name or (None if args.train_file else EMBEDDED_CORPUS)
     hub_ids: list[str] = []
     documents = True
-    validation = None
+    validation = test = None
     if name == EMBEDDED_CORPUS:
         train = datasets.Dataset.from_dict({args.text_column: embedded_corpus()})
         description = "Python's `pydoc_data.topics` documentation text (PSF license)"
         if args.streaming:
             train = train.to_iterable_dataset()
-    elif name is not None and not _looks_local(name):
+    elif name is not None and (is_dataset_repository(name) or not _looks_local(name)):
+        local = Path(name).is_dir()
         loaded = load_hub_dataset(
             name, args, "data pass a path (a file or folder that exists)", streaming=args.streaming
         )
-        train = loaded[args.train_split]
-        check_text_column(train, args.text_column, f"Dataset {name!r}")
-        train = train.select_columns([args.text_column])
-        if args.validation_split in loaded and not args.validation_file:
-            validation = loaded[args.validation_split].select_columns([args.text_column])
-        hub_ids.append(name)
-        description = f"[{name}](https://huggingface.co/datasets/{name})"
-        documents = False
+        check_text_column(loaded[args.train_split], args.text_column, f"Dataset {name!r}")
+        train, validation, test = (
+            loaded[split].select_columns([args.text_column]) if split in loaded else None
+            for split in (args.train_split, args.validation_split, args.test_split)
+        )
+        if local:
+            description = f"the dataset repository {Path(name).name} (its {', '.join(loaded)} splits)"
+        else:
+            hub_ids.append(name)
+            description = f"[{name}](https://huggingface.co/datasets/{name})"
     else:
         paths = [name] if name else list(args.train_file)
         train = _load_local(paths, args.text_column, args.streaming, "training")
@@ -240,7 +266,7 @@ def load_text_source(args: TextDataArguments) -> TextSource:
     if validation is None:
         train, validation = _split_validation(train, args)
     label = hub_ids[0] if hub_ids else Path(name or args.train_file[0]).name  # the embedded corpus: its own name
-    return TextSource(train, validation, description, hub_ids, documents, label)
+    return TextSource(train, validation, description, hub_ids, documents, label, test)
 
 
 def _split_validation(train, args: TextDataArguments):
@@ -266,23 +292,105 @@ def tokenize_and_pack(
     """Tokenize `dataset[text_column]` and pack the tokens into blocks of `block_size` (`input_ids`, `labels`).
 
     Lines of text files are concatenated as they are (line breaks are kept in the text); whole documents are
-    separated by the tokenizer's EOS token when `add_eos`. Tokens left over at the end of each batch of 1,000
-    examples are dropped.
+    separated by the tokenizer's EOS token when `add_eos`. A `Dataset` is tokenized in parallel (`num_proc`
+    processes), a few documents per batch so that memory stays flat, and packed as one stream: the blocks are a
+    function of the documents alone, whatever the number of processes, and only the last partial block is dropped.
+    The blocks of file-backed data are cached on disk, keyed by the data, the tokenizer and the block size, so a
+    second run on the same data memory-maps them at once. A stream (`IterableDataset`) is packed on the fly, per
+    batch of 1,000 examples (the tokens left over at the end of each batch are dropped).
     """
     import datasets
+    import pyarrow as pa
 
     eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
 
-    def tokenize_and_pack_batch(batch):
-        ids = tokenizer(batch[text_column], add_special_tokens=False, verbose=False)["input_ids"]
-        flat = [token for row in ids for token in row + eos]
-        usable = len(flat) // block_size * block_size
-        blocks = [flat[i : i + block_size] for i in range(0, usable, block_size)]
-        return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
+    def tokenize(batch, indices):
+        texts = batch[text_column]
+        for index, text in zip(indices, texts, strict=True):
+            if not isinstance(text, str):
+                raise TrainingSetupError(
+                    f"{desc or 'the data'}: row {index} of the text column {text_column!r} holds "
+                    f"{type(text).__name__} {text!r:.40}, not a string."
+                )
+        ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+        return {"input_ids": [row + eos for row in ids]}
 
-    progress = {}
-    if isinstance(dataset, datasets.Dataset):
-        progress = {"num_proc": num_proc, "desc": f"Tokenizing {desc} into blocks of {block_size}".strip()}
-    return dataset.map(
-        tokenize_and_pack_batch, batched=True, batch_size=1000, remove_columns=column_names(dataset), **progress
-    )
+    if not isinstance(dataset, datasets.Dataset):
+
+        def tokenize_and_pack_batch(batch, indices):
+            flat = [token for row in tokenize(batch, indices)["input_ids"] for token in row]
+            blocks = [flat[i : i + block_size] for i in range(0, len(flat) // block_size * block_size, block_size)]
+            return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
+
+        names = column_names(dataset)
+        return dataset.map(tokenize_and_pack_batch, with_indices=True, batched=True, remove_columns=names)
+    cached = _blocks_cache_file(dataset, tokenizer, block_size, text_column, eos)
+    if cached is not None and cached.is_file():
+        return datasets.Dataset.from_file(str(cached))
+    with tempfile.TemporaryDirectory(dir=cached.parent if cached else None) as scratch:
+        file_backed = {"cache_file_name": str(Path(scratch) / "tokens.arrow")} if cached else {}
+        tokens = dataset.map(
+            tokenize,
+            with_indices=True,
+            batched=True,
+            batch_size=8,  # books are large: a few at a time keeps each process's memory flat
+            writer_batch_size=8,
+            num_proc=num_proc,
+            remove_columns=dataset.column_names,
+            features=datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))}),
+            desc=f"Tokenizing {desc}".strip(),
+            **file_backed,
+        )
+        batches = _pack(tokens.data.column("input_ids"), block_size)
+        if cached is None:
+            return datasets.Dataset(
+                datasets.table.InMemoryTable(pa.Table.from_batches(batches, blocks_schema(block_size)))
+            )
+        staging = Path(scratch) / "blocks.arrow"
+        with pa.OSFile(str(staging), "wb") as sink, pa.ipc.new_stream(sink, blocks_schema(block_size)) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+        del tokens
+        os.replace(staging, cached)  # atomic: a reader sees the whole file or none
+    return datasets.Dataset.from_file(str(cached))
+
+
+def blocks_schema(block_size: int):
+    """The Arrow schema of packed blocks: `input_ids` and `labels`, `block_size` int32 token ids each."""
+    import pyarrow as pa
+
+    window = pa.list_(pa.int32(), block_size)
+    return pa.schema([("input_ids", window), ("labels", window)])
+
+
+def _pack(token_lists, block_size: int):
+    """Consecutive `block_size` windows of a column of token lists read as one stream, yielded as Arrow record
+    batches of `input_ids` and `labels` (one batch per chunk of the column: memory stays at one chunk, no Python
+    list of the corpus is ever built). The last partial window is dropped."""
+    import numpy as np
+    import pyarrow as pa
+
+    carry = np.empty(0, dtype=np.int32)
+    for chunk in token_lists.chunks:
+        values = np.concatenate([carry, chunk.flatten().to_numpy()])  # `flatten` honours the chunk's slice offsets
+        usable = len(values) // block_size * block_size
+        carry = values[usable:]
+        if usable:
+            windows = pa.FixedSizeListArray.from_arrays(pa.array(values[:usable]), block_size)
+            yield pa.RecordBatch.from_arrays([windows, windows], schema=blocks_schema(block_size))
+
+
+def _blocks_cache_file(dataset, tokenizer, block_size: int, text_column: str, eos: list[int]) -> Path | None:
+    """Where the packed blocks of a file-backed `dataset` live in the `datasets` cache (an Arrow file), or None when
+    they cannot be keyed (data held in memory, or a tokenizer without a `tokenizers` backend)."""
+    import datasets
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not dataset.cache_files or backend is None:
+        return None
+    key = hashlib.sha256(
+        json.dumps([dataset._fingerprint, backend.to_str(), block_size, text_column, eos]).encode()
+    ).hexdigest()[:24]
+    root = Path(datasets.config.HF_DATASETS_CACHE) / "aot_blocks"
+    root.mkdir(parents=True, exist_ok=True)
+    return root / f"{key}.arrow"
