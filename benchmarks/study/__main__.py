@@ -1,0 +1,87 @@
+"""`python -m benchmarks.study`: train every run of the study that has no record yet, then redraw the report.
+
+    nohup python -m benchmarks.study > study.log 2>&1 &   # hours: runs in the background, resumable, records committed
+    python -m benchmarks.study --only report               # REPORT.md and its figures from the committed records
+    python -m benchmarks.study --save-progress             # before a session ends: commit unfinished runs' checkpoints
+    python -m benchmarks.study --smoke --work-dir W         # the tests: the same code, tiny shapes, two steps a run
+
+See README.md beside this file for what runs and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import sys
+from pathlib import Path
+
+from . import plan as study_plan
+from .report import write_report
+from .runner import RECORDS, ROOT, Paths, commit, execute, save_progress
+
+SHARED = Path(os.environ.get("AOT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def train_tokenizer(corpus: Path, folder: Path, vocab_size: int) -> None:
+    """The corpus's byte-level BPE (`aot_transformers.training.lm.train_bpe_tokenizer` on its train split)."""
+    import datasets
+
+    from aot_transformers.training.lm import train_bpe_tokenizer
+
+    train = datasets.load_dataset(str(corpus), split="train")
+    tokenizer = train_bpe_tokenizer((row["text"] for row in train), vocab_size, length=len(train))
+    tokenizer.save_pretrained(folder)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.study", description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=("language", "report"), help="one part (default: language, then report)")
+    parser.add_argument("--runs", help="comma-separated names or patterns (default: every run without a record)")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, two steps a run (the tests)")
+    parser.add_argument("--corpus", type=Path, default=SHARED / "text" / "gutenberg", help="a dataset repository")
+    parser.add_argument("--eval-dir", type=Path, default=SHARED / "eval-dev", help="PTB and LAMBADA dev files")
+    parser.add_argument(
+        "--work-dir", type=Path, default=ROOT / "runs" / "study", help="output folders (not committed)"
+    )
+    parser.add_argument(
+        "--records-dir", type=Path, help="records (default: benchmarks/results/study; smoke: work dir)"
+    )
+    parser.add_argument("--report-dir", type=Path, help="REPORT.md and figures (default: beside this file)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-commit", dest="commit", action="store_false", help="write records without committing")
+    parser.add_argument("--save-progress", action="store_true", help="commit unfinished runs' newest checkpoints")
+    args = parser.parse_args(argv)
+    study = study_plan.SMOKE if args.smoke else study_plan.STUDY
+    records = args.records_dir or (args.work_dir / "records" if args.smoke else RECORDS)
+    report_dir = args.report_dir or (args.work_dir if args.smoke else Path(__file__).resolve().parent)
+    commit_records = args.commit and not args.smoke
+    tokenizer = records / "tokenizer"
+    paths = Paths(args.corpus, tokenizer, args.eval_dir, args.work_dir, records)
+    runs = study.runs()
+    if args.runs:
+        patterns = args.runs.split(",")
+        runs = [run for run in runs if any(fnmatch.fnmatch(run.name, p) for p in patterns)]
+    if args.save_progress:
+        written = save_progress(runs, paths)
+        if written and commit_records:
+            commit(written, f"study: checkpoints of {len(written)} unfinished run(s), to resume in the next session")
+        print("\n".join(map(str, written)) or "no unfinished run has a checkpoint")
+        return 0
+    if args.only in (None, "language"):
+        if not (tokenizer / "tokenizer.json").is_file():
+            train_tokenizer(args.corpus, tokenizer, study.vocab_size)
+            if commit_records:
+                commit([tokenizer], f"study: the corpus's byte-level BPE ({study.vocab_size} tokens)")
+        for run in runs:
+            print(f"study: {run.name} ({run.steps} steps, {run.tokens / 1e6:.2f}M tokens)", flush=True)
+            execute(run, paths, study, args.threads, commit_records)
+    path = write_report(study, records, report_dir)
+    if commit_records and args.only != "language":
+        commit([path.parent], "study: report redrawn from the records")
+    print(f"study: report {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

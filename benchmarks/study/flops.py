@@ -1,0 +1,51 @@
+"""Training FLOPs of a causal LM, counted from its weights and its attention (Kaplan et al. 2020, Sec. 2.1).
+
+Per token, a forward pass multiplies by every weight matrix once (2 FLOPs per weight: the output projection
+included, embedding lookups not) and, in each attention layer, scores the query against the keys it sees and mixes
+their values: 2·d FLOPs per key for the scores and 2·d for the mix, over (T + 1) / 2 keys on average in a causal
+block of T tokens. Training costs three forwards (the backward is two). At equal parameters AoT-MSSA is six times
+deeper than GPT-2, so its attention term is six times larger: equal parameters is not equal compute.
+
+MSSA's one projection per head serves as query, key and value: it is one weight matrix, applied once, and counted
+once. `tests/test_study.py` checks the count against torch's `FlopCounterMode` on small models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def matmul_weights(model: torch.nn.Module) -> int:
+    """Weights a token is multiplied by in one forward: every 2-D weight of a linear layer (transformers' `Conv1D`
+    included) and the output projection, tied or not; embedding tables are lookups and do not count."""
+    from transformers.pytorch_utils import Conv1D
+
+    count = sum(m.weight.numel() for m in model.modules() if isinstance(m, (torch.nn.Linear, Conv1D)))
+    head = model.get_output_embeddings()
+    if head is not None and not isinstance(head, torch.nn.Linear):  # pragma: no cover - every model here has one
+        count += head.weight.numel()
+    return count
+
+
+def forward_flops_per_token(model: torch.nn.Module, block_size: int) -> float:
+    """FLOPs of one forward pass per token of a causal LM trained on blocks of `block_size` tokens."""
+    config = model.config
+    width = config.hidden_size
+    keys = (block_size + 1) / 2  # the mean number of keys a causal query sees
+    # A k-NN model still scores every visible key (it keeps the best k of them, then mixes only those).
+    return 2 * matmul_weights(model) + config.num_hidden_layers * 4 * width * keys
+
+
+def training_flops_per_token(model_dir: str | Path | torch.nn.Module, block_size: int) -> float:
+    """Forward and backward FLOPs per training token (three forwards) of a saved model folder or a model."""
+    model = model_dir
+    if not isinstance(model, torch.nn.Module):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return 3 * forward_flops_per_token(model, block_size)

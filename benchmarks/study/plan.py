@@ -1,0 +1,148 @@
+"""What the study trains: every run as the `aot train` command that trains it.
+
+Language: GPT-2, Llama, AoT-MSSA and AoT-MHSA at three sizes that span 10x in non-embedding parameters. At each
+size all four share the width, the heads, the vocabulary (so the same embedding) and the non-embedding parameters:
+a GPT-2 or Llama layer holds 12d² weights (attention 4d², MLP 8d²; Llama's gated MLP at 8d/3), an AoT-MSSA layer
+2d² and an AoT-MHSA layer 4d², so AoT-MSSA is 6x and AoT-MHSA 3x as deep as GPT-2 (as the AoT paper sizes its
+models, and as `benchmarks/replicate` did). Every run sees the same number of training tokens per non-embedding
+parameter, in the same order, with the same optimizer and schedule.
+
+Everything that changes a number lives here; a record names its run and holds the command that trained it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+KNN_K = 0.5  # k = n/2 of the visible keys (KVT's rule of thumb)
+AOT_LAYERS_PER_GPT2_LAYER = {"aot-mssa": 6, "aot-mhsa": 3}  # 12d² / 2d² and 12d² / 4d²: equal parameters
+MAIN_ARCHS = ("gpt2", "llama", "aot-mssa", "aot-mhsa")
+# The earlier version's Hybrid 81M / Full MLP 109M hold 0.84x / 1.41x the non-embedding weights of its AoT 102M.
+# They run at the smallest size, whose AoT-MSSA holds 2 x 6 layers x 2d² = 24d²: Hybrid with 4 layers (a 4x MLP,
+# 8d², in the first 2) holds 24d² (1.0x), Full MLP with 3 layers 30d² (1.25x): the nearest whole depths.
+ABLATION_LAYERS = {"aot-mssa-hybrid": 4, "aot-mssa-full": 3}
+ABLATION_PRESETS = {"aot-mssa-hybrid": "aot-mssa-l-hybrid", "aot-mssa-full": "aot-mssa-l-full"}
+
+
+@dataclass(frozen=True)
+class Size:
+    """One model size: the GPT-2 depth, and the width and heads every architecture shares at this size."""
+
+    name: str
+    hidden_size: int
+    num_attention_heads: int
+    gpt2_layers: int
+
+    @property
+    def non_embedding(self) -> int:
+        """12d² per GPT-2 layer (LayerNorms and biases aside): the parameter count the sizes and tokens follow."""
+        return 12 * self.hidden_size**2 * self.gpt2_layers
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run: its name (the record's file name), architecture, size, seed and `aot train` arguments."""
+
+    name: str
+    section: str
+    arch: str  # gpt2, llama, aot-mssa, aot-mhsa, aot-mssa-hybrid, aot-mssa-full; `+knn` for a k-NN twin
+    size: str
+    seed: int
+    main: bool  # a main row: trained before every other run
+    arguments: tuple[str, ...]  # model arguments of `aot train lm` (the runner adds data, schedule and output)
+    steps: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Study:
+    """The language study: sizes, seeds, tokens per parameter, data shapes and the schedule of every run."""
+
+    sizes: tuple[Size, ...] = (
+        Size("S", 96, 3, 2),  # 221k non-embedding parameters
+        Size("M", 128, 4, 4),  # 786k
+        Size("L", 192, 6, 5),  # 2.21M: 10.0x S
+    )
+    seeds: tuple[int, ...] = (0, 1)  # both at the smallest size, for the noise; the first elsewhere
+    vocab_size: int = 8192  # a byte-level BPE trained on the corpus; see README
+    block_size: int = 256
+    batch_size: int = 16  # 4,096 tokens a step
+    tokens_per_parameter: float = 10.0
+    learning_rate: float = 2e-3
+    warmup: float = 0.05  # of the steps, then cosine decay
+    evaluations: int = 10  # validation points along each curve (and checkpoints)
+    eval_blocks: int = 256  # validation blocks behind each point, spread over every validation book
+    extra: dict = field(default_factory=dict)  # smoke: fewer steps
+
+    def steps(self, size: Size) -> int:
+        tokens = self.tokens_per_parameter * size.non_embedding
+        return max(2, round(tokens / (self.batch_size * self.block_size)))
+
+    def model_arguments(self, arch: str, size: Size) -> tuple[str, ...]:
+        """The model arguments of `aot train lm` for `arch` at `size`."""
+        base, knn = arch.removesuffix("+knn"), arch.endswith("+knn")
+        fields: dict = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": size.hidden_size,
+            "num_attention_heads": size.num_attention_heads,
+            "max_position_embeddings": self.block_size,
+        }
+        if base in ("gpt2", "llama"):
+            fields["num_hidden_layers"] = size.gpt2_layers
+            if base == "llama":
+                fields["tie_word_embeddings"] = "true"  # one embedding, as GPT-2 and AoT: the same count
+            if knn:
+                fields["attn_implementation"] = "knn"
+            flags = ("--model_type", base, "--preset", "aot-mssa-l-base")  # the preset supplies only the MLP ratio
+        elif base in AOT_LAYERS_PER_GPT2_LAYER:
+            fields["num_hidden_layers"] = AOT_LAYERS_PER_GPT2_LAYER[base] * size.gpt2_layers
+            flags = ("--preset", "aot-mssa-l-base" if base == "aot-mssa" else "aot-mhsa-l-base")
+        else:
+            fields["num_hidden_layers"] = ABLATION_LAYERS[base]
+            flags = ("--preset", ABLATION_PRESETS[base])
+        if knn and base not in ("gpt2", "llama"):
+            fields["knn_k"] = KNN_K
+        return (*flags, "--config_overrides", ",".join(f"{k}={v}" for k, v in fields.items()))
+
+    def runs(self) -> list[Run]:
+        """Every language run in the order it trains: the main rows size by size (the second seed right after the
+        first at the smallest size, so the noise is known early), then the ablations and the k-NN twins."""
+        smallest = self.sizes[0]
+        order: list[tuple[str, Size, int, bool]] = []
+        for size in self.sizes:
+            seeds = self.seeds if size is smallest else self.seeds[:1]
+            order += [(arch, size, seed, True) for seed in seeds for arch in MAIN_ARCHS]
+        order += [(arch, smallest, self.seeds[0], False) for arch in ABLATION_LAYERS]
+        order += [(arch, smallest, self.seeds[0], False) for arch in ("aot-mssa+knn", "gpt2+knn")]
+        runs = []
+        for arch, size, seed, main in order:
+            steps = self.extra.get("steps") or self.steps(size)
+            name = f"{size.name}-{arch}-seed{seed}"
+            arguments = self.model_arguments(arch, size)
+            runs.append(
+                Run(
+                    name,
+                    "language",
+                    arch,
+                    size.name,
+                    seed,
+                    main,
+                    arguments,
+                    steps,
+                    steps * self.batch_size * self.block_size,
+                )
+            )
+        return runs
+
+
+STUDY = Study()
+# The tests' study: the same code at a few steps on tiny shapes.
+SMOKE = Study(
+    sizes=(Size("S", 16, 2, 1), Size("M", 24, 2, 1), Size("L", 32, 2, 2)),
+    vocab_size=300,
+    block_size=16,
+    batch_size=2,
+    evaluations=2,
+    eval_blocks=4,
+    extra={"steps": 2},
+)

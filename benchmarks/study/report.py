@@ -1,0 +1,302 @@
+"""REPORT.md and its figures, rendered from the study's records alone (`python -m benchmarks.study --only report`).
+
+Every number in the report is read from a record; the verdicts follow the rules stated beside them, each quoting
+the paper's sentence it tests. A row without a record is listed as not run, never estimated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from . import plan as study_plan
+
+LABELS = {
+    "gpt2": "GPT-2",
+    "llama": "Llama",
+    "aot-mssa": "AoT-MSSA",
+    "aot-mhsa": "AoT-MHSA",
+    "aot-mssa-hybrid": "AoT-MSSA Hybrid",
+    "aot-mssa-full": "AoT-MSSA Full MLP",
+    "aot-mssa+knn": "AoT-MSSA + k-NN",
+    "gpt2+knn": "GPT-2 + k-NN",
+}
+# The sentences each verdict tests, quoted from ../shared/papers (file:line).
+CLAIMS = {
+    "close": (
+        "aot-icml2025.txt:226",
+        "We observe that the AoT models with medium and large parameter sizes can achieve comparable performance to "
+        "the GPT-2 base model.",
+    ),
+    "mhsa": (
+        "aot-icml2025.txt:222",
+        "compared to the GPT-2 base model, the AoT-MHSA-L model is identical to the GPT-2 base model, except for the "
+        "absence of MLP layers in the architecture.",
+    ),
+    "mlp": (
+        "aot-icml2025.txt:222, 226",
+        "As shown in Figure 5, incorporating MLP layers can accelerate the training process. ... Moreover, we found "
+        "that adding MLP layers to AoT does not improve the zero-shot performance.",
+    ),
+    "knn": (
+        "kvt-knn-attention.txt:209, 122",
+        "by using k-NN attention, the averaged cosine similarity is larger than that of using dense self-attention, "
+        "which reflects that the convergence speed is faster for k-NN attention. ... k-NN attention reports 0.8% "
+        "improvements on DeiT-Tiny",
+    ),
+}
+# How close "close" is: the largest gap to GPT-2 Base among the models the paper's Table 3 sets beside it (AoT-MSSA-L
+# Base: +0.38, +0.28, +0.52 nats on LAMBADA, PTB and WikiText; mean 0.39).
+PAPER_GAP = (0.38 + 0.28 + 0.52) / 3
+
+
+def load_records(records: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((records / "language").glob("*.json"))]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _half_range(values: list[float]) -> float:
+    return (max(values) - min(values)) / 2 if len(values) > 1 else 0.0
+
+
+def _grouped(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for record in records:
+        groups[(record["size"], record["arch"])].append(record)
+    return groups
+
+
+def seed_noise(groups, key=lambda r: r["final"]["eval_loss"]) -> float | None:
+    """Half the range of `key` over seeds, averaged over the rows that have more than one seed."""
+    spreads = [_half_range([key(r) for r in runs]) for runs in groups.values() if len(runs) > 1]
+    return _mean(spreads) if spreads else None
+
+
+def power_law(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares fit of loss = a · C^(−b) in log-log space; (a, b), or None with fewer than two points."""
+    if len(points) < 2:
+        return None
+    xs, ys = [math.log(c) for c, _ in points], [math.log(loss) for _, loss in points]
+    mx, my = _mean(xs), _mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return math.exp(my - slope * mx), -slope
+
+
+def plot_compute(groups, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for arch in study_plan.MAIN_ARCHS:
+        points = sorted(
+            (r["flops"], r["final"]["eval_loss"]) for (size, a), runs in groups.items() if a == arch for r in runs
+        )
+        if not points:
+            continue
+        line = axis.plot(*zip(*points, strict=True), "o", label=LABELS[arch])[0]
+        fit = power_law(points)
+        if fit:
+            a, b = fit
+            xs = [points[0][0], points[-1][0]]
+            axis.plot(xs, [a * x**-b for x in xs], "-", color=line.get_color(), alpha=0.7)
+    axis.set(xscale="log", yscale="log", xlabel="training FLOPs", ylabel="validation loss (nats)")
+    axis.set_title("Validation loss against training compute (lines: fitted power laws)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_curves(groups, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({size for size, _ in groups}, key=lambda s: [z.name for z in study_plan.STUDY.sizes].index(s))
+    figure, axes = plt.subplots(1, max(1, len(sizes)), figsize=(5 * max(1, len(sizes)), 4), squeeze=False)
+    for axis, size in zip(axes[0], sizes, strict=False):
+        for (s, arch), runs in sorted(groups.items()):
+            if s != size:
+                continue
+            run = runs[0]
+            tokens_per_step = run["tokens"] / run["steps"]
+            xs = [step * tokens_per_step / 1e6 for step, _ in run["curves"]["eval"]]
+            axis.plot(xs, [loss for _, loss in run["curves"]["eval"]], label=LABELS.get(arch, arch))
+        axis.set(title=f"size {size}", xlabel="training tokens (M)", ylabel="validation loss (nats)")
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _fmt(values: list[float], digits: int = 3) -> str:
+    text = f"{_mean(values):.{digits}f}"
+    return text + (f" ± {_half_range(values):.{digits}f}" if len(values) > 1 else "")
+
+
+def _zero_shot(record: dict, task: str, key: str) -> float | None:
+    entry = record.get("zero_shot", {}).get(task, {})
+    return entry.get(key)
+
+
+def write_report(study: study_plan.Study, records_dir: Path, report_dir: Path) -> Path:
+    """Write REPORT.md (and compute.png, curves.png) into `report_dir` from the records in `records_dir`."""
+    records = load_records(records_dir)
+    groups = _grouped(records)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    planned = study.runs()
+    done = {r["run"] for r in records}
+    lines = ["# Does AoT learn language? The study's report", ""]
+    lines.append(
+        "Rendered by `python -m benchmarks.study --only report` from the records in "
+        "`benchmarks/results/study/language/` alone; the runs and their commands are in `plan.py` and in each record."
+    )
+    hours = sum(r["wall_seconds"] for r in records) / 3600
+    lines += [
+        "",
+        f"**Runs finished: {len(done & {r.name for r in planned})} of {len(planned)}**, "
+        f"{hours:.1f} hours of wall-clock training and scoring on this machine's cores.",
+        "",
+    ]
+    missing = [r.name for r in planned if r.name not in done]
+    if missing:
+        lines += [
+            "Not run yet (the study trains them in this order; `python -m benchmarks.study` resumes): "
+            + ", ".join(f"`{name}`" for name in missing)
+            + ".",
+            "",
+        ]
+    lines += ["## Runs", ""]
+    lines.append(
+        "| size | model | layers x width | non-embedding | total | tokens | PFLOPs | val. loss | below unigram | "
+        "test loss | PTB loss | LAMBADA loss | LAMBADA acc. | hours |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    order = {r.name: i for i, r in enumerate(planned)}
+    for (size, arch), runs in sorted(groups.items(), key=lambda item: order.get(item[1][0]["run"], 1e9)):
+        first = runs[0]
+        shape = first["shape"]
+        layers = shape["num_hidden_layers"]
+        cells = [
+            size,
+            LABELS.get(arch, arch) + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""),
+            f"{layers} x {shape['hidden_size']}",
+            f"{first['parameters']['non_embedding'] / 1e6:.2f}M",
+            f"{first['parameters']['total'] / 1e6:.2f}M",
+            f"{first['tokens'] / 1e6:.1f}M",
+            f"{first['flops'] / 1e15:.2f}",
+            _fmt([r["final"]["eval_loss"] for r in runs]),
+            _fmt([r["final"]["below_unigram"] for r in runs], 2),
+            _fmt([r["final"]["test_loss"] for r in runs]) if first["final"].get("test_loss") is not None else "–",
+            _fmt([_zero_shot(r, "ptb", "loss") or math.nan for r in runs]),
+            _fmt([_zero_shot(r, "lambada", "loss") or math.nan for r in runs]),
+            _fmt([_zero_shot(r, "lambada_acc", "acc") for r in runs], 2),
+            f"{_mean([r['wall_seconds'] for r in runs]) / 3600:.2f}",
+        ]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    noise = seed_noise(groups)
+    lines += [
+        "",
+        "Seed noise (half the range over seeds, mean over rows with two seeds): "
+        (f"{noise:.3f} nats." if noise is not None else "not measured yet."),
+        "",
+    ]
+    lines += verdicts(groups, noise)
+    if records:
+        plot_compute(groups, report_dir / "compute.png")
+        plot_curves(groups, report_dir / "curves.png")
+        lines += ["", "![validation loss against compute](compute.png)", "", "![curves](curves.png)"]
+    path = report_dir / "REPORT.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def verdicts(groups, noise: float | None) -> list[str]:
+    """The claims' verdicts, from the records present; a claim whose rows have not run says so."""
+    lines = ["## Verdicts", ""]
+    tolerance = 2 * (noise or 0.0)
+
+    def loss(size, arch):
+        runs = groups.get((size, arch))
+        return _mean([r["final"]["eval_loss"] for r in runs]) if runs else None
+
+    sizes = [s.name for s in study_plan.STUDY.sizes]
+    source, sentence = CLAIMS["close"]
+    lines.append(f"**AoT comes close to GPT-2.** > {sentence} ({source}).")
+    lines.append(
+        f"Rule: at each size, AoT's validation loss exceeds GPT-2's by at most the largest gap of the paper's Table 3 "
+        f"(AoT-MSSA-L Base against GPT-2 Base, mean of its three losses: {PAPER_GAP:.2f} nats) plus twice the seed "
+        "noise."
+    )
+    found = []
+    for size in sizes:
+        reference = loss(size, "gpt2")
+        for arch in ("aot-mssa", "aot-mhsa"):
+            value = loss(size, arch)
+            if reference is None or value is None:
+                continue
+            gap = value - reference
+            found.append(
+                f"{size} {LABELS[arch]} {gap:+.3f} ({'held' if gap <= PAPER_GAP + tolerance else 'not held'})"
+            )
+    lines += ["", "Gaps to GPT-2: " + ("; ".join(found) if found else "not run yet") + ".", ""]
+    source, sentence = CLAIMS["mhsa"]
+    lines.append(f"**MHSA is closer to GPT-2 than MSSA.** > {sentence} ({source}).")
+    found = []
+    for size in sizes:
+        mssa, mhsa = loss(size, "aot-mssa"), loss(size, "aot-mhsa")
+        if mssa is not None and mhsa is not None:
+            found.append(
+                f"{size}: MHSA − MSSA {mhsa - mssa:+.3f} ({'held' if mhsa < mssa - tolerance else 'not held'})"
+            )
+    lines += [
+        "",
+        "Rule: MHSA's loss below MSSA's by more than twice the seed noise. "
+        + ("; ".join(found) or "Not run yet")
+        + ".",
+        "",
+    ]
+    source, sentence = CLAIMS["mlp"]
+    lines.append(
+        f"**MLPs speed up training but do not improve zero-shot (earlier version).** > {sentence} ({source})."
+    )
+    found = []
+    base = groups.get(("S", "aot-mssa"))
+    for arch in ("aot-mssa-hybrid", "aot-mssa-full"):
+        runs = groups.get(("S", arch))
+        if not base or not runs:
+            continue
+        early = runs[0]["curves"]["eval"][0][1] - base[0]["curves"]["eval"][0][1]
+        ptb = (_zero_shot(runs[0], "ptb", "loss") or math.nan) - (_zero_shot(base[0], "ptb", "loss") or math.nan)
+        found.append(f"{LABELS[arch]}: first evaluation {early:+.3f}, PTB loss {ptb:+.3f} nats vs AoT-MSSA")
+    lines += [
+        "",
+        "Rule: faster if the first validation point is lower by more than twice the seed noise; no zero-shot "
+        "gain if PTB and LAMBADA losses are not lower by more than that. " + ("; ".join(found) or "Not run yet") + ".",
+        "",
+    ]
+    source, sentence = CLAIMS["knn"]
+    lines.append(f"**k-NN attention converges faster early and ends slightly better.** > {sentence} ({source}).")
+    found = []
+    for dense in ("aot-mssa", "gpt2"):
+        twin, base = groups.get(("S", dense + "+knn")), groups.get(("S", dense))
+        if twin and base:
+            early = twin[0]["curves"]["eval"][0][1] - base[0]["curves"]["eval"][0][1]
+            final = twin[0]["final"]["eval_loss"] - base[0]["final"]["eval_loss"]
+            found.append(f"{LABELS[dense]}: first evaluation {early:+.3f}, final {final:+.3f} nats")
+    lines += [
+        "",
+        "Rule: held if the k-NN twin is lower at the first evaluation and at the end by more than twice the "
+        "seed noise. " + ("; ".join(found) or "Not run yet") + ".",
+        "",
+    ]
+    return lines

@@ -1,0 +1,315 @@
+"""Run one study run with `aot train`, as a user would, and turn what it wrote into the run's record.
+
+A run trains in its own process (`aot train lm ... --resume_from_checkpoint auto`), so a killed run continues from
+its last checkpoint the next time; a run whose record exists is skipped. Between sessions, `save_progress` copies
+the newest checkpoint of each unfinished run next to the records (committed) and `restore_progress` puts it back.
+The record holds the curves, final metrics, tokens, FLOPs, wall time, command, git revision, library versions and
+the host's load; it is written atomically and committed the moment the run ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import plan as study_plan
+from .flops import training_flops_per_token
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = ROOT / "benchmarks" / "results" / "study"
+PROGRESS = "progress"  # <records>/progress/<run>/: the newest checkpoint of an unfinished run, between sessions
+CHECKPOINT_FILES = (  # what Trainer needs to resume exactly (weights, optimizer, schedule, RNG, data position)
+    "model.safetensors config.json generation_config.json optimizer.pt scheduler.pt rng_state.pth "
+    "trainer_state.json training_args.bin aot_run.json"
+).split()
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where a study reads and writes."""
+
+    corpus: Path  # the Gutenberg dataset repository (or any dataset with train/validation/test splits)
+    tokenizer: Path
+    eval_dir: Path  # holds ptb/ptb.valid.txt and lambada/lambada_dev100.jsonl
+    work: Path  # runs' output folders (checkpoints, final models): not committed
+    records: Path  # one JSON record per finished run: committed
+
+
+def command(run: study_plan.Run, paths: Paths, study: study_plan.Study) -> list[str]:
+    """The `aot train lm` arguments of `run` (without the program name)."""
+    steps = run.steps
+    every = max(1, steps // study.evaluations)
+    return [
+        "train",
+        "lm",
+        *run.arguments,
+        "--dataset_name", str(paths.corpus),
+        "--tokenizer_name_or_path", str(paths.tokenizer),
+        "--preprocessing_num_workers", "2",
+        "--block_size", str(study.block_size),
+        "--per_device_train_batch_size", str(study.batch_size),
+        "--per_device_eval_batch_size", "32",
+        "--max_steps", str(steps),
+        "--learning_rate", str(study.learning_rate),
+        "--lr_scheduler_type", "cosine",
+        "--warmup_steps", str(max(1, round(study.warmup * steps))),
+        "--weight_decay", "0.1",
+        "--adam_beta2", "0.95",
+        "--max_grad_norm", "1.0",
+        "--eval_strategy", "steps",
+        "--eval_steps", str(every),
+        "--max_eval_samples", str(study.eval_blocks),
+        "--logging_steps", str(max(1, every // 5)),
+        "--save_strategy", "steps",
+        "--save_steps", str(every),
+        "--save_total_limit", "1",
+        "--seed", str(run.seed),
+        "--output_dir", str(paths.work / run.name),
+        "--resume_from_checkpoint", "auto",
+        "--report_to", "none",
+        "--use_cpu",
+        "--disable_tqdm", "true",
+        "--make_plots", "false",
+    ]  # fmt: skip
+
+
+def zero_shot_command(model_dir: Path, paths: Paths, output: Path) -> list[str]:
+    """The `aot eval lm` arguments scoring PTB and LAMBADA (loss and last-word accuracy) from the local dev files."""
+    ptb, lambada = paths.eval_dir / "ptb" / "ptb.valid.txt", paths.eval_dir / "lambada" / "lambada_dev100.jsonl"
+    return [
+        "eval", "lm", str(model_dir),
+        "--tasks", "ptb,lambada,lambada_acc",
+        "--data", f"ptb={ptb}", "--data", f"lambada={lambada}", "--data", f"lambada_acc={lambada}",
+        "--output-dir", str(output), "--no-progress",
+    ]  # fmt: skip
+
+
+class LoadSampler:
+    """The host's 1-minute load average, sampled every `interval` seconds while a run trains."""
+
+    def __init__(self, interval: float = 60.0):
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(interval,), daemon=True)
+
+    def _sample(self, interval: float) -> None:
+        while not self._stop.is_set():
+            self.samples.append(os.getloadavg()[0])
+            self._stop.wait(interval)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, float]:
+        values = self.samples or [os.getloadavg()[0]]
+        return {"mean": sum(values) / len(values), "max": max(values), "samples": len(values)}
+
+
+def _aot(arguments: list[str], threads: int, log: Path) -> None:
+    """Run `aot <arguments>` at low priority with `threads` torch threads, its output appended to `log`."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
+    program = [sys.executable, "-m", "aot_transformers.cli", *arguments]
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write(f"\n$ aot {shlex.join(arguments)}\n")
+        handle.flush()
+        done = subprocess.run(["nice", "-n", "10", *program], env=env, stdout=handle, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise RuntimeError(f"`aot {' '.join(arguments[:2])}` failed (exit {done.returncode}); see {log}")
+
+
+def git_revision() -> str:
+    """The commit the study code ran at (with `+dirty` when the working tree differs)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    revision = git("rev-parse", "HEAD") or "unknown"
+    return revision + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ("torch", "transformers", "datasets", "tokenizers", "accelerate", "aot-transformers")
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "missing"
+    return {"python": platform.python_version(), **found}
+
+
+def parameter_counts(model_dir: Path) -> dict[str, int]:
+    """Total and non-embedding parameters (token and position tables and the tied output projection excluded) of
+    a saved model, built on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    embeddings = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    embeddings |= {id(p) for p in model.get_output_embeddings().parameters()}
+    total = sum(p.numel() for p in model.parameters())
+    return {"total": total, "non_embedding": sum(p.numel() for p in model.parameters() if id(p) not in embeddings)}
+
+
+def build_record(
+    run: study_plan.Run, paths: Paths, study: study_plan.Study, arguments: list[str], wall: float, load: dict
+) -> dict[str, Any]:
+    """The record of a finished run, from the files `aot train` and `aot eval` wrote."""
+    output = paths.work / run.name
+    model_dir = output / "model"
+    results = json.loads((model_dir / "results.json").read_text())
+    metrics = results["metrics"]
+    history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+    zero_shot = json.loads((output / "zero-shot" / "results.json").read_text())
+    from transformers import AutoConfig
+
+    import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
+
+    config = AutoConfig.from_pretrained(model_dir)  # standard names whatever the model (GPT-2's n_layer, n_embd)
+    flops_per_token = training_flops_per_token(model_dir, study.block_size)
+    unigram = math.log(metrics["eval_unigram_perplexity"])
+    return {
+        "run": run.name,
+        "section": run.section,
+        "arch": run.arch,
+        "size": run.size,
+        "seed": run.seed,
+        "main": run.main,
+        "model_type": config.model_type,
+        "shape": {k: getattr(config, k) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads")},
+        "parameters": parameter_counts(model_dir),
+        "tokens": run.tokens,
+        "steps": run.steps,
+        "flops": flops_per_token * run.tokens,
+        "flops_per_token": flops_per_token,
+        "curves": {
+            "train": [[e["step"], e["loss"]] for e in history if "loss" in e],
+            "eval": [[e["step"], e["eval_loss"]] for e in history if "eval_loss" in e],
+        },
+        "final": {
+            "eval_loss": metrics["eval_loss"],
+            "test_loss": metrics.get("test_loss"),
+            "unigram_loss": unigram,
+            "below_unigram": unigram - metrics["eval_loss"],
+            "train_loss": metrics.get("train_loss"),
+        },
+        "zero_shot": zero_shot.get("results", zero_shot),
+        "wall_seconds": wall,
+        "train_seconds": metrics.get("train_runtime"),
+        "command": "aot " + shlex.join(arguments),
+        "git_revision": git_revision(),
+        "versions": library_versions(),
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "load_1min": load},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def record_path(run: study_plan.Run, records: Path) -> Path:
+    return records / run.section / f"{run.name}.json"
+
+
+def restore_progress(run: study_plan.Run, paths: Paths) -> None:
+    """Put a run's committed checkpoint back into its output folder when the folder has none (a new machine)."""
+    saved = paths.records / PROGRESS / run.name
+    output = paths.work / run.name
+    if not saved.is_dir() or any(output.glob("checkpoint-*")):
+        return
+    state = json.loads((saved / "trainer_state.json").read_text())
+    target = output / f"checkpoint-{state['global_step']}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(saved, target)
+    shutil.copy2(saved / "aot_run.json", output / "aot_run.json")
+
+
+def save_progress(runs: list[study_plan.Run], paths: Paths) -> list[Path]:
+    """Copy the newest complete checkpoint of every started, unfinished run to `<records>/progress/<run>/`, so that
+    the next session (a new machine) resumes it; returns the folders written."""
+    from aot_transformers.training.run_state import last_complete_checkpoint
+
+    written = []
+    for run in runs:
+        if record_path(run, paths.records).is_file():
+            continue
+        checkpoint = last_complete_checkpoint(paths.work / run.name)
+        if checkpoint is None:
+            continue
+        target = paths.records / PROGRESS / run.name
+        staging = target.with_name(target.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for name in CHECKPOINT_FILES:
+            if (Path(checkpoint) / name).is_file():
+                shutil.copy2(Path(checkpoint) / name, staging / name)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+        written.append(target)
+    return written
+
+
+def commit(paths: list[Path], message: str) -> None:
+    """`git add` and commit exactly `paths` (other staged changes stay staged), retrying while another git command
+    holds the index lock."""
+    for attempt in range(30):
+        added = subprocess.run(["git", "add", "-A", "--", *map(str, paths)], cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run(
+            ["git", "commit", "-q", "-m", message, "--", *map(str, paths)], cwd=ROOT, capture_output=True, text=True
+        )
+        if added.returncode == 0 and done.returncode == 0:
+            return
+        if "index.lock" not in added.stderr + done.stderr:
+            print(f"study: commit of {paths} failed: {done.stderr.strip() or added.stderr.strip()}", file=sys.stderr)
+            return
+        time.sleep(2 + attempt)
+
+
+def execute(run: study_plan.Run, paths: Paths, study: study_plan.Study, threads: int, commit_records: bool):
+    """Train (or resume) `run`, score it zero-shot, write its record; returns the record's path."""
+    target = record_path(run, paths.records)
+    if target.is_file():
+        return target
+    restore_progress(run, paths)
+    output = paths.work / run.name
+    output.mkdir(parents=True, exist_ok=True)
+    log = output / "study.log"
+    arguments = command(run, paths, study)
+    start = time.time()
+    with LoadSampler() as load:
+        _aot(arguments, threads, log)
+        _aot(zero_shot_command(output / "model", paths, output / "zero-shot"), threads, log)
+    record = build_record(run, paths, study, arguments, time.time() - start, load.summary())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_suffix(".tmp")
+    staging.write_text(json.dumps(record, indent=1) + "\n")
+    staging.replace(target)
+    if commit_records:
+        progress = paths.records / PROGRESS / run.name
+        shutil.rmtree(progress, ignore_errors=True)
+        final = record["final"]
+        commit(
+            [target, progress],
+            f"study: {run.name} (validation loss {final['eval_loss']:.3f}, {final['below_unigram']:.2f} nats below "
+            f"the unigram floor; {run.tokens / 1e6:.1f}M tokens, {record['wall_seconds'] / 60:.0f} min)",
+        )
+    return target
