@@ -206,8 +206,9 @@ def write_report(study: study_plan.Study, records_dir: Path, report_dir: Path) -
     noise = seed_noise(groups)
     lines += [
         "",
-        "Seed noise (half the range over seeds, mean over rows with two seeds): "
-        (f"{noise:.3f} nats." if noise is not None else "not measured yet."),
+        "Seed noise (half the range over seeds, mean over rows with two seeds): "(
+            f"{noise:.3f} nats." if noise is not None else "not measured yet."
+        ),
         "",
     ]
     lines += verdicts(groups, noise)

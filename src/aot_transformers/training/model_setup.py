@@ -53,7 +53,8 @@ def config_field_names(config=None) -> set[str]:
     """The names `--config_overrides` accepts: every field of `config` (default a new `AoTConfig`), with the
     standard names its `attribute_map` translates (`hidden_size` for GPT-2's `n_embd`)."""
     config = AoTConfig() if config is None else config
-    return set(config.to_dict()) | set(getattr(config, "attribute_map", {})) | {"attn_implementation"}
+    # `knn_k` (with attn_implementation=knn) gives any model k-NN attention (`aot_transformers.knn`).
+    return set(config.to_dict()) | set(getattr(config, "attribute_map", {})) | {"attn_implementation", "knn_k"}
 
 
 # The config fields that set the size of a text model and of a vision model.

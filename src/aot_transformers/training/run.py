@@ -220,7 +220,7 @@ def run_training(run: TrainingRun) -> dict[str, Any]:
     try:
         trainer = run.trainer
         metrics = train_unless_finished(trainer, run.resume)
-        trainer.save_state()  # <output_dir>/trainer_state.json: the whole log history (curves), as transformers' examples
+        trainer.save_state()  # <output_dir>/trainer_state.json: the whole log history, as transformers' examples
         results, name = [], run.source.name
         evaluations = [("validation", "eval", None)] if trainer.eval_dataset is not None else []
         evaluations += [("test", "test", run.test)] if run.test is not None else []
