@@ -542,6 +542,8 @@ def test_model_type_trains_transformers_own_baseline_from_the_same_size_fields(t
     assert config.eos_token_id == AutoTokenizer.from_pretrained(final).eos_token_id  # not GPT-2's 50256
     if model_type != "aot":  # no remote code: transformers' own model, with the preset's 4x MLP
         assert not list(final.glob("*.py"))
+        card = (final / "README.md").read_text()
+        assert f"transformers' own `{cls_name}`" in card and "trust_remote_code" not in card
         mlp = config.n_inner if model_type == "gpt2" else config.intermediate_size
         assert mlp == (128 if model_type == "gpt2" else round(2 * 128 / 3))
 

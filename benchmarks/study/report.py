@@ -204,13 +204,8 @@ def write_report(study: study_plan.Study, records_dir: Path, report_dir: Path) -
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     noise = seed_noise(groups)
-    lines += [
-        "",
-        "Seed noise (half the range over seeds, mean over rows with two seeds): "(
-            f"{noise:.3f} nats." if noise is not None else "not measured yet."
-        ),
-        "",
-    ]
+    measured = f"{noise:.3f} nats." if noise is not None else "not measured yet."
+    lines += ["", f"Seed noise (half the range over seeds, mean over rows with two seeds): {measured}", ""]
     lines += verdicts(groups, noise)
     if records:
         plot_compute(groups, report_dir / "compute.png")

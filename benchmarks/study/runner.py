@@ -182,6 +182,7 @@ def build_record(
     results = json.loads((model_dir / "results.json").read_text())
     metrics = results["metrics"]
     history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+    history_losses = [[e["step"], e["loss"]] for e in history if "loss" in e]
     zero_shot = json.loads((output / "zero-shot" / "results.json").read_text())
     from transformers import AutoConfig
 
@@ -205,7 +206,7 @@ def build_record(
         "flops": flops_per_token * run.tokens,
         "flops_per_token": flops_per_token,
         "curves": {
-            "train": [[e["step"], e["loss"]] for e in history if "loss" in e],
+            "train": history_losses,
             "eval": [[e["step"], e["eval_loss"]] for e in history if "eval_loss" in e],
         },
         "final": {
@@ -213,7 +214,7 @@ def build_record(
             "test_loss": metrics.get("test_loss"),
             "unigram_loss": unigram,
             "below_unigram": unigram - metrics["eval_loss"],
-            "train_loss": metrics.get("train_loss"),
+            "train_loss": history_losses[-1][1] if history_losses else None,  # the last logged (a resumed run too)
         },
         "zero_shot": zero_shot.get("results", zero_shot),
         "wall_seconds": wall,
@@ -271,10 +272,15 @@ def save_progress(runs: list[study_plan.Run], paths: Paths) -> list[Path]:
 def commit(paths: list[Path], message: str) -> None:
     """`git add` and commit exactly `paths` (other staged changes stay staged), retrying while another git command
     holds the index lock."""
+
+    def tracked(path: Path) -> bool:
+        return bool(subprocess.run(["git", "ls-files", "--", str(path)], cwd=ROOT, capture_output=True).stdout)
+
+    paths = [str(p) for p in paths if Path(p).exists() or tracked(Path(p))]  # a deleted progress folder too
     for attempt in range(30):
-        added = subprocess.run(["git", "add", "-A", "--", *map(str, paths)], cwd=ROOT, capture_output=True, text=True)
+        added = subprocess.run(["git", "add", "-A", "--", *paths], cwd=ROOT, capture_output=True, text=True)
         done = subprocess.run(
-            ["git", "commit", "-q", "-m", message, "--", *map(str, paths)], cwd=ROOT, capture_output=True, text=True
+            ["git", "commit", "-q", "-m", message, "--", *paths], cwd=ROOT, capture_output=True, text=True
         )
         if added.returncode == 0 and done.returncode == 0:
             return

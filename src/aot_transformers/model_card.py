@@ -60,7 +60,7 @@ def _format(value: Any) -> str:
 def architecture_rows(config, num_parameters: int | None = None, is_text: bool = True) -> list[tuple[str, str]]:
     """The rows of the card's architecture table for an `AoTConfig` (or a baseline's config: the fields it has)."""
     fields = ["attention_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "head_dim", "knn_k"]
-    fields += ["normalize_query", "step_size", "layer_norm", "mlp_layers"]
+    fields += ["normalize_query", "step_size", "layer_norm", "mlp_layers", "mlp_type"]
     labels = {"knn_k": "knn_k (k-NN attention)", "step_size": "step_size (η)", "size": "image_size / patch_size"}
     computed = {"head_dim": config.hidden_size // config.num_attention_heads}
     if is_text:
@@ -143,7 +143,8 @@ def render_model_card(
         )
         for result in results or []
     ]
-    all_tags = ["aot", "attention-only", "custom_code", task]
+    is_aot = config.model_type == "aot"  # else a baseline (`aot train --model_type gpt2|llama|vit`): no remote code
+    all_tags = ["aot", "attention-only", "custom_code", task] if is_aot else ["aot-baseline", config.model_type, task]
     all_tags += [tag for tag in tags or [] if tag not in all_tags]
     card_data = ModelCardData(
         library_name=library_name,
@@ -164,6 +165,9 @@ def render_model_card(
         else f"An image classifier ({config.num_hidden_layers} layers, width {config.hidden_size}, "
         f"{config.num_labels} classes).",
         knn_k=getattr(config, "knn_k", None),
+        is_aot=is_aot,
+        model_class=(getattr(config, "architectures", None) or [config.model_type])[0],
+        remote=", trust_remote_code=True" if is_aot else "",
         architecture=architecture_rows(config, num_parameters, is_text),
         repo_id=repo_id,  # the loading snippet: of the adapter (on `base`) or of the model (a text model or not)
         task=task,

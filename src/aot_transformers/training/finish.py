@@ -231,6 +231,9 @@ def finish_run(
         model, lambda bad: RunError(f"the trained weights are not finite ({bad}): nothing was exported")
     )
     model_name = publish_args.model_name or training_args.hub_model_id or final_dir.name
+    model.config.architectures = model.config.architectures or [
+        type(model).__name__
+    ]  # as saving sets it; the card names it
     num_parameters = sum(p.numel() for p in model.parameters())
     files: dict[str, Any] = {
         RESULTS_FILE: training_results_json(

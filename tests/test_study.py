@@ -1,0 +1,145 @@
+"""The real-scale study (`python -m benchmarks.study`): its plan compares what it says it compares, its FLOP count
+agrees with torch's, and the same code, at two steps on tiny shapes, trains runs through `aot train`, writes their
+records, skips finished runs, resumes an unfinished one from its committed checkpoint, and renders the report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from benchmarks.study import plan as study_plan
+from benchmarks.study.flops import forward_flops_per_token, matmul_weights
+from benchmarks.study.runner import parameter_counts
+from transformers import AutoModelForCausalLM
+
+from aot_transformers.training.lm import parse_lm_arguments
+from aot_transformers.training.model_setup import build_config
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def build(run: study_plan.Run) -> torch.nn.Module:
+    """The model `aot train lm` builds from a run's arguments, on the meta device."""
+    model_args = parse_lm_arguments([*run.arguments, "--output_dir", "unused"])[0]
+    config = build_config(model_args, "aot-mssa-l-tiny")
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def non_embedding(model: torch.nn.Module) -> int:
+    embeddings = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    embeddings |= {id(p) for p in model.get_output_embeddings().parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
+
+
+def test_each_size_gives_every_architecture_the_same_non_embedding_parameters_and_sizes_span_10x():
+    runs = [r for r in study_plan.STUDY.runs() if r.main and r.seed == 0]
+    counts: dict[str, dict[str, int]] = {}
+    for run in runs:
+        counts.setdefault(run.size, {})[run.arch] = non_embedding(build(run))
+    for size, by_arch in counts.items():
+        low, high = min(by_arch.values()), max(by_arch.values())
+        assert high / low < 1.03, (size, by_arch)  # LayerNorms and biases aside, 12d² per GPT-2 layer for all
+    sizes = [min(c.values()) for c in counts.values()]
+    assert max(sizes) / min(sizes) >= 10
+    tokens = {run.size: run.tokens / min(counts[run.size].values()) for run in runs}
+    assert max(tokens.values()) / min(tokens.values()) < 1.05  # one tokens-per-parameter ratio across sizes
+
+
+def test_the_ablations_hold_the_stated_share_of_aot_mssas_weights():
+    runs = {r.arch: r for r in study_plan.STUDY.runs() if r.size == "S" and r.seed == 0}
+    aot = non_embedding(build(runs["aot-mssa"]))
+    assert non_embedding(build(runs["aot-mssa-hybrid"])) / aot == pytest.approx(1.0, abs=0.03)
+    assert non_embedding(build(runs["aot-mssa-full"])) / aot == pytest.approx(1.25, abs=0.03)
+    gpt2_knn = build(runs["gpt2+knn"])
+    assert gpt2_knn.config._attn_implementation == "knn" and gpt2_knn.config.knn_k == study_plan.KNN_K
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "aot-mssa", "aot-mhsa", "llama"])
+def test_forward_flops_match_torchs_count(arch):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    study = study_plan.SMOKE
+    run = next(r for r in study.runs() if r.arch == arch and r.size == "L")
+    model_args = parse_lm_arguments([*run.arguments, "--output_dir", "unused"])[0]
+    config = build_config(model_args, "aot-mssa-l-tiny")
+    config._attn_implementation = "eager"  # attention as matmuls, which the counter sees
+    model = AutoModelForCausalLM.from_config(config).eval()
+    tokens = study.block_size
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.randint(0, config.vocab_size, (1, tokens)))
+    width, layers = config.hidden_size, config.num_hidden_layers
+    # The counter sees every query score every key (the causal mask is applied after the product); the study counts
+    # the (T + 1) / 2 keys a causal query sees on average. Beside that, both count 2 FLOPs per weight and token.
+    full_square = counter.get_total_flops() / tokens
+    causal = full_square - layers * 4 * width * tokens + layers * 4 * width * (tokens + 1) / 2
+    assert forward_flops_per_token(model, tokens) == pytest.approx(causal, rel=0.02)
+    assert matmul_weights(model) >= non_embedding(model)
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory) -> dict[str, Path]:
+    """A dataset repository (train / validation / test books) and short PTB and LAMBADA files."""
+    import datasets
+
+    from aot_transformers.training.text_data import embedded_corpus
+
+    root = tmp_path_factory.mktemp("study")
+    corpus = root / "corpus"
+    (corpus / "data").mkdir(parents=True)
+    docs = embedded_corpus()
+    for split, texts in (("train", docs[:40]), ("validation", docs[40:43]), ("test", docs[43:45])):
+        datasets.Dataset.from_dict({"text": texts}).to_parquet(str(corpus / "data" / f"{split}-0.parquet"))
+    (root / "eval" / "ptb").mkdir(parents=True)
+    (root / "eval" / "lambada").mkdir(parents=True)
+    (root / "eval" / "ptb" / "ptb.valid.txt").write_text(" the cat sat on the mat \n a dog ran to the park \n")
+    lines = [{"text": "the cat sat on the mat and looked at the dog"}, {"text": "she opened the door to the garden"}]
+    (root / "eval" / "lambada" / "lambada_dev100.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    return {"root": root, "corpus": corpus, "eval": root / "eval"}
+
+
+def study(tiny_study, work: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "benchmarks.study", "--smoke", "--work-dir", str(work)]
+    command += ["--corpus", str(tiny_study["corpus"]), "--eval-dir", str(tiny_study["eval"]), *args]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_the_study_trains_records_skips_resumes_and_reports(tiny_study):
+    work, name = tiny_study["root"] / "work", "S-gpt2+knn-seed0"  # transformers' GPT-2 with the package's k-NN
+    done = study(tiny_study, work, "--runs", name)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = work / "records" / "language"
+    record = json.loads((records / f"{name}.json").read_text())
+    assert record["model_type"] == "gpt2" and record["tokens"] == 2 * 2 * 16
+    assert record["command"].startswith("aot train lm --model_type gpt2")
+    config = json.loads((work / name / "model" / "config.json").read_text())
+    assert config["knn_k"] == study_plan.KNN_K
+    assert record["curves"]["eval"] and record["final"]["test_loss"] > 0
+    assert record["zero_shot"]["ptb"]["loss"] > 0 and "acc" in record["zero_shot"]["lambada_acc"]
+    assert record["flops"] == pytest.approx(record["flops_per_token"] * record["tokens"])
+    assert record["parameters"] == parameter_counts(work / name / "model")
+    assert {"git_revision", "versions", "host", "wall_seconds"} <= set(record)
+    report = (work / "REPORT.md").read_text()
+    assert "| S | GPT-2 + k-NN |" in report and f"{record['final']['eval_loss']:.3f}" in report
+
+    # A finished run is skipped: its record is left as it is.
+    before = (records / f"{name}.json").read_bytes()
+    again = study(tiny_study, work, "--runs", name)
+    assert again.returncode == 0 and (records / f"{name}.json").read_bytes() == before
+
+    # An unfinished run on a new machine: its committed checkpoint comes back and `aot train` resumes from it.
+    (records / f"{name}.json").unlink()
+    saved = study(tiny_study, work, "--runs", name, "--save-progress")
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    progress = work / "records" / "progress" / name
+    assert json.loads((progress / "trainer_state.json").read_text())["global_step"] == 2
+    shutil.rmtree(work / name)
+    resumed = study(tiny_study, work, "--runs", name)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "already reached the end of the run (step 2)" in (work / name / "study.log").read_text()
+    assert json.loads((records / f"{name}.json").read_text())["final"] == record["final"]
