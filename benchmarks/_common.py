@@ -105,3 +105,38 @@ def write_results(name: str, results: dict) -> Path:
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), **results}, indent=2) + "\n")
     return path
+
+
+def git_revision() -> str:
+    """The commit the benchmark ran at (with `+dirty` when tracked files differ from it)."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    revision = git("rev-parse", "HEAD") or "unknown"
+    return revision + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def library_versions() -> dict[str, str]:
+    """Python's and the libraries' versions, as installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "datasets", "tokenizers", "accelerate", "aot-transformers"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "missing"
+    return found
+
+
+def provenance(command: str) -> dict:
+    """What a results file records about how it was made: the command, git revision, library versions and host."""
+    return {
+        "command": command,
+        "git_revision": git_revision(),
+        "versions": library_versions(),
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "load_average": os.getloadavg()},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

@@ -164,9 +164,17 @@ def test_export_is_atomic_and_keeps_old_folder_on_failure(tmp_path):
         export_model(AoTForCausalLM(tiny_config()), folder, overwrite=False)
 
 
-def test_export_rejects_non_aot_model(tmp_path):
-    with pytest.raises(TypeError, match="AoT model"):
+def test_export_takes_any_transformers_model_and_rejects_other_modules(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with pytest.raises(TypeError, match="must be a transformers model, got Linear"):
         export_model(torch.nn.Linear(2, 2), tmp_path / "x")
+    baseline = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, n_positions=8, vocab_size=11)).eval()
+    export_model(baseline, tmp_path / "gpt2")  # a baseline trained by `aot train --model_type gpt2`: no code files
+    assert not list((tmp_path / "gpt2").glob("*.py"))
+    reloaded = GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2").eval()
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(reloaded(ids).logits, baseline(ids).logits)
 
 
 def test_copied_code_files_are_the_package_files(tmp_path):

@@ -143,3 +143,33 @@ def test_the_study_trains_records_skips_resumes_and_reports(tiny_study):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "already reached the end of the run (step 2)" in (work / name / "study.log").read_text()
     assert json.loads((records / f"{name}.json").read_text())["final"] == record["final"]
+
+
+def test_the_vision_study_trains_crate_and_records_its_accuracy(tiny_study):
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    images = tiny_study["root"] / "cifar"
+    images.mkdir()
+    for label, colour in (("cat", 40), ("dog", 200)):
+        with tarfile.open(images / f"train_{label}.tar.gz", "w:gz") as tar:
+            for i in range(12):
+                buffer = io.BytesIO()
+                Image.new("RGB", (32, 32), (colour, i * 9, 255 - colour)).save(buffer, format="JPEG")
+                info = tarfile.TarInfo(f"train/{label}/{i:04d}.jpg")
+                info.size = buffer.tell()
+                buffer.seek(0)
+                tar.addfile(info, buffer)
+    work, name = tiny_study["root"] / "vision-work", "cifar10-crate-seed0"
+    done = study(tiny_study, work, "--only", "vision", "--runs", name, "--images", str(images))
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((work / "records" / "vision" / f"{name}.json").read_text())
+    config = json.loads((work / name / "model" / "config.json").read_text())
+    assert (config["mlp_type"], config["mlp_layers"]) == ("ista", "all")  # CRATE: MSSA + ISTA in every layer
+    assert 0 <= record["final"]["eval_accuracy"] <= 1 and record["curves"]["eval"]
+    assert (
+        record["command"].startswith("aot train image --preset aot-mssa-v") and "--rand_augment" in record["command"]
+    )
+    assert record["flops"] > 0 and record["parameters"]["total"] > record["parameters"]["non_embedding"]

@@ -36,11 +36,14 @@ def train_tokenizer(corpus: Path, folder: Path, vocab_size: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.study", description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=("language", "report"), help="one part (default: language, then report)")
+    parser.add_argument(
+        "--only", choices=("language", "vision", "report"), help="one part (default: language, vision, then report)"
+    )
     parser.add_argument("--runs", help="comma-separated names or patterns (default: every run without a record)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, two steps a run (the tests)")
     parser.add_argument("--corpus", type=Path, default=SHARED / "text" / "gutenberg", help="a dataset repository")
     parser.add_argument("--eval-dir", type=Path, default=SHARED / "eval-dev", help="PTB and LAMBADA dev files")
+    parser.add_argument("--images", type=Path, default=SHARED / "vision" / "cifar10", help="CIFAR-10's archives")
     parser.add_argument(
         "--work-dir", type=Path, default=ROOT / "runs" / "study", help="output folders (not committed)"
     )
@@ -53,12 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-progress", action="store_true", help="commit unfinished runs' newest checkpoints")
     args = parser.parse_args(argv)
     study = study_plan.SMOKE if args.smoke else study_plan.STUDY
+    vision = study_plan.VISION_SMOKE if args.smoke else study_plan.VISION
     records = args.records_dir or (args.work_dir / "records" if args.smoke else RECORDS)
     report_dir = args.report_dir or (args.work_dir if args.smoke else Path(__file__).resolve().parent)
     commit_records = args.commit and not args.smoke
     tokenizer = records / "tokenizer"
-    paths = Paths(args.corpus, tokenizer, args.eval_dir, args.work_dir, records)
-    runs = study.runs()
+    paths = Paths(args.corpus, tokenizer, args.eval_dir, args.images, args.work_dir, records)
+    sections = ("language", "vision") if args.only is None else (args.only,) if args.only != "report" else ()
+    runs = [run for run in (*study.runs(), *vision.runs()) if run.section in sections or args.save_progress]
     if args.runs:
         patterns = args.runs.split(",")
         runs = [run for run in runs if any(fnmatch.fnmatch(run.name, p) for p in patterns)]
@@ -68,16 +73,15 @@ def main(argv: list[str] | None = None) -> int:
             commit(written, f"study: checkpoints of {len(written)} unfinished run(s), to resume in the next session")
         print("\n".join(map(str, written)) or "no unfinished run has a checkpoint")
         return 0
-    if args.only in (None, "language"):
-        if not (tokenizer / "tokenizer.json").is_file():
-            train_tokenizer(args.corpus, tokenizer, study.vocab_size)
-            if commit_records:
-                commit([tokenizer], f"study: the corpus's byte-level BPE ({study.vocab_size} tokens)")
-        for run in runs:
-            print(f"study: {run.name} ({run.steps} steps, {run.tokens / 1e6:.2f}M tokens)", flush=True)
-            execute(run, paths, study, args.threads, commit_records)
-    path = write_report(study, records, report_dir)
-    if commit_records and args.only != "language":
+    if "language" in sections and not (tokenizer / "tokenizer.json").is_file():
+        train_tokenizer(args.corpus, tokenizer, study.vocab_size)
+        if commit_records:
+            commit([tokenizer], f"study: the corpus's byte-level BPE ({study.vocab_size} tokens)")
+    for run in runs:
+        print(f"study: {run.name} ({run.steps} steps)", flush=True)
+        execute(run, paths, study if run.section == "language" else vision, args.threads, commit_records)
+    path = write_report(study, vision, records, report_dir)
+    if commit_records and args.only in (None, "report"):
         commit([path.parent], "study: report redrawn from the records")
     print(f"study: report {path}")
     return 0

@@ -49,3 +49,16 @@ def training_flops_per_token(model_dir: str | Path | torch.nn.Module, block_size
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
     return 3 * forward_flops_per_token(model, block_size)
+
+
+def image_training_flops(model_dir: str | Path, patch_tokens: int) -> float:
+    """Forward and backward FLOPs per training image of a saved image classifier: every linear weight once per token
+    (the class token included) and bidirectional attention over all of them (every query sees every key)."""
+    from transformers import AutoConfig, AutoModelForImageClassification
+
+    import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
+
+    with torch.device("meta"):
+        model = AutoModelForImageClassification.from_config(AutoConfig.from_pretrained(model_dir))
+    config, tokens = model.config, patch_tokens + 1
+    return 3 * (2 * matmul_weights(model) * tokens + config.num_hidden_layers * 4 * config.hidden_size * tokens**2)

@@ -146,3 +146,63 @@ SMOKE = Study(
     eval_blocks=4,
     extra={"steps": 2},
 )
+
+
+VISION_ARCHS = ("vit", "crate", "aot-mssa", "aot-mhsa")
+
+
+@dataclass(frozen=True)
+class VisionStudy:
+    """CIFAR-10 (the shared training archives, a fixed 45,000 / 5,000 split): ViT, CRATE, AoT-MSSA and AoT-MHSA at
+    the same depth and width (the ICML paper's Tables 1-2 compare them so), k-NN twins of ViT and AoT-MSSA, RandAugment
+    on top of crop and flip, as the papers train."""
+
+    hidden_size: int = 192
+    num_attention_heads: int = 3  # head size 64, as ViT-Tiny
+    num_hidden_layers: int = 6
+    patch_size: int = 4  # 32 px images: 64 patches + the class token
+    epochs: float = 10
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.05
+    warmup: float = 0.05
+    seeds: tuple[int, ...] = (0, 1)  # both for the four main rows
+    extra: dict = field(default_factory=dict)  # smoke: a few steps on a few images
+
+    def model_arguments(self, arch: str) -> tuple[str, ...]:
+        base, knn = arch.removesuffix("+knn"), arch.endswith("+knn")
+        fields: dict = {
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_hidden_layers": self.num_hidden_layers,
+            "patch_size": self.patch_size,
+        }
+        if base == "vit":
+            flags: tuple[str, ...] = ("--model_type", "vit", "--preset", "aot-v-tiny")  # MLP 4x, as ViT's
+            if knn:
+                fields["attn_implementation"] = "knn"
+        else:
+            flags = ("--preset", "aot-mhsa-v" if base == "aot-mhsa" else "aot-mssa-v")
+            fields["image_size"] = 32
+            if base == "crate":  # MSSA followed by an ISTA step in every layer (CRATE)
+                fields.update(mlp_layers="all", mlp_type="ista")
+        if knn:
+            fields["knn_k"] = KNN_K
+        return (*flags, "--config_overrides", ",".join(f"{k}={v}" for k, v in fields.items()))
+
+    def runs(self) -> list[Run]:
+        """The four main rows with every seed, then the k-NN twins."""
+        order = [(arch, seed, True) for seed in self.seeds for arch in VISION_ARCHS]
+        order += [(arch, self.seeds[0], False) for arch in ("vit+knn", "aot-mssa+knn")]
+        steps = self.extra.get("steps") or round(self.epochs * 45_000 / self.batch_size)
+        return [
+            Run(f"cifar10-{arch}-seed{seed}", "vision", arch, "cifar10", seed, main, self.model_arguments(arch), steps,
+                steps * self.batch_size)
+            for arch, seed, main in order
+        ]  # fmt: skip
+
+
+VISION = VisionStudy()
+VISION_SMOKE = VisionStudy(
+    hidden_size=16, num_attention_heads=2, num_hidden_layers=1, batch_size=4, extra={"steps": 2}
+)

@@ -23,7 +23,13 @@ LABELS = {
     "aot-mssa-full": "AoT-MSSA Full MLP",
     "aot-mssa+knn": "AoT-MSSA + k-NN",
     "gpt2+knn": "GPT-2 + k-NN",
+    "vit": "ViT",
+    "crate": "CRATE",
+    "vit+knn": "ViT + k-NN",
 }
+# The ICML paper's vision gaps (Tables 1-2, ImageNet top-1): AoT-MSSA-V 71.7% vs CRATE 79.5%, AoT-MHSA-V 69.5% vs
+# ViT 72.4%: "comparable" there means at most these many points behind.
+PAPER_VISION_GAP = {"aot-mssa": ("crate", 7.8), "aot-mhsa": ("vit", 2.9)}
 # The sentences each verdict tests, quoted from ../shared/papers (file:line).
 CLAIMS = {
     "close": (
@@ -41,6 +47,11 @@ CLAIMS = {
         "As shown in Figure 5, incorporating MLP layers can accelerate the training process. ... Moreover, we found "
         "that adding MLP layers to AoT does not improve the zero-shot performance.",
     ),
+    "vision": (
+        "aot-icml2025.txt:208",
+        "Due to the absence of MLP layers in AoT, AoT-based models achieve slightly worse performance comparable to "
+        "CRATE and ViT while using only nearly half the number of parameters.",
+    ),
     "knn": (
         "kvt-knn-attention.txt:209, 122",
         "by using k-NN attention, the averaged cosine similarity is larger than that of using dense self-attention, "
@@ -53,8 +64,8 @@ CLAIMS = {
 PAPER_GAP = (0.38 + 0.28 + 0.52) / 3
 
 
-def load_records(records: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((records / "language").glob("*.json"))]
+def load_records(records: Path, section: str = "language") -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((records / section).glob("*.json"))]
 
 
 def _mean(values: list[float]) -> float:
@@ -148,19 +159,20 @@ def _zero_shot(record: dict, task: str, key: str) -> float | None:
     return entry.get(key)
 
 
-def write_report(study: study_plan.Study, records_dir: Path, report_dir: Path) -> Path:
+def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, records_dir: Path, report_dir: Path) -> Path:
     """Write REPORT.md (and compute.png, curves.png) into `report_dir` from the records in `records_dir`."""
     records = load_records(records_dir)
+    images = load_records(records_dir, "vision")
     groups = _grouped(records)
     report_dir.mkdir(parents=True, exist_ok=True)
-    planned = study.runs()
-    done = {r["run"] for r in records}
-    lines = ["# Does AoT learn language? The study's report", ""]
+    planned = study.runs() + vision.runs()
+    done = {r["run"] for r in records + images}
+    lines = ["# The real-scale study: AoT against GPT-2, Llama, ViT and CRATE", ""]
     lines.append(
         "Rendered by `python -m benchmarks.study --only report` from the records in "
-        "`benchmarks/results/study/language/` alone; the runs and their commands are in `plan.py` and in each record."
+        "`benchmarks/results/study/` alone; the runs and their commands are in `plan.py` and in each record."
     )
-    hours = sum(r["wall_seconds"] for r in records) / 3600
+    hours = sum(r["wall_seconds"] for r in records + images) / 3600
     lines += [
         "",
         f"**Runs finished: {len(done & {r.name for r in planned})} of {len(planned)}**, "
@@ -207,6 +219,8 @@ def write_report(study: study_plan.Study, records_dir: Path, report_dir: Path) -
     measured = f"{noise:.3f} nats." if noise is not None else "not measured yet."
     lines += ["", f"Seed noise (half the range over seeds, mean over rows with two seeds): {measured}", ""]
     lines += verdicts(groups, noise)
+    lines += compute_section(groups, noise)
+    lines += vision_section(images)
     if records:
         plot_compute(groups, report_dir / "compute.png")
         plot_curves(groups, report_dir / "curves.png")
@@ -296,3 +310,77 @@ def verdicts(groups, noise: float | None) -> list[str]:
         "",
     ]
     return lines
+
+
+def vision_section(images: list[dict]) -> list[str]:
+    """CIFAR-10: the table and the verdict on AoT against ViT and CRATE, from the vision records present."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for record in images:
+        groups[record["arch"]].append(record)
+    lines = ["## Vision: CIFAR-10", ""]
+    if not groups:
+        return lines + ["No vision run has finished yet.", ""]
+    lines += [
+        "| model | layers x width | parameters | non-embedding | val. accuracy | hours |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arch, runs in groups.items():
+        first = runs[0]
+        cells = [
+            LABELS.get(arch, arch) + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""),
+            f"{first['shape']['num_hidden_layers']} x {first['shape']['hidden_size']}",
+            f"{first['parameters']['total'] / 1e6:.2f}M",
+            f"{first['parameters']['non_embedding'] / 1e6:.2f}M",
+            _fmt([100 * r["final"]["eval_accuracy"] for r in runs], 1),
+            f"{_mean([r['wall_seconds'] for r in runs]) / 3600:.2f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    noise = seed_noise({(a, a): runs for a, runs in groups.items()}, key=lambda r: 100 * r["final"]["eval_accuracy"])
+    source, sentence = CLAIMS["vision"]
+    lines += ["", f"**AoT comes close to ViT and CRATE with far fewer parameters.** > {sentence} ({source}).", ""]
+    found = []
+    for arch, (peer, gap) in PAPER_VISION_GAP.items():
+        if arch in groups and peer in groups:
+            ours = _mean([100 * r["final"]["eval_accuracy"] for r in groups[arch]])
+            theirs = _mean([100 * r["final"]["eval_accuracy"] for r in groups[peer]])
+            share = groups[arch][0]["parameters"]["total"] / groups[peer][0]["parameters"]["total"]
+            held = theirs - ours <= gap + 2 * (noise or 0.0) and share < 1
+            found.append(
+                f"{LABELS[arch]} {ours - theirs:+.1f} points vs {LABELS[peer]} at {share:.2f}x its parameters "
+                f"({'held' if held else 'not held'})"
+            )
+    lines += [
+        "Rule: AoT at most the paper's own gap behind (AoT-MSSA-V 7.8 points behind CRATE, AoT-MHSA-V 2.9 behind ViT) "
+        "plus twice the seed noise, with fewer parameters. " + ("; ".join(found) or "Not run yet") + ".",
+        "",
+    ]
+    return lines
+
+
+def compute_section(groups, noise: float | None) -> list[str]:
+    """Which architecture is ahead at equal compute (fitted power laws, compared where their compute ranges meet)."""
+    lines = ["## Loss against compute", ""]
+    fits = {}
+    for arch in study_plan.MAIN_ARCHS:
+        points = [
+            (r["flops"], r["final"]["eval_loss"]) for (size, a), runs in groups.items() if a == arch for r in runs
+        ]
+        if len({c for c, _ in points}) >= 2:
+            fits[arch] = (power_law(points), min(c for c, _ in points), max(c for c, _ in points))
+    if len(fits) < 2:
+        return lines + ["Needs two sizes of at least two architectures: not run yet.", ""]
+    low = max(f[1] for f in fits.values())
+    high = min(f[2] for f in fits.values())
+    at = math.sqrt(low * high)
+    predicted = {arch: fit[0][0] * at ** -fit[0][1] for arch, fit in fits.items()}
+    best = min(predicted, key=predicted.get)
+    ranked = sorted(predicted.items(), key=lambda item: item[1])
+    noise_text = f" (seed noise {noise:.3f})" if noise is not None else " (seed noise not measured yet)"
+    lines.append(
+        f"Fitted loss = a · C^(−b) per architecture; at {at:.3g} FLOPs (the middle of the range all of them cover): "
+        + ", ".join(f"{LABELS[a]} {v:.3f} (b = {fits[a][0][1]:.3f})" for a, v in ranked)
+        + f". Ahead at equal compute: {LABELS[best]}, by "
+        + ", ".join(f"{v - predicted[best]:.3f} nats over {LABELS[a]}" for a, v in ranked[1:])
+        + f"{noise_text}."
+    )
+    return lines + [""]

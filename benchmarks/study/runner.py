@@ -21,10 +21,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from .._common import git_revision, library_versions
 from . import plan as study_plan
-from .flops import training_flops_per_token
+from .flops import image_training_flops, training_flops_per_token
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "benchmarks" / "results" / "study"
@@ -42,12 +42,15 @@ class Paths:
     corpus: Path  # the Gutenberg dataset repository (or any dataset with train/validation/test splits)
     tokenizer: Path
     eval_dir: Path  # holds ptb/ptb.valid.txt and lambada/lambada_dev100.jsonl
+    images: Path  # CIFAR-10's train_<class>.tar.gz archives
     work: Path  # runs' output folders (checkpoints, final models): not committed
     records: Path  # one JSON record per finished run: committed
 
 
-def command(run: study_plan.Run, paths: Paths, study: study_plan.Study) -> list[str]:
-    """The `aot train lm` arguments of `run` (without the program name)."""
+def command(run: study_plan.Run, paths: Paths, study) -> list[str]:
+    """The `aot train` arguments of `run` (without the program name)."""
+    if run.section == "vision":
+        return image_command(run, paths, study)
     steps = run.steps
     every = max(1, steps // study.evaluations)
     return [
@@ -81,6 +84,24 @@ def command(run: study_plan.Run, paths: Paths, study: study_plan.Study) -> list[
         "--use_cpu",
         "--disable_tqdm", "true",
         "--make_plots", "false",
+    ]  # fmt: skip
+
+
+def image_command(run: study_plan.Run, paths: Paths, study: study_plan.VisionStudy) -> list[str]:
+    """The `aot train image` arguments of a vision run: evaluated and checkpointed ten times along the run."""
+    every = max(1, run.steps // 10)
+    extra = ["--max_train_samples", "16", "--max_eval_samples", "8"] if study.extra else []
+    return [
+        "train", "image", *run.arguments,
+        "--dataset_name", str(paths.images), "--rand_augment", *extra,
+        "--per_device_train_batch_size", str(study.batch_size), "--per_device_eval_batch_size", "256",
+        "--max_steps", str(run.steps), "--learning_rate", str(study.learning_rate),
+        "--lr_scheduler_type", "cosine", "--warmup_steps", str(max(1, round(study.warmup * run.steps))),
+        "--weight_decay", str(study.weight_decay), "--max_grad_norm", "1.0",
+        "--eval_strategy", "steps", "--eval_steps", str(every), "--logging_steps", str(max(1, every // 5)),
+        "--save_strategy", "steps", "--save_steps", str(every), "--save_total_limit", "1",
+        "--seed", str(run.seed), "--output_dir", str(paths.work / run.name), "--resume_from_checkpoint", "auto",
+        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--make_plots", "false",
     ]  # fmt: skip
 
 
@@ -133,64 +154,60 @@ def _aot(arguments: list[str], threads: int, log: Path) -> None:
         raise RuntimeError(f"`aot {' '.join(arguments[:2])}` failed (exit {done.returncode}); see {log}")
 
 
-def git_revision() -> str:
-    """The commit the study code ran at (with `+dirty` when the working tree differs)."""
+def parameter_counts(model_dir: Path, section: str = "language") -> dict[str, int]:
+    """Total and non-embedding parameters of a saved model, built on the meta device. Non-embedding: a language
+    model's weights but its token and position tables (and the tied output projection); an image classifier's
+    transformer layers (its patch and position embeddings, class token and head aside)."""
+    import re
 
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    revision = git("rev-parse", "HEAD") or "unknown"
-    return revision + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def library_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    names = ("torch", "transformers", "datasets", "tokenizers", "accelerate", "aot-transformers")
-    found = {}
-    for name in names:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "missing"
-    return {"python": platform.python_version(), **found}
-
-
-def parameter_counts(model_dir: Path) -> dict[str, int]:
-    """Total and non-embedding parameters (token and position tables and the tied output projection excluded) of
-    a saved model, built on the meta device."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification
 
     import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
 
-    config = AutoConfig.from_pretrained(model_dir)
+    auto = AutoModelForCausalLM if section == "language" else AutoModelForImageClassification
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(AutoConfig.from_pretrained(model_dir))
+    total = sum(p.numel() for p in model.parameters())
+    if section != "language":
+        layers = sum(p.numel() for n, p in model.named_parameters() if re.search(r"\.layers?\.\d+\.", n))
+        return {"total": total, "non_embedding": layers}
     embeddings = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
     embeddings |= {id(p) for p in model.get_output_embeddings().parameters()}
-    total = sum(p.numel() for p in model.parameters())
     return {"total": total, "non_embedding": sum(p.numel() for p in model.parameters() if id(p) not in embeddings)}
 
 
-def build_record(
-    run: study_plan.Run, paths: Paths, study: study_plan.Study, arguments: list[str], wall: float, load: dict
-) -> dict[str, Any]:
-    """The record of a finished run, from the files `aot train` and `aot eval` wrote."""
-    output = paths.work / run.name
-    model_dir = output / "model"
-    results = json.loads((model_dir / "results.json").read_text())
-    metrics = results["metrics"]
-    history = json.loads((output / "trainer_state.json").read_text())["log_history"]
-    history_losses = [[e["step"], e["loss"]] for e in history if "loss" in e]
-    zero_shot = json.loads((output / "zero-shot" / "results.json").read_text())
+def build_record(run: study_plan.Run, paths: Paths, study, arguments: list[str], wall: float, load: dict) -> dict:
+    """The record of a finished run, from the files `aot train` (and, for language, `aot eval`) wrote."""
     from transformers import AutoConfig
 
     import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
 
+    output = paths.work / run.name
+    model_dir = output / "model"
+    metrics = json.loads((model_dir / "results.json").read_text())["metrics"]
+    history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+    losses = [[e["step"], e["loss"]] for e in history if "loss" in e]
     config = AutoConfig.from_pretrained(model_dir)  # standard names whatever the model (GPT-2's n_layer, n_embd)
-    flops_per_token = training_flops_per_token(model_dir, study.block_size)
-    unigram = math.log(metrics["eval_unigram_perplexity"])
+    if run.section == "language":
+        per_example = training_flops_per_token(model_dir, study.block_size)
+        unigram = math.log(metrics["eval_unigram_perplexity"])
+        metric = "eval_loss"
+        final = {
+            "eval_loss": metrics["eval_loss"],
+            "test_loss": metrics.get("test_loss"),
+            "unigram_loss": unigram,
+            "below_unigram": unigram - metrics["eval_loss"],
+            "train_loss": losses[-1][1] if losses else None,  # the last logged (a resumed run's too)
+        }
+        zero_shot = json.loads((output / "zero-shot" / "results.json").read_text())
+        extra = {"zero_shot": zero_shot.get("results", zero_shot)}
+    else:
+        per_example = image_training_flops(model_dir, (config.image_size // config.patch_size) ** 2)
+        metric = "eval_accuracy"
+        final = {"eval_accuracy": metrics["eval_accuracy"], "eval_loss": metrics["eval_loss"]}
+        final["train_loss"] = losses[-1][1] if losses else None
+        extra = {}
     return {
         "run": run.name,
         "section": run.section,
@@ -200,23 +217,14 @@ def build_record(
         "main": run.main,
         "model_type": config.model_type,
         "shape": {k: getattr(config, k) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads")},
-        "parameters": parameter_counts(model_dir),
-        "tokens": run.tokens,
+        "parameters": parameter_counts(model_dir, run.section),
+        "tokens": run.tokens,  # training tokens (language) or images (vision)
         "steps": run.steps,
-        "flops": flops_per_token * run.tokens,
-        "flops_per_token": flops_per_token,
-        "curves": {
-            "train": history_losses,
-            "eval": [[e["step"], e["eval_loss"]] for e in history if "eval_loss" in e],
-        },
-        "final": {
-            "eval_loss": metrics["eval_loss"],
-            "test_loss": metrics.get("test_loss"),
-            "unigram_loss": unigram,
-            "below_unigram": unigram - metrics["eval_loss"],
-            "train_loss": history_losses[-1][1] if history_losses else None,  # the last logged (a resumed run too)
-        },
-        "zero_shot": zero_shot.get("results", zero_shot),
+        "flops": per_example * run.tokens,
+        "flops_per_token": per_example,
+        "curves": {"train": losses, "eval": [[e["step"], e[metric]] for e in history if metric in e]},
+        "final": final,
+        **extra,
         "wall_seconds": wall,
         "train_seconds": metrics.get("train_runtime"),
         "command": "aot " + shlex.join(arguments),
@@ -290,7 +298,7 @@ def commit(paths: list[Path], message: str) -> None:
         time.sleep(2 + attempt)
 
 
-def execute(run: study_plan.Run, paths: Paths, study: study_plan.Study, threads: int, commit_records: bool):
+def execute(run: study_plan.Run, paths: Paths, study, threads: int, commit_records: bool):
     """Train (or resume) `run`, score it zero-shot, write its record; returns the record's path."""
     target = record_path(run, paths.records)
     if target.is_file():
@@ -303,7 +311,8 @@ def execute(run: study_plan.Run, paths: Paths, study: study_plan.Study, threads:
     start = time.time()
     with LoadSampler() as load:
         _aot(arguments, threads, log)
-        _aot(zero_shot_command(output / "model", paths, output / "zero-shot"), threads, log)
+        if run.section == "language":
+            _aot(zero_shot_command(output / "model", paths, output / "zero-shot"), threads, log)
     record = build_record(run, paths, study, arguments, time.time() - start, load.summary())
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_suffix(".tmp")
@@ -313,9 +322,12 @@ def execute(run: study_plan.Run, paths: Paths, study: study_plan.Study, threads:
         progress = paths.records / PROGRESS / run.name
         shutil.rmtree(progress, ignore_errors=True)
         final = record["final"]
-        commit(
-            [target, progress],
-            f"study: {run.name} (validation loss {final['eval_loss']:.3f}, {final['below_unigram']:.2f} nats below "
-            f"the unigram floor; {run.tokens / 1e6:.1f}M tokens, {record['wall_seconds'] / 60:.0f} min)",
-        )
+        if run.section == "language":
+            result = (
+                f"validation loss {final['eval_loss']:.3f}, {final['below_unigram']:.2f} nats below the unigram floor"
+            )
+            amount = f"{run.tokens / 1e6:.1f}M tokens"
+        else:
+            result, amount = f"validation accuracy {final['eval_accuracy']:.3f}", f"{run.tokens:,} images"
+        commit([target, progress], f"study: {run.name} ({result}; {amount}, {record['wall_seconds'] / 60:.0f} min)")
     return target
