@@ -474,6 +474,9 @@ def test_a_dataset_repository_folder_trains_validates_and_tests_on_its_own_split
     assert source.validation["text"] == splits["validation"]  # not the train split's tail
     assert source.test["text"] == splits["test"]
     assert source.documents  # one row, one book: EOS between them
+    streamed = load_text_source(TextDataArguments(dataset_name=str(tmp_path / "repo"), streaming=True))
+    assert [row["text"] for row in streamed.train] == splits["train"]  # streamed, and nothing held out of it
+    assert streamed.validation["text"] == splits["validation"] and streamed.test["text"] == splits["test"]
 
 
 def _blocks_by_hand(tokenizer, texts: list[str], block_size: int) -> list[list[int]]:

@@ -251,6 +251,10 @@ def load_text_source(args: TextDataArguments) -> TextSource:
             loaded[split].select_columns([args.text_column]) if split in loaded else None
             for split in (args.train_split, args.validation_split, args.test_split)
         )
+        if args.streaming:  # only the training split is streamed; the held-out ones are read once, as a whole
+            validation, test = (
+                datasets.Dataset.from_list(list(split)) if split is not None else None for split in (validation, test)
+            )
         if local:
             description = f"the dataset repository {Path(name).name} (its {', '.join(loaded)} splits)"
         else:
