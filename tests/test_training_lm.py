@@ -569,5 +569,8 @@ def test_a_config_file_of_another_model_trains_that_model_or_is_refused(tmp_path
         r"is a 'bert' model; this task trains aot, gpt2, llama",
     )
     _fails_before_training(
-        tmp_path / "c", LMModelArguments(model_type="vit"), TextDataArguments(), r"--model_type 'vit'.*aot, gpt2, llama"
+        tmp_path / "c",
+        LMModelArguments(model_type="vit"),
+        TextDataArguments(),
+        r"--model_type 'vit'.*aot, gpt2, llama",
     )
