@@ -7,8 +7,8 @@
    tokenizer's own `encode_batch` (Rust, both cores) over the same text (the validation split), in alternating rounds
    so that a change of load hits both alike; the ratio is of the best rounds.
 2. A cold start: `aot train lm --max_steps 1` on the whole corpus with an empty `datasets` cache (the parquet shards
-   converted, every split tokenized and packed): the time to the first training step, and the peak resident memory
-   of the main process and of the largest worker, sampled every 0.2 s.
+   converted, every split tokenized and packed): the time to the first training step, the peak resident memory of
+   the main process and of the largest worker, and the peak memory of the whole process tree (PSS), every 0.2 s.
 3. A warm start: the same command again (a new output folder): the blocks come from the cache.
 
 Writes `results/data.json`.
@@ -62,7 +62,9 @@ def throughput(corpus: str, tokenizer_path: Path, workers: int, rounds: int) -> 
 
 
 class TreeMemory:
-    """Peak resident memory of a process and of its largest descendant, sampled in a thread."""
+    """Peak resident memory (RSS) of a process and of its largest descendant, and the peak of the whole tree's
+    proportional set size (PSS: a page shared by n processes counts 1/n in each, so the forked workers' copy-on-write
+    pages of the parent are not counted twice), sampled in a thread."""
 
     def __init__(self, pid: int, interval: float = 0.2):
         import psutil
@@ -78,18 +80,23 @@ class TreeMemory:
 
         while not self._stop.is_set():
             try:
-                main = self.process.memory_info().rss
-                workers = [c.memory_info().rss for c in self.process.children(recursive=True)]
+                tree = [self.process, *self.process.children(recursive=True)]
+                resident = [p.memory_info().rss for p in tree]
+                proportional = sum(p.memory_full_info().pss for p in tree)
             except psutil.Error:
                 break
-            self.main, self.worker = max(self.main, main), max([self.worker, *workers])
-            self.total = max(self.total, main + sum(workers))
+            self.main, self.worker = max(self.main, resident[0]), max([self.worker, *resident[1:]])
+            self.total = max(self.total, proportional)
             self._stop.wait(self.interval)
 
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join()
-        return {"main_gb": self.main / 2**30, "largest_worker_gb": self.worker / 2**30, "sum_gb": self.total / 2**30}
+        return {
+            "main_gb": self.main / 2**30,
+            "largest_worker_gb": self.worker / 2**30,
+            "tree_pss_gb": self.total / 2**30,
+        }
 
 
 def first_step(corpus: str, tokenizer_path: Path, workers: int, cache: Path, output: Path) -> dict:
