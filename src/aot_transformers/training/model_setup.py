@@ -88,9 +88,9 @@ def baseline_config(model_type: str, task: str, preset: AoTConfig, overrides: st
     gated MLP at 2/3 of it, so each layer holds as many weights as GPT-2's), and no dropout."""
     from transformers import AutoConfig
 
-    overrides_ = parse_overrides(overrides, config_field_names(AutoConfig.for_model(model_type)))
+    override_fields = parse_overrides(overrides, config_field_names(AutoConfig.for_model(model_type)))
     fields = {name: getattr(preset, name) for name in BASELINE_SIZE_FIELDS[task]}
-    mlp_width = round(preset.mlp_ratio * overrides_.get("hidden_size", preset.hidden_size))
+    mlp_width = round(preset.mlp_ratio * override_fields.get("hidden_size", preset.hidden_size))
     fields["intermediate_size"] = round(2 * mlp_width / 3) if model_type == "llama" else mlp_width
     if model_type == "gpt2":
         fields.update(n_inner=fields.pop("intermediate_size"), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -98,7 +98,7 @@ def baseline_config(model_type: str, task: str, preset: AoTConfig, overrides: st
     elif model_type == "vit":
         fields.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     # Built in one call: derived fields (Llama's key-value heads and head size) follow the sizes given.
-    return AutoConfig.for_model(model_type, **{**fields, **overrides_})
+    return AutoConfig.for_model(model_type, **{**fields, **override_fields})
 
 
 def build_config(model_args: ModelArguments, default_preset: str, task: str = "text-generation", **fields: Any):
