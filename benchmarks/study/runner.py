@@ -32,7 +32,7 @@ PROGRESS = "progress"  # <records>/progress/<run>/: the newest checkpoint of an 
 CHECKPOINT_FILES = (  # what Trainer needs to resume exactly (weights, optimizer, schedule, RNG, data position)
     "model.safetensors config.json generation_config.json optimizer.pt scheduler.pt rng_state.pth "
     "trainer_state.json training_args.bin aot_run.json"
-).split()
+).split()  # (and the run's `study_wall.json`, from its output folder)
 
 
 @dataclass(frozen=True)
@@ -116,17 +116,29 @@ def zero_shot_command(model_dir: Path, paths: Paths, output: Path) -> list[str]:
     ]  # fmt: skip
 
 
-class LoadSampler:
-    """The host's 1-minute load average, sampled every `interval` seconds while a run trains."""
+WALL_FILE = "study_wall.json"  # a run's wall-clock seconds over every invocation, kept in its output folder
 
-    def __init__(self, interval: float = 60.0):
+
+class LoadSampler:
+    """The host's 1-minute load average, sampled every `interval` seconds while a run trains, and the run's wall-clock
+    time over all its invocations (`<output>/study_wall.json`, updated at each sample: a killed one keeps its time)."""
+
+    def __init__(self, output: Path, interval: float = 60.0):
         self.samples: list[float] = []
+        self.file = output / WALL_FILE
+        self.before = json.loads(self.file.read_text())["seconds"] if self.file.is_file() else 0.0
+        self.start = time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, args=(interval,), daemon=True)
+
+    @property
+    def wall(self) -> float:
+        return self.before + time.time() - self.start
 
     def _sample(self, interval: float) -> None:
         while not self._stop.is_set():
             self.samples.append(os.getloadavg()[0])
+            self.file.write_text(json.dumps({"seconds": self.wall}))
             self._stop.wait(interval)
 
     def __enter__(self) -> LoadSampler:
@@ -136,6 +148,7 @@ class LoadSampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        self.file.write_text(json.dumps({"seconds": self.wall}))
 
     def summary(self) -> dict[str, float]:
         values = self.samples or [os.getloadavg()[0]]
@@ -225,7 +238,7 @@ def build_record(run: study_plan.Run, paths: Paths, study, arguments: list[str],
         "curves": {"train": losses, "eval": [[e["step"], e[metric]] for e in history if metric in e]},
         "final": final,
         **extra,
-        "wall_seconds": wall,
+        "wall_seconds": wall,  # over every invocation of the run (a resumed one included)
         "train_seconds": metrics.get("train_runtime"),
         "command": "aot " + shlex.join(arguments),
         "git_revision": git_revision(),
@@ -250,6 +263,8 @@ def restore_progress(run: study_plan.Run, paths: Paths) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(saved, target)
     shutil.copy2(saved / "aot_run.json", output / "aot_run.json")
+    if (saved / WALL_FILE).is_file():
+        shutil.move(target / WALL_FILE, output / WALL_FILE)
 
 
 def save_progress(runs: list[study_plan.Run], paths: Paths) -> list[Path]:
@@ -271,6 +286,8 @@ def save_progress(runs: list[study_plan.Run], paths: Paths) -> list[Path]:
         for name in CHECKPOINT_FILES:
             if (Path(checkpoint) / name).is_file():
                 shutil.copy2(Path(checkpoint) / name, staging / name)
+        if (paths.work / run.name / WALL_FILE).is_file():
+            shutil.copy2(paths.work / run.name / WALL_FILE, staging / WALL_FILE)
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         written.append(target)
@@ -308,12 +325,11 @@ def execute(run: study_plan.Run, paths: Paths, study, threads: int, commit_recor
     output.mkdir(parents=True, exist_ok=True)
     log = output / "study.log"
     arguments = command(run, paths, study)
-    start = time.time()
-    with LoadSampler() as load:
+    with LoadSampler(output) as load:
         _aot(arguments, threads, log)
         if run.section == "language":
             _aot(zero_shot_command(output / "model", paths, output / "zero-shot"), threads, log)
-    record = build_record(run, paths, study, arguments, time.time() - start, load.summary())
+    record = build_record(run, paths, study, arguments, load.wall, load.summary())
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_suffix(".tmp")
     staging.write_text(json.dumps(record, indent=1) + "\n")
