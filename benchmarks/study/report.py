@@ -215,6 +215,18 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     noise = seed_noise(groups)
+    short = [r["run"] for r in records if r["main"] and r["final"]["below_unigram"] < 1]
+    lines += [
+        "",
+        "Every main run must end at least 1 nat below the unigram floor of its validation blocks: "
+        + (
+            "short of it: " + ", ".join(f"`{name}`" for name in short) + " (the plan's tokens are too few for it)."
+            if short
+            else "all finished main runs do."
+        ),
+    ]
+    if noise is None:
+        lines += ["", "Until a row has two seeds the noise is unknown: the verdicts below count it as zero."]
     measured = f"{noise:.3f} nats." if noise is not None else "not measured yet."
     lines += ["", f"Seed noise (half the range over seeds, mean over rows with two seeds): {measured}", ""]
     lines += verdicts(groups, noise)
