@@ -120,31 +120,26 @@ def build_config(model_args: ModelArguments, default_preset: str, task: str = "t
         )
     given = {k: v for k, v in fields.items() if v is not None}
     try:
+        from transformers import AutoConfig
+
         if model_name_or_path:
             if looks_like_path(model_name_or_path) and not Path(model_name_or_path).exists():
                 raise TrainingSetupError("no such folder", argument="--model_name_or_path", value=model_name_or_path)
-            from transformers import AutoConfig
-
             config = AutoConfig.from_pretrained(model_name_or_path)
             _check_model_type(config.model_type, allowed, model_name_or_path)
-            config.update({**parse_overrides(model_args.config_overrides, config_field_names(config)), **given})
-            if config.model_type == "aot":
-                config.validate()
-            return config
-        if config_file:
+        elif config_file:
             path = Path(config_file)
             if not path.is_file():
                 raise TrainingSetupError("no such file", argument="--config_file", value=config_file)
             config_dict = json.loads(path.read_text())
             file_type = config_dict.pop("model_type", "aot")
             _check_model_type(file_type, allowed, config_file)
-            if file_type != "aot":
-                from transformers import AutoConfig
-
-                config = AutoConfig.for_model(file_type, **config_dict)
-                config.update({**parse_overrides(model_args.config_overrides, config_field_names(config)), **given})
-                return config
-            return AoTConfig(**{**config_dict, **parse_overrides(model_args.config_overrides), **given})
+            config = AutoConfig.for_model(file_type, **config_dict)
+        if model_name_or_path or config_file:  # a given config, in its own field names, then the run's fields
+            config.update({**parse_overrides(model_args.config_overrides, config_field_names(config)), **given})
+            if config.model_type == "aot":
+                config.validate()
+            return config
         if model_type != "aot":
             sizes = AoTConfig.from_preset(preset or default_preset, **given)
             return baseline_config(model_type, task, sizes, model_args.config_overrides)
