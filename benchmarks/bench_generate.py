@@ -18,7 +18,6 @@ import torch
 from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel
 
 from aot_transformers import AoTConfig, AoTForCausalLM
-from aot_transformers.modeling_aot import CACHE_FIELD
 
 from ._common import RESULTS_DIR, interleaved_best_times, setup, write_results
 
@@ -82,7 +81,7 @@ def generator(model, new_tokens: int, use_cache: bool = True, batch: int = 1, st
 
 def cache_bytes(model, length: int = 512) -> int:
     with torch.no_grad():
-        cache = getattr(model(torch.randint(1, VOCAB, (1, length)), use_cache=True), CACHE_FIELD)
+        cache = model(torch.randint(1, VOCAB, (1, length)), use_cache=True).cache
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 

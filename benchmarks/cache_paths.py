@@ -39,7 +39,6 @@ from transformers import (
 
 import aot_transformers.knn  # noqa: F401  (registers the "knn" backend for every transformers model)
 from aot_transformers import AoTConfig, AoTForCausalLM
-from aot_transformers.modeling_aot import CACHE_FIELD
 
 TOLERANCE = 1e-5  # max |logit difference| (float32) a path may have against the uncached forward
 MARGIN = 1e-3  # where only tokens can be compared, the top-1 logit must beat the second by more than this
@@ -198,7 +197,7 @@ def _feed(model, ids, cache, chunks, attention_mask=None, decode=None) -> torch.
     for number, size in enumerate(chunks):
         forward = decode if decode is not None and number > 0 else model
         stop = start + size
-        kwargs = {CACHE_FIELD: cache, "use_cache": True}
+        kwargs = {"cache": cache, "use_cache": True}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask[:, :stop]
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:stop]

@@ -94,7 +94,7 @@ def test_saved_folder_layout(tmp_path, model_class):
     # Each folder maps the Auto classes its weights can build, AutoModel to its own backbone.
     assert config["auto_map"] == (VISION_AUTO_MAP if model_class is AoTForImageClassification else TEXT_AUTO_MAP)
     assert config["model_type"] == "aot"
-    assert config["required_transformers"] == ">=5.5,<6"
+    assert config["required_transformers"] == ">=5.24,<6"
 
 
 def test_round_trip_keeps_weights_and_config(tmp_path):

@@ -265,7 +265,7 @@ def test_lm_card_metadata_and_sections():
     assert "| num_hidden_layers | 2 |" in card and "| parameters | 123,456 |" in card
     assert "knn_k=4" in card  # the k-NN note
     assert "trust_remote_code=True" in card and "revision=revision" in card
-    assert "`transformers>=5.5,<6` is needed" in card  # the versions the shipped code runs on
+    assert "`transformers>=5.24,<6` is needed" in card  # the versions the shipped code runs on
     assert "| learning rate | 0.003 |" in card
     assert "![training curves](training_curves.png)" in card
 

@@ -93,7 +93,7 @@ def test_mssa_cache_holds_one_tensor_half_of_mhsa():
     for attention_type in ("mssa", "mhsa"):
         model = _lm(attention_type=attention_type)
         with torch.no_grad():
-            cache = model(_ids(length=10), use_cache=True).past_key_values
+            cache = model(_ids(length=10), use_cache=True).cache
         sizes[attention_type] = sum(
             layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
             for layer in cache.layers

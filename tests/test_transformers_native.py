@@ -34,7 +34,6 @@ from aot_transformers import (
     AoTVisionModel,
 )
 from aot_transformers.experiments.subspace import subspace_attention
-from aot_transformers.modeling_aot import CACHE_FIELD
 from conftest import REPO_ROOT, tiny_config
 
 sys.path.insert(0, str(REPO_ROOT))
@@ -216,29 +215,30 @@ def test_static_and_dynamic_cache_generation_give_the_uncached_logits(variant, c
 
 
 @pytest.mark.parametrize("head", ["lm", "sequence"])
-def test_cache_is_accepted_under_both_names_of_the_transformers_5_24_rename(head):
-    # transformers 5.24 renamed `past_key_values` to `cache`; the supported range (>=5.5,<6) spans the rename.
+def test_cache_is_named_cache_and_past_key_values_still_works_with_a_deprecation_warning(head):
+    # transformers 5.24 renamed `past_key_values` to `cache`; the old name is deprecated as Llama deprecates it.
     model = _lm() if head == "lm" else AoTForSequenceClassification(tiny_config(pad_token_id=0)).eval()
     ids, step = torch.randint(2, 97, (2, 5)), torch.randint(2, 97, (2, 1))
     with torch.no_grad():
         prefix = model(ids, use_cache=True)
-        assert getattr(prefix, CACHE_FIELD) is not None and prefix.to_tuple()[1] is getattr(prefix, CACHE_FIELD)
+        assert prefix.cache is not None and prefix.to_tuple()[1] is prefix.cache
         by_name = {}
         for name in ("cache", "past_key_values"):
-            cache = model(ids, use_cache=True)[CACHE_FIELD]
+            cache = model(ids, use_cache=True).cache
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 by_name[name] = model(step, use_cache=True, **{name: cache}).logits
-            deprecated = name == "past_key_values" and CACHE_FIELD == "cache"  # as transformers deprecates it
-            assert any("`past_key_values` is deprecated" in str(w.message) for w in caught) == deprecated
-            assert getattr(model(step, use_cache=True, **{name: cache}), CACHE_FIELD).get_seq_length() == 7
+            assert any("`past_key_values` is deprecated" in str(w.message) for w in caught) == (name != "cache")
+            assert model(step, use_cache=True, **{name: cache}).cache.get_seq_length() == 7
         whole = model(torch.cat([ids, step], dim=1)).logits
         torch.testing.assert_close(by_name["cache"], by_name["past_key_values"])
         torch.testing.assert_close(by_name["cache"][:, -1], whole[:, -1], atol=1e-5, rtol=1e-5)
         if head == "lm":  # the heads on transformers' `GenericFor*` resolve the two names as transformers does
-            first, second = (model(ids, use_cache=True)[CACHE_FIELD] for _ in range(2))
-            with pytest.raises(ValueError, match="Pass the cache once"):
+            first, second = (model(ids, use_cache=True).cache for _ in range(2))
+            with pytest.raises(ValueError, match="Both `past_key_values` and `cache` are set"):
                 model(step, cache=first, past_key_values=second)
+            with pytest.raises(ValueError, match="Both `past_key_values` and `cache` are set"):
+                model.model(step, cache=first, past_key_values=second)
 
 
 def test_mssa_static_cache_stores_its_key_value_tensor_once():
@@ -247,7 +247,7 @@ def test_mssa_static_cache_stores_its_key_value_tensor_once():
         model = _lm(attention_type=attention_type)
         cache = StaticCache(config=model.config, max_cache_len=16)
         with torch.no_grad():
-            model(torch.randint(0, 97, (1, 6)), use_cache=True, **{CACHE_FIELD: cache})
+            model(torch.randint(0, 97, (1, 6)), use_cache=True, cache=cache)
         sizes[attention_type] = sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers)
     assert sizes["mssa"] * 2 == sizes["mhsa"]
 
@@ -272,8 +272,8 @@ def test_compiled_static_cache_decoding_has_no_graph_breaks_and_gives_the_uncach
     cache = StaticCache(config=model.config, max_cache_len=12)
     decode = torch.compile(model.forward, fullgraph=True)  # a graph break raises
     with torch.no_grad():
-        logits = [model(ids[:, :6], use_cache=True, **{CACHE_FIELD: cache}).logits]  # eager prefill
-        logits += [decode(ids[:, i : i + 1], use_cache=True, **{CACHE_FIELD: cache}).logits for i in range(6, 11)]
+        logits = [model(ids[:, :6], use_cache=True, cache=cache).logits]  # eager prefill
+        logits += [decode(ids[:, i : i + 1], use_cache=True, cache=cache).logits for i in range(6, 11)]
         expected = model(ids, use_cache=False).logits  # not an eager static cache: both could be wrong alike
     torch.testing.assert_close(torch.cat(logits, dim=1), expected, atol=1e-5, rtol=0)
 
@@ -430,4 +430,4 @@ def test_remote_code_refuses_an_old_transformers_with_the_required_version(tmp_p
         """
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert "transformers>=5.5,<6" in result.stdout and "4.57.0" in result.stdout, result.stdout + result.stderr
+    assert "transformers>=5.24,<6" in result.stdout and "4.57.0" in result.stdout, result.stdout + result.stderr

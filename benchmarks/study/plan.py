@@ -67,8 +67,8 @@ class Study:
     vocab_size: int = 8192  # a byte-level BPE trained on the corpus; see README
     block_size: int = 256
     batch_size: int = 16  # 4,096 tokens a step
-    # 20, as Chinchilla's compute-optimal ratio. At 10, S-aot-mssa-seed0 ended 0.93 nats below the unigram floor
-    # (validation loss 5.888, commit 9dcc682), short of the 1 nat every main run must clear; those records were retired.
+    # 20, as Chinchilla's compute-optimal ratio. At 10, S-aot-mssa-seed0 ended 0.93 nats below the unigram
+    # floor (validation loss 5.888, commit 9dcc682), short of the 1 nat every main run must clear: retired.
     tokens_per_parameter: float = 20.0
     learning_rate: float = 2e-3
     warmup: float = 0.05  # of the steps, then cosine decay

@@ -12,10 +12,11 @@ from packaging.version import Version
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
-# The transformers versions this code runs on (attention and mask interfaces, `transformers.initialization`). Saved
-# in every config.json and model card; checked here, in the first file transformers imports from a saved folder.
-REQUIRED_TRANSFORMERS = ">=5.5,<6"
-if not Version("5.5") <= Version(transformers.__version__) < Version("6"):
+# The transformers versions this code runs on (the cache named `cache`, the attention and mask interfaces,
+# `transformers.initialization`). Saved in every config.json and model card; checked here, in the first file
+# transformers imports from a saved folder.
+REQUIRED_TRANSFORMERS = ">=5.24,<6"
+if not Version("5.24") <= Version(transformers.__version__) < Version("6"):
     raise ImportError(
         f"AoT models need transformers{REQUIRED_TRANSFORMERS}, but transformers {transformers.__version__} is "
         f"installed: pip install 'transformers{REQUIRED_TRANSFORMERS}'"
@@ -97,7 +98,7 @@ class AoTConfig(PretrainedConfig):
         "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
         "norm": (["hidden_states"], ["hidden_states"]),
     }
-    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the cache field before and after transformers 5.24
+    keys_to_ignore_at_inference = ["cache"]
 
     # The fields, as transformers' own configs declare them (keyword arguments, checked in `__post_init__`).
     vocab_size: int = 50257

@@ -10,12 +10,8 @@ Part of the remote-code unit: imports only torch, safetensors, transformers and 
 Shapes: B batch, T tokens, d = H·D width (H heads of D), C channels, P patch side, N patches, L labels, V vocabulary.
 """
 
-from __future__ import annotations
-
 import hashlib
-import inspect
 import math
-import warnings
 from pathlib import Path
 
 import torch
@@ -41,7 +37,9 @@ from transformers.modeling_outputs import (
     ImageClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.output_capturing import capture_outputs
 
 from .attention_aot import ATTENTION_FUNCTIONS, eager_attention_forward
@@ -59,24 +57,6 @@ VISION_AUTO_MAP = _auto_map("AoTVisionModel", "AoTForImageClassification")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # weights that may hold a pickle, in any case
 CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
 KNN_BACKENDS = ("knn",)  # the backends that honour `knn_k`; with `knn_k` set, no other is accepted
-
-# transformers-version shims, all in one place. transformers 5.24 renamed the cache argument and output field
-# `past_key_values` to `cache` (the old name still works, with a warning) and moved the write of continuous batching's
-# paged cache from the attention function into the attention layer (`cache.update(..., kwargs=kwargs)`, as Llama).
-CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
-_MASK_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
-_LAYER_UPDATES_PAGED_CACHE = CACHE_FIELD == "cache"
-
-
-def _one_cache(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
-    """The cache given under either name (`cache`, or the pre-5.24 `past_key_values`); both at once is an error."""
-    if past_key_values is None:
-        return cache
-    if CACHE_FIELD == "cache" and not torch.compiler.is_compiling():  # as transformers' own `deprecate_kwarg`
-        warnings.warn("`past_key_values` is deprecated since transformers 5.24; use `cache`.", FutureWarning, 3)
-    if cache is not None and cache is not past_key_values:
-        raise ValueError("Pass the cache once: as `cache` (transformers >= 5.24) or as `past_key_values`, not both.")
-    return past_key_values
 
 
 def code_file_hashes(folder: Path) -> dict[str, str | None]:
@@ -168,7 +148,11 @@ class AoTAttention(nn.Module):
         self.scaling = 1.0 if config.normalize_query else self.head_dim**-0.5
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         heads = lambda projection: projection(hidden_states).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
         mssa = self.config.attention_type == "mssa"
@@ -176,13 +160,11 @@ class AoTAttention(nn.Module):
             query = key = value = heads(self.subspace_proj)  # (B, H, T, D)
         else:
             query, key, value = heads(self.q_proj), heads(self.k_proj), heads(self.v_proj)
-        if past_key_values is not None:
+        if cache is not None:
             # MSSA stores its key = value tensor once (the value slot holds an empty (B, H, T, 0) view), except in the
-            # paged cache of continuous batching, whose kernels read both. From 5.24 every cache takes the kwargs.
-            once = mssa and not isinstance(past_key_values, PagedAttentionCache)
-            stored = value[..., :0] if once else value
-            update_kwargs = {"kwargs": kwargs} if _LAYER_UPDATES_PAGED_CACHE else {}
-            key, value = past_key_values.update(key, stored, self.layer_idx, **update_kwargs)
+            # paged cache of continuous batching, whose kernels read both.
+            once = mssa and not isinstance(cache, PagedAttentionCache)
+            key, value = cache.update(key, value[..., :0] if once else value, self.layer_idx, kwargs=kwargs)
             value = key if once else value
         if self.config.normalize_query:
             query = F.normalize(query, dim=-1)
@@ -215,9 +197,13 @@ class AoTLayer(GradientCheckpointingLayer):
         self.mlp_norm, self.mlp = (norm(), block(config)) if config.layer_has_mlp(layer_idx) else (None, None)
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
-        attn_output = self.attention(self.attention_norm(hidden_states), attention_mask, past_key_values, **kwargs)[0]
+        attn_output = self.attention(self.attention_norm(hidden_states), attention_mask, cache, **kwargs)[0]
         hidden_states = torch.add(hidden_states, self.dropout(attn_output), alpha=self.step_size)
         if isinstance(self.mlp, AoTIsta):
             hidden_states = self.mlp(self.mlp_norm(hidden_states))
@@ -284,7 +270,6 @@ class AoTPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["AoTLayer"]
-    _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_sdpa = _supports_flash_attn = _supports_flex_attn = _supports_attention_backend = True
     _can_compile_fullgraph = True
     # transformers' hooks record the input and each layer's output (the last: the final output, as GPT-2's) and maps.
@@ -440,30 +425,27 @@ class AoTModel(AoTPreTrainedModel):
             message = f"`position_ids` must lie in [0, {limit - 1}] (max_position_embeddings={limit})."
             _check_values((position_ids >= 0) & (position_ids < limit), message)
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache", raise_if_both_names=True)
     @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        cache: Cache | None = None,
-        **kwargs,
-    ) -> BaseModelOutputWithPast | tuple:
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutputWithPast:
         """Run the backbone, as transformers' decoders do. `attention_mask` is a 2-D padding mask (B, cached + new
         tokens) or a prepared 4-D mask used as given; `position_ids` default to counting from each sequence's first
         real token (left padding), and positions that restart at 0 inside a row mark packed sequences; the cache
-        (dynamic, static, offloaded or paged) comes as `cache` or, before transformers 5.24, `past_key_values`."""
+        (dynamic, static, offloaded or paged) comes as `cache` (`past_key_values`, deprecated, as Llama's)."""
         # A cache only serves decoding; building one in training would copy every layer's keys for nothing.
         use_cache = self.config.use_cache and not self.training if use_cache is None else use_cache
         use_cache = use_cache and not (self.gradient_checkpointing and self.training)
-        cache, past_length = _one_cache(cache, past_key_values), 0
-        if isinstance(cache, PagedAttentionCache):  # continuous batching: positions and lengths come in kwargs
-            if not _LAYER_UPDATES_PAGED_CACHE:
-                kwargs["cache"], cache = cache, None  # before 5.24 the attention function writes it
-        else:
+        past_length = 0
+        if not isinstance(cache, PagedAttentionCache):  # continuous batching: positions and lengths come in kwargs
             cache = (cache if cache is not None else DynamicCache(config=self.config)) if use_cache else None
             past_length = cache.get_seq_length() if cache is not None else 0
         self._check_inputs(input_ids, inputs_embeds, attention_mask, position_ids, past_length)
@@ -471,16 +453,15 @@ class AoTModel(AoTPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d)
         # Packed sequences are signalled by the caller's positions (restarting at 0 inside a row); positions made
         # below never are, and withholding them keeps the plain causal mask skippable under torch.compile too.
-        mask_kwargs = {_MASK_CACHE_ARGUMENT: cache, "position_ids": position_ids}
-        mask = create_causal_mask(self.config, inputs_embeds, attention_mask, **mask_kwargs)
+        mask = create_causal_mask(self.config, inputs_embeds, attention_mask, cache=cache, position_ids=position_ids)
         if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -inputs_embeds.shape[1] :]
         elif position_ids is None:
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
         hidden_states = self.dropout(inputs_embeds + self.embed_positions(position_ids))  # positions (B or 1, T)
-        for layer in self.layers:  # `past_key_values`: the layers' name for the cache (backends take a `cache` kwarg)
-            hidden_states = layer(hidden_states, mask, past_key_values=cache, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{CACHE_FIELD: cache})
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, mask, cache=cache, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
 
 
 class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
@@ -496,26 +477,25 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache", raise_if_both_names=True)
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        cache: Cache | None = None,
-        **kwargs,
-    ) -> CausalLMOutputWithPast | tuple:
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> CausalLMOutputWithPast:
         """Next-token logits, and the loss when `labels` (B, T) are given (shifted inside; -100 is ignored).
         `logits_to_keep`: an int keeps the last that many positions (0 keeps all), a 1-D tensor those positions. Extra
         keyword arguments (e.g. `Trainer`'s `num_items_in_batch`) reach the loss."""
         outputs = self.model(
-            input_ids, attention_mask, position_ids, inputs_embeds=inputs_embeds, use_cache=use_cache,
-            cache=_one_cache(cache, past_key_values), return_dict=True, **kwargs
+            input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, return_dict=True, **kwargs
         )  # fmt: skip
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
@@ -531,8 +511,8 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
             _check_labels(labels, self.config.vocab_size, "vocab_size")
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions,
-            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)}
+            loss=loss, logits=logits, cache=outputs.cache, hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
         )  # fmt: skip
 
 
@@ -595,8 +575,11 @@ class AoTVisionModel(AoTPreTrainedModel):
 
     @capture_outputs
     def forward(
-        self, pixel_values: torch.Tensor | None = None, interpolate_pos_encoding: bool = False, **kwargs
-    ) -> BaseModelOutputWithPooling | tuple:
+        self,
+        pixel_values: torch.Tensor | None = None,
+        interpolate_pos_encoding: bool = False,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutputWithPooling:
         """Encode images (B, C, H, W) into tokens (B, N+1, d) and a pooled vector (B, d); images are `image_size`
         square unless `interpolate_pos_encoding=True` resizes the position table to any size the patches tile."""
         if not torch.compiler.is_compiling():
@@ -628,8 +611,8 @@ class AoTForImageClassification(AoTPreTrainedModel):
         pixel_values: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         interpolate_pos_encoding: bool = False,
-        **kwargs,
-    ) -> ImageClassifierOutput | tuple:
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> ImageClassifierOutput:
         """Class logits (B, L), and the loss when `labels` (B,) are given."""
         outputs = self.model(pixel_values, interpolate_pos_encoding, return_dict=True, **kwargs)
         logits = self.classifier(self.head_norm(outputs.pooler_output))  # (B, L)
