@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from transformers import (
+    AutoConfig,
     BertConfig,
     BertModel,
     Gemma2Config,
@@ -34,7 +35,7 @@ from transformers.modeling_utils import AttentionInterface
 
 import aot_transformers.knn  # noqa: F401  (registers the backend)
 from aot_transformers import AoTForCausalLM
-from aot_transformers.knn import KNN_ATTENTION, check_knn_k, knn_attention_forward
+from aot_transformers.knn import KNN_ATTENTION, check_knn_k, knn_attention_forward, use_knn_attention
 from conftest import tiny_config
 
 SMALL = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2)
@@ -83,8 +84,8 @@ def _inputs(name: str, batch: int = 2, length: int = 11) -> dict:
 def _with_backend(name: str, backend: str, knn_k=None):
     torch.manual_seed(0)  # the same weights whatever the backend
     model = BUILDERS[name]() if name != "aot" else aot(knn_k=knn_k)
-    if name != "aot":
-        model.config.knn_k = knn_k
+    if name != "aot" and backend == KNN_ATTENTION:
+        return use_knn_attention(model, knn_k)
     model.set_attn_implementation(backend)
     return model
 
@@ -181,7 +182,7 @@ def test_bidirectional_vision_model_keeps_k_keys_per_query():
         (True, TypeError, "bool"),
     ],
 )
-def test_bad_knn_k_gets_a_clear_error_when_the_model_is_switched_to_knn(knn_k, error, match):
+def test_bad_knn_k_gets_a_clear_error_when_any_model_is_switched_to_knn(knn_k, error, match):
     with pytest.raises(error, match=match):
         _with_backend("gpt2", KNN_ATTENTION, knn_k=knn_k)
 
@@ -192,17 +193,20 @@ def test_numpy_knn_k_is_read_as_a_python_number():
     assert check_knn_k(np.float32(0.5)) == 0.5 and type(check_knn_k(np.int64(3))) is int
 
 
-def test_the_readme_one_liner_loads_any_saved_model_with_knn_attention(tmp_path):
+def test_the_readme_one_liner_gives_any_saved_model_knn_attention_and_saving_keeps_it(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    gpt2().save_pretrained(tmp_path)
-    model = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="knn", knn_k=0.5)
+    gpt2().save_pretrained(tmp_path / "dense")
+    model = use_knn_attention(AutoModelForCausalLM.from_pretrained(tmp_path / "dense"), knn_k=0.5)
     assert model.config._attn_implementation == "knn" and model.config.knn_k == 0.5
     calls = []
     model.transformer.h[0].attn.register_forward_hook(lambda *args: calls.append(1))
     with torch.no_grad():
         model(torch.randint(1, 97, (1, 6)))
     assert calls
+    model.save_pretrained(tmp_path / "knn")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "knn", attn_implementation="knn")
+    assert reloaded.config.knn_k == 0.5 and reloaded.config._attn_implementation == "knn"
 
 
 # --- Models whose attention passes the kernel more than (query, key, value, mask, scaling, dropout) ------------------
@@ -483,13 +487,16 @@ def test_finite_values_of_an_additive_float_mask_are_added_to_the_scores():
         ("knn_chunk_size", 1.5, "knn_chunk_size"),
     ],
 )
-def test_bad_knn_settings_of_any_model_are_refused_when_it_is_built(tmp_path, setting, value, match):
-    llama().save_pretrained(tmp_path)
+def test_bad_knn_settings_of_any_model_are_refused_when_it_is_switched_or_at_its_first_forward(
+    tmp_path, setting, value, match
+):
     settings = {"knn_k": 2, setting: value}
     with pytest.raises((ValueError, TypeError), match=match):
-        LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation=KNN_ATTENTION, **settings)
-    model = llama()
+        use_knn_attention(llama(), **settings)
+    llama().save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path)
     for name, given in settings.items():
-        setattr(model.config, name, given)
+        setattr(config, name, given)
+    model = LlamaForCausalLM.from_pretrained(tmp_path, config=config, attn_implementation=KNN_ATTENTION)
     with pytest.raises((ValueError, TypeError), match=match):
-        model.set_attn_implementation(KNN_ATTENTION)
+        model(torch.randint(1, 97, (1, 6)))

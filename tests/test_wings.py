@@ -4,6 +4,7 @@ what two of them share lives at package level (`_io.py`, `model_card.py`, ...)."
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,80 @@ def test_the_cards_names_of_the_suite_are_the_suites_own():
 
     datasets = {name: DATASETS[task.dataset] for name, task in TASKS.items()}
     assert SUITE == {name: (task.kind, datasets[name].title, datasets[name].hub.path) for name, task in TASKS.items()}
+
+
+# Imports every module of the package after snapshotting every attribute of every transformers module (and of every
+# class defined in one) that importing them loads; prints what changed. Registries (Auto classes, attention
+# functions) are filled through their public `register`, which changes no attribute.
+PATCH_PROBE = """
+import importlib, inspect, pkgutil, sys
+for name in sys.argv[1:]:  # in the order the package loaded them
+    try:
+        importlib.import_module(name)
+    except Exception:  # loaded inside a try by transformers itself; what then loads it is compared from there on
+        pass
+def snapshot():
+    seen = {}
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith("transformers") or module is None:
+            continue
+        lazy = type(module).__name__ == "_LazyModule"  # caches what it imports on first access: not a change
+        for attr, value in list(vars(module).items()):
+            seen[(module_name, attr)] = (id(value), lazy)
+            if inspect.isclass(value) and value.__module__ == module_name:
+                for cls_attr, cls_value in list(vars(value).items()):
+                    seen[(f"{module_name}.{attr}", cls_attr)] = (id(cls_value), False)
+    return seen
+before = snapshot()
+owners = {owner for owner, _ in before}
+import aot_transformers
+for info in pkgutil.walk_packages(aot_transformers.__path__, "aot_transformers."):
+    if not info.name.endswith("_reload_check"):  # a script for its own process: it hides the package
+        importlib.import_module(info.name)
+for key, (identity, lazy) in sorted(snapshot().items()):
+    if key in before and before[key][0] != identity or key not in before and key[0] in owners and not lazy:
+        print(".".join(key))
+"""
+
+
+def _transformers_modules_the_package_loads() -> list[str]:
+    code = (
+        "import importlib, pkgutil, sys, aot_transformers\n"
+        "for info in pkgutil.walk_packages(aot_transformers.__path__, 'aot_transformers.'):\n"
+        "    if not info.name.endswith('_reload_check'):\n"
+        "        importlib.import_module(info.name)\n"
+        "print(' '.join(n for n in sys.modules if n.startswith('transformers')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
+def test_importing_any_module_of_the_package_changes_no_transformers_class_or_module_attribute():
+    modules = _transformers_modules_the_package_loads()
+    result = subprocess.run([sys.executable, "-c", PATCH_PROBE, *modules], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"importing aot_transformers changed:\n{result.stdout}"
+
+
+def test_the_patch_probe_sees_a_replaced_method_and_a_new_class_attribute(tmp_path):
+    patch = tmp_path / "patcher.py"
+    patch.write_text(
+        "import transformers\n"
+        "transformers.PreTrainedModel.save_pretrained = lambda self, *a, **k: None\n"
+        "transformers.PretrainedConfig.knn_k = None\n"
+    )
+    probe = PATCH_PROBE.replace("import aot_transformers\n", "import patcher, aot_transformers\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *_transformers_modules_the_package_loads()],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    changed = set(result.stdout.split())
+    assert "transformers.modeling_utils.PreTrainedModel.save_pretrained" in changed
+    assert "transformers.configuration_utils.PreTrainedConfig.knn_k" in changed
+    assert all(name.endswith((".save_pretrained", ".knn_k")) for name in changed), changed  # and nothing else

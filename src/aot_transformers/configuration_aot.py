@@ -57,8 +57,8 @@ def check_knn_k(knn_k) -> int | float:
     if knn_k is None:
         raise ValueError(
             "attn_implementation='knn' needs `knn_k` in the model's config: an int >= 1 (keys kept per query) or a "
-            "float in (0, 1] (the fraction of the keys a query may see), e.g. `from_pretrained(..., "
-            "attn_implementation='knn', knn_k=0.5)`."
+            "float in (0, 1] (the fraction of the keys a query may see), e.g. `config.knn_k = 0.5`, or "
+            "`aot_transformers.knn.use_knn_attention(model, knn_k=0.5)` for any transformers model."
         )
     integer = isinstance(knn_k, Integral) and not isinstance(knn_k, bool)
     return check_number("knn_k", knn_k, f"[1, {2**62}]" if integer else "(0.0, 1.0]")  # 2**62: no int64 overflow

@@ -1,24 +1,26 @@
 """k-NN attention for any transformers model (KVT, Wang et al., https://arxiv.org/abs/2106.00515).
 
 KVT's claim is that keeping each query's k best keys is a drop-in for the attention of *any* transformer. Importing
-this module (or `aot_transformers`) registers the package's exact, chunked k-NN kernel in transformers'
+this module (or `aot_transformers`) registers the package's exact, chunked k-NN kernel in transformers' public
 `AttentionInterface` under the name `"knn"`, with its mask function (boolean masks, as SDPA's) in
-`AttentionMaskInterface` — without the latter, transformers would build no mask and silently ignore padding. Every
-model whose attention goes through `ALL_ATTENTION_FUNCTIONS` then runs k-NN attention with one argument:
+`AttentionMaskInterface` — without the latter, transformers would build no mask and silently ignore padding. Nothing
+else of transformers changes. Every model whose attention goes through `ALL_ATTENTION_FUNCTIONS` then runs k-NN
+attention with one call:
 
-    import aot_transformers.knn
-    model = AutoModelForCausalLM.from_pretrained(name_or_folder, attn_implementation="knn", knn_k=0.5)
+    from aot_transformers.knn import use_knn_attention
+    model = use_knn_attention(AutoModelForCausalLM.from_pretrained(name_or_folder), knn_k=0.5)
 
-`knn_k` is read from the model's config: an int keeps that many keys per query, a float in (0, 1] keeps
-`ceil(knn_k * n)` of the `n` keys a query may see (the paper's rule of thumb is n/2). Exactly min(k, visible keys)
-keys are kept (the lowest positions among keys tied at the k-th score). Causal and bidirectional models, padding,
-grouped-query attention (fewer key/value heads) and KV caches all work; `knn_chunk_size` (default 256) sets how
-many queries are scored at once.
+or, equivalently, with `config.knn_k` set and `attn_implementation="knn"` (the kernel then checks `knn_k` at the
+first forward). `knn_k` is read from the model's config: an int keeps that many keys per query, a float in (0, 1]
+keeps `ceil(knn_k * n)` of the `n` keys a query may see (the paper's rule of thumb is n/2). Exactly min(k, visible
+keys) keys are kept (the lowest positions among keys tied at the k-th score). Causal and bidirectional models,
+padding, grouped-query attention (fewer key/value heads) and KV caches all work; `knn_chunk_size` (default 256) sets
+how many queries are scored at once.
 """
 
 from __future__ import annotations
 
-from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .attention_aot import knn_attention_forward
@@ -30,29 +32,20 @@ KNN_ATTENTION = "knn"
 AttentionInterface.register(KNN_ATTENTION, knn_attention_forward)
 AttentionMaskInterface.register(KNN_ATTENTION, sdpa_mask)
 
-# `from_pretrained(..., knn_k=0.5)` hands a keyword to the config only if the config already has that attribute
-# (otherwise it goes to the model's `__init__`, which rejects it). A class-level default makes every config accept
-# `knn_k` (and `knn_chunk_size`); a value given is stored on the instance and saved with the config.
-for _name in ("knn_k", "knn_chunk_size"):
-    if not hasattr(PretrainedConfig, _name):
-        setattr(PretrainedConfig, _name, None)
+
+def use_knn_attention(model: PreTrainedModel, knn_k: int | float, knn_chunk_size: int | None = None):
+    """Switch `model` (any transformers model) to k-NN attention keeping `knn_k` keys per query, in place; returns
+    it. Bad values raise here, naming the argument. `knn_k` is stored in the config (and its sub-configs), so
+    `save_pretrained` keeps it."""
+    settings = {"knn_k": check_knn_k(knn_k)}
+    if knn_chunk_size is not None:
+        settings["knn_chunk_size"] = check_number("knn_chunk_size", knn_chunk_size)
+    sub_configs = (getattr(model.config, key, None) for key in model.config.sub_configs)
+    for config in (model.config, *filter(None, sub_configs)):
+        for name, value in settings.items():
+            setattr(config, name, value)
+    model.set_attn_implementation(KNN_ATTENTION)
+    return model
 
 
-_check_and_adjust_attn_implementation = PreTrainedModel._check_and_adjust_attn_implementation
-
-
-def _check_knn_settings_at_load(self, attn_implementation, *args, **kwargs):
-    """Bad `knn_k` / `knn_chunk_size` raise when the model is built or switched to "knn", not at its first forward."""
-    if attn_implementation == KNN_ATTENTION:
-        check_knn_k(getattr(self.config, "knn_k", None))
-        if (chunk_size := getattr(self.config, "knn_chunk_size", None)) is not None:
-            check_number("knn_chunk_size", chunk_size)
-    return _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs)
-
-
-if not getattr(_check_and_adjust_attn_implementation, "_aot_knn_checks", False):
-    _check_knn_settings_at_load._aot_knn_checks = True
-    PreTrainedModel._check_and_adjust_attn_implementation = _check_knn_settings_at_load
-
-
-__all__ = ["KNN_ATTENTION", "check_knn_k", "knn_attention_forward"]
+__all__ = ["KNN_ATTENTION", "check_knn_k", "knn_attention_forward", "use_knn_attention"]
