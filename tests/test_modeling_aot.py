@@ -246,10 +246,12 @@ def test_step_size_scales_the_residual_update():
 
 def test_token_ids_out_of_vocab_raise():
     model = _lm()
-    # Values are checked on the device's time (`torch._assert_async`): on CPU at once, as a RuntimeError.
-    with pytest.raises(RuntimeError, match=r"input_ids.*\[0, 96\]"):
+    # Values are checked on the device's time (`torch._assert_async`): on CPU at once, as an `AoTInputError`, which
+    # is a ValueError (as transformers users catch bad input) and a RuntimeError (as a device-side assert raises).
+    with pytest.raises(ValueError, match=r"input_ids.*\[0, 96\]") as caught:
         model(torch.tensor([[1, 2, 97]]))
-    with pytest.raises(RuntimeError, match="input_ids"):
+    assert isinstance(caught.value, RuntimeError) and str(caught.value) == "`input_ids` must lie in [0, 96]."
+    with pytest.raises(ValueError, match="input_ids"):
         model(torch.tensor([[-1, 2]]))
     with pytest.raises(TypeError, match="input_ids"):
         model(torch.tensor([[1.0, 2.0]]))
@@ -324,7 +326,7 @@ def test_wrong_image_shape_raises(shape, match):
 
 def test_labels_out_of_range_raise():
     model = AoTForImageClassification(tiny_config())
-    with pytest.raises(RuntimeError, match="num_labels=5"):
+    with pytest.raises(ValueError, match="num_labels=5"):
         model(torch.randn(2, 3, 16, 16), labels=torch.tensor([0, 5]))
 
 
@@ -335,7 +337,7 @@ def test_lm_labels_out_of_vocabulary_raise_but_ignore_index_passes():
     labels[0, 3] = -100
     assert torch.isfinite(model(ids, labels=labels).loss)
     labels[1, 5] = 97
-    with pytest.raises(RuntimeError, match=r"vocab_size=97.*-100"):
+    with pytest.raises(ValueError, match=r"vocab_size=97.*-100"):
         model(ids, labels=labels)
 
 
@@ -344,13 +346,13 @@ def test_attention_mask_values_other_than_zero_and_one_raise(value):
     ids = _ids()
     mask = torch.ones(ids.shape, dtype=torch.float32)
     mask[0, 0] = value
-    with pytest.raises(RuntimeError, match="1 for real tokens and 0 for padding"):
+    with pytest.raises(ValueError, match="1 for real tokens and 0 for padding"):
         _lm()(ids, attention_mask=mask)
 
 
 def test_negative_position_ids_raise():
     ids = _ids()
-    with pytest.raises(RuntimeError, match="position_ids"):
+    with pytest.raises(ValueError, match="position_ids"):
         _lm()(ids, position_ids=torch.arange(-1, 11).expand(2, -1))
 
 
@@ -393,11 +395,11 @@ def test_inputs_of_the_wrong_kind_or_not_finite_get_a_clear_error():
         model(_ids(), labels=_ids().float())
     embeds = torch.randn(2, 5, 32)
     embeds[1, 2, 3] = float("nan")
-    with pytest.raises(RuntimeError, match="inputs_embeds.*finite"):
+    with pytest.raises(ValueError, match="inputs_embeds.*finite"):
         model(inputs_embeds=embeds)
     pixels = torch.randn(2, 3, 16, 16)
     pixels[0, 0, 0, 0] = float("inf")
-    with pytest.raises(RuntimeError, match="pixel_values.*finite"):
+    with pytest.raises(ValueError, match="pixel_values.*finite"):
         AoTForImageClassification(tiny_config())(pixels)
 
 

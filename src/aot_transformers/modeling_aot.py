@@ -65,11 +65,19 @@ def code_file_hashes(folder: Path) -> dict[str, str | None]:
     return {name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for name, p in paths.items()}
 
 
+class AoTInputError(ValueError, RuntimeError):
+    """A bad input value (an id outside the vocabulary, a NaN pixel, a label out of range): a `ValueError`, as
+    transformers users catch bad input, and a `RuntimeError`, as torch's device-side asserts raise."""
+
+
 def _check_values(condition: torch.Tensor, message: str) -> None:
-    """A check of tensor values that never waits for the device: on CPU it raises at once (RuntimeError with
-    `message`), on an accelerator the device raises when it gets there; skipped while compiling."""
+    """A check of tensor values that never waits for the device: on CPU it raises at once (`AoTInputError` with
+    `message`), on an accelerator the device raises (a RuntimeError) when it gets there; skipped while compiling."""
     if not torch.compiler.is_compiling():
-        torch._assert_async(condition.all(), message)
+        try:
+            torch._assert_async(condition.all(), message)
+        except RuntimeError as error:  # CPU: raised by the op itself, with no extra read of the tensor
+            raise AoTInputError(message) from error
 
 
 def _check_shape(ok: bool, tensor: torch.Tensor, expected: str) -> None:
@@ -630,6 +638,7 @@ class AoTForImageClassification(AoTPreTrainedModel):
 
 __all__ = [
     "AoTForCausalLM",
+    "AoTInputError",
     "AoTForImageClassification",
     "AoTForSequenceClassification",
     "AoTForTokenClassification",
