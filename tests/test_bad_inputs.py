@@ -93,6 +93,58 @@ def test_bad_text_file_is_refused_naming_the_file_and_line(tmp_path, capsys, nam
     refused(lm(path, tmp_path / "out"), capsys, name, *needles)
 
 
+def _shard(path: Path, texts: list[str], column: str = "text") -> Path:
+    import datasets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    datasets.Dataset.from_dict({column: texts}).to_parquet(str(path))
+    return path
+
+
+def _damage(shard: Path, how: str) -> None:
+    good = shard.read_bytes()
+    if how == "truncated":
+        shard.write_bytes(good[: len(good) // 2])
+    elif how == "empty":
+        shard.write_bytes(b"")
+    elif how == "random bytes":
+        shard.write_bytes(bytes(range(256)) * 8)
+    elif how == "another column":
+        _shard(shard, ["a book"] * 4, column="content")
+    elif how == "no rows":
+        _shard(shard, [])
+
+
+DAMAGE = {
+    "truncated": "not a readable parquet file",
+    "empty": "is empty",
+    "random bytes": "not a readable parquet file",
+    "another column": "no text column 'text'",
+    "no rows": "holds no rows",
+}
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGE))
+def test_a_damaged_shard_of_a_dataset_repository_is_refused_naming_the_file(tmp_path, capsys, how):
+    repo = tmp_path / "repo"
+    books = [f"book {i}: " + "words of a book " * 20 for i in range(8)]
+    for split, texts in (("train", books[:6]), ("validation", books[6:])):
+        _shard(repo / "data" / f"{split}-00000-of-00001.parquet", texts)
+    files = "".join(f"  - split: {split}\n    path: data/{split}-*.parquet\n" for split in ("train", "validation"))
+    (repo / "README.md").write_text(f"---\nconfigs:\n- config_name: default\n  data_files:\n{files}---\n")
+    _damage(repo / "data" / "validation-00000-of-00001.parquet", how)
+    refused(lm(repo, tmp_path / "out"), capsys, "validation-00000-of-00001.parquet", DAMAGE[how])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGE))
+def test_a_damaged_parquet_file_is_refused_naming_it(tmp_path, capsys, how):
+    shard = _shard(tmp_path / "books.parquet", [f"book {i}: " + "words " * 40 for i in range(8)])
+    _damage(shard, how)
+    refused(lm(shard, tmp_path / "out"), capsys, "books.parquet", DAMAGE[how])
+    assert not (tmp_path / "out").exists()
+
+
 def test_corrupt_image_is_refused_naming_the_file(tmp_path, capsys):
     from PIL import Image
 

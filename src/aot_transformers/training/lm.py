@@ -223,6 +223,7 @@ def prepare_lm_training(
         raise TrainingSetupError(
             f"--block_size must be in [2, max_position_embeddings={config.max_position_embeddings}], got {block_size}."
         )
+    source = load_text_source(data_args)  # bad data is refused before the output folder is touched
     run.start(
         config,
         data_fingerprint(data_args.dataset_name, data_args.train_file, data_args.validation_file)
@@ -230,7 +231,7 @@ def prepare_lm_training(
         block_size=block_size,
         tokenizer=model_args.tokenizer_name_or_path or model_args.tokenizer_vocab_size,
     )
-    run.source = source = load_text_source(data_args)
+    run.source = source
     tokenizer = load_or_train_tokenizer(model_args, config, source, training_args, run.resume, data_args)
     if len(tokenizer) > config.vocab_size:  # every token id must index the model's embedding
         raise TrainingSetupError(

@@ -122,18 +122,34 @@ def collect_files(paths: list[str], what: str = "training") -> dict[str, list[st
 def check_text_file(path: str | os.PathLike, text_column: str = "text", what: str = "training") -> None:
     """Read a local text, JSON Lines or CSV file once and refuse what `datasets` would choke on, naming the file and
     the line: an empty file, bytes that are not UTF-8 (latin-1, UTF-16, binary data), a JSON line that is not a JSON
-    object, or a record whose `text_column` is missing, null or not a string. Raises `TrainingSetupError` for the
-    first problem found (exit code 2, before anything is tokenized)."""
+    object, or a record whose `text_column` is missing, null or not a string. Of a parquet file only the footer is
+    read: a damaged or truncated file, one without `text_column`, or one with no rows is refused. Raises
+    `TrainingSetupError` for the first problem found (exit code 2, before anything is tokenized).
+    """
     path = Path(path)
     builder = TEXT_BUILDERS.get(path.suffix.lower())
 
     def refuse(problem: str) -> TrainingSetupError:
         return TrainingSetupError(f"{what} data: {path} {problem}")
 
-    if builder not in ("text", "json", "csv"):
-        return  # parquet carries its own schema; `datasets` reports its errors with the file name
     if path.stat().st_size == 0:
         raise refuse("is empty.")
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            metadata = pq.ParquetFile(path).metadata  # the footer alone: a truncated file has none
+        except Exception as error:
+            raise refuse(f"is not a readable parquet file ({error}): damaged or truncated.") from None
+        if text_column not in (columns := metadata.schema.to_arrow_schema().names):
+            raise refuse(
+                f"has no text column {text_column!r} (columns: {columns[:10]}); choose it with --text_column."
+            )
+        if metadata.num_rows == 0:
+            raise refuse("holds no rows.")
+        return
+    if builder not in ("text", "json", "csv"):
+        return
     with open(path, "rb") as handle:
         head = handle.read(4)
     if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
@@ -243,6 +259,8 @@ def load_text_source(args: TextDataArguments) -> TextSource:
             train = train.to_iterable_dataset()
     elif name is not None and (is_dataset_repository(name) or not _looks_local(name)):
         local = Path(name).is_dir()
+        for shard in sorted(Path(name).rglob("*.parquet")) if local else ():  # `datasets` would not name the file
+            check_text_file(shard, args.text_column, "training")
         loaded = load_hub_dataset(
             name, args, "data pass a path (a file or folder that exists)", streaming=args.streaming
         )
