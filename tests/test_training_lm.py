@@ -152,6 +152,22 @@ def test_streaming_source_holds_out_validation(text_dir):
     assert first_train == corpus_lines()[7]
 
 
+def test_a_stream_smaller_than_its_hold_out_holds_out_the_share_a_file_would(text_dir, tmp_path):
+    import datasets
+
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"text": line}) + "\n" for line in corpus_lines()[:40]))
+    arguments = TextDataArguments(train_file=[str(small)], streaming=True, validation_split_percentage=10)
+    source = load_text_source(arguments)  # the default hold-out (200 examples) would leave nothing to train on
+    assert source.validation["text"] == corpus_lines()[:4]  # 10% of 40, from the stream's head as before
+    assert [row["text"] for row in source.train] == corpus_lines()[4:40]
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"text": "a single line"}) + "\n")
+    with pytest.raises(TrainingSetupError, match="1 example"):
+        load_text_source(TextDataArguments(train_file=[str(one)], streaming=True))
+    assert isinstance(source.train, datasets.IterableDataset)
+
+
 def test_embedded_corpus_is_the_default():
     source = load_text_source(TextDataArguments())
     assert len(source.train) > 50 and source.documents

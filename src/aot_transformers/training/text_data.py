@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from typing import Any
 
 from .._io import arg, is_hub_id
 from .arguments import TrainingSetupError, check_dataset_name, load_hub_dataset
+
+logger = logging.getLogger(__name__)
 
 # File suffix -> `datasets` builder.
 TEXT_BUILDERS = {
@@ -295,9 +298,20 @@ def _split_validation(train, args: TextDataArguments):
     import datasets
 
     if isinstance(train, datasets.IterableDataset):
-        held_out = list(train.take(args.streaming_validation_examples))
-        validation = datasets.Dataset.from_list(held_out) if held_out else None
-        return train.skip(args.streaming_validation_examples), validation
+        held = args.streaming_validation_examples
+        head = list(train.take(held + 1)) if held else []  # one more than the hold-out: is anything left to train on?
+        if held and len(head) <= held:  # a stream smaller than its hold-out keeps the share a file would
+            if len(head) < 2:
+                raise TrainingSetupError(f"The training stream has {len(head)} example(s): too few to hold one out.")
+            share = args.validation_split_percentage or 5.0
+            held = min(len(head) - 1, max(1, round(len(head) * share / 100)))
+            logger.warning(
+                "The stream holds %d examples, not more than --streaming_validation_examples (%d): holding out %d "
+                "(%s%%, --validation_split_percentage).",
+                len(head), args.streaming_validation_examples, held, share,
+            )  # fmt: skip
+        validation = datasets.Dataset.from_list(head[:held]) if held else None
+        return train.skip(held), validation
     if args.validation_split_percentage == 0:
         return train, None
     count = len(train)
