@@ -33,7 +33,8 @@ class VisionData:
 
 def prepare_vision_data(plan, cifar_dir: Path, seed: int = 0) -> VisionData:
     """The CIFAR-10 archives with a stratified 10% validation split (the package's default), the training pool cut
-    to `plan.train_images` and the validation set to `plan.eval_images` (both fixed by `seed`)."""
+    to `plan.train_images` and the validation set to `plan.eval_images`: split and cuts are fixed by
+    `ImageDataArguments.split_seed` (0), so every row and every training `seed` sees the same images."""
     from aot_transformers.training import ImageDataArguments, load_image_source
     from aot_transformers.training.vision_data import make_image_processor, preprocess_images
 
