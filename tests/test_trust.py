@@ -170,11 +170,11 @@ def test_card_and_readme_say_what_the_hash_check_protects():
     from conftest import REPO_ROOT, tiny_config
 
     card = " ".join(str(render_model_card(tiny_config(), model_name="m")).split())
-    assert "aot verify FOLDER" in card and "only catches accidental edits" in card
-    assert "cannot protect you from a folder made to deceive" in card
+    assert "aot verify FOLDER" in card and "Loading checks nothing itself" in card
+    assert "could not protect you from a folder made to deceive" in card
     readme = (REPO_ROOT / "README.md").read_text()
     section = readme.split("### Trusting a model folder", 1)[1].split("\n#", 1)[0]
-    assert "aot verify" in section and "accidental" in section and "--trust-remote-code" in section
+    assert "aot verify" in section and "made to deceive" in section and "--trust-remote-code" in section
 
 
 # --- `aot eval lm` does not run a folder's code unasked ------------------------------------------------------

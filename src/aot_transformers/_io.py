@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .modeling_aot import PICKLE_SUFFIXES
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # files that may hold a pickle, in any case
 EVAL_RESULTS_DIR = ".eval_results"  # the Hub's folder of evaluation results, the one hidden folder a push uploads
 LOCK_FILE = ".aot.lock"
 STAGING_MARKER = ".aot_staging"  # inside a staging folder while it is written: the pid and host writing it
@@ -36,6 +36,18 @@ def arg(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def load_pretrained(model_cls, source, *args: Any, **kwargs: Any):
+    """`model_cls.from_pretrained(source, ...)` as every `aot` command loads a model: transformers' own loading
+    (safetensors first, pickles only through `weights_only`), with damaged weights named in one error."""
+    from safetensors import SafetensorError
+
+    try:
+        return model_cls.from_pretrained(source, *args, **kwargs)
+    except SafetensorError as error:
+        message = f"corrupted or truncated ({error}); download or save them again"
+        raise OSError(f"The safetensors weights of {source} are {message}.") from error
 
 
 def is_pickle_name(name: str) -> bool:

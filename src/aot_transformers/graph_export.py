@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ._io import load_json, remove_stale_temporaries, temporary_prefix
+from ._io import load_json, load_pretrained, remove_stale_temporaries, temporary_prefix
 from .errors import run_command
 from .modeling_aot import AoTForCausalLM, AoTForImageClassification, AoTModel, AoTPreTrainedModel
 
@@ -391,8 +391,8 @@ def load_exportable(folder: str | os.PathLike) -> AoTPreTrainedModel:
             f"{' or '.join(EXPORTABLE_ARCHITECTURES)} folders."
         )
     try:
-        model, info = EXPORTABLE_ARCHITECTURES[architecture].from_pretrained(
-            folder, dtype=torch.float32, output_loading_info=True
+        model, info = load_pretrained(
+            EXPORTABLE_ARCHITECTURES[architecture], folder, dtype=torch.float32, output_loading_info=True
         )
     except (OSError, ValueError) as error:
         raise GraphExportError(f"Cannot load {folder}: {_first_line(error)}") from error

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._io import EVAL_RESULTS_DIR, LOCK_FILE, STAGING_MARKER, atomic_folder, is_pickle_name
+from ._io import EVAL_RESULTS_DIR, LOCK_FILE, PICKLE_SUFFIXES, STAGING_MARKER, atomic_folder, is_pickle_name
 from .errors import RunError, UsageError
 from .model_card import card_for_folder
-from .modeling_aot import CODE_FILES, PICKLE_SUFFIXES, AoTPreTrainedModel
+from .modeling_aot import CODE_FILES, AoTPreTrainedModel
 
 logger = logging.getLogger(__name__)
 

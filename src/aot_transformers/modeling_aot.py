@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -54,7 +53,6 @@ def _auto_map(backbone: str, *heads: str) -> dict[str, str]:
 
 TEXT_AUTO_MAP = _auto_map("AoTModel", "AoTForCausalLM", "AoTForSequenceClassification", "AoTForTokenClassification")
 VISION_AUTO_MAP = _auto_map("AoTVisionModel", "AoTForImageClassification")
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # weights that may hold a pickle, in any case
 CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
 KNN_BACKENDS = ("knn",)  # the backends that honour `knn_k`; with `knn_k` set, no other is accepted
 
@@ -306,14 +304,16 @@ class AoTPreTrainedModel(PreTrainedModel):
         return super().get_correct_attn_implementation(requested, is_init_check)
 
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs) -> str:
-        # transformers' own check strips "paged|" first and skips `get_correct_attn_implementation` for Hub kernels.
+        # transformers' own check strips "paged|" first and skips `get_correct_attn_implementation` for Hub kernels,
+        # so a dense paged or Hub kernel would run where `knn_k` asks for k-NN: the override is pinned by
+        # tests/test_attention_dispatch.py::test_knn_k_refuses_every_backend_that_is_not_k_nn ("paged|eager").
         if self.config.knn_k is not None or attn_implementation in KNN_BACKENDS:
             return self.get_correct_attn_implementation(attn_implementation, is_init_check)
         return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save weights (safetensors only), config and the three code files, with the checkpoint's `auto_map`, each
-        code file's SHA-256 (`code_sha256`, read by `aot verify` and at load) and the transformers versions needed."""
+        code file's SHA-256 (`code_sha256`, read by `aot verify`) and the transformers versions needed."""
         self.config.auto_map = dict(VISION_AUTO_MAP if self.main_input_name == "pixel_values" else TEXT_AUTO_MAP)
         self.config.code_sha256 = code_file_hashes(Path(__file__).parent)
         self.config.required_transformers = REQUIRED_TRANSFORMERS
@@ -321,7 +321,8 @@ class AoTPreTrainedModel(PreTrainedModel):
 
     def _upload_modified_files(self, working_dir, *args, **kwargs):
         """`push_to_hub` publishes the AoT model card (rendered by the `aot-transformers` package, when installed) in
-        place of transformers' blank template; a card the repository already has is kept."""
+        place of transformers' blank template; a card the repository already has is kept. transformers writes its
+        template after `save_pretrained`, so only this hook can replace it (tests/test_push_card.py)."""
         readme = Path(working_dir) / "README.md"  # transformers writes its template card where the repository has none
         if readme.is_file() and "This model card has been automatically generated." in readme.read_text("utf-8"):
             try:  # transformers' remote-code import check skips only imports inside try/except ImportError
@@ -331,39 +332,6 @@ class AoTPreTrainedModel(PreTrainedModel):
             else:
                 card_for_folder(working_dir, args[0] if args else kwargs.get("repo_id")).save(readme)
         return super()._upload_modified_files(working_dir, *args, **kwargs)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, allow_pickle: bool = False, **kwargs):
-        """`PreTrainedModel.from_pretrained` reading only safetensors unless `allow_pickle=True` (a pickle can run
-        code); corrupted weights, and code files that differ from those recorded at save time, raise a clear error."""
-        source = str(pretrained_model_name_or_path)
-        if not allow_pickle:
-            if kwargs.get("use_safetensors") is False:
-                raise ValueError("`use_safetensors=False` loads pickle weights; pass `allow_pickle=True` to allow it.")
-            kwargs["use_safetensors"] = True
-            folder = Path(source) / kwargs.get("subfolder", "")
-            names = sorted(path.name for path in folder.iterdir()) if folder.is_dir() else []
-            pickles = [name for name in names if name.lower().endswith(PICKLE_SUFFIXES)]
-            if pickles and not any(name.endswith(".safetensors") for name in names):
-                raise ValueError(
-                    f"{folder} holds weights only as pickle ({', '.join(pickles)}), which can run arbitrary code "
-                    "when loaded. Pass `allow_pickle=True` if you trust the files, or convert them to safetensors."
-                )
-        try:
-            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        except SafetensorError as error:
-            message = f"corrupted or truncated ({error}); download or save them again"
-            raise OSError(f"The safetensors weights of {source} are {message}.") from error
-        # Running as remote code (not the installed package), refuse code files that differ from those saved.
-        recorded = getattr((loaded[0] if isinstance(loaded, tuple) else loaded).config, "code_sha256", None)
-        if recorded and __name__.startswith("transformers_modules"):  # older folders carry no hashes
-            actual, recorded = code_file_hashes(Path(__file__).parent), recorded if isinstance(recorded, dict) else {}
-            if edited := sorted(name for name in CODE_FILES if recorded.get(name) != actual[name]):
-                raise ValueError(
-                    f"`code_sha256` in the config.json of {source} (a SHA-256 per code file) does not match the code "
-                    f"files {edited}: they were edited after saving. Run `aot verify` on the folder, or save it again."
-                )
-        return loaded  # `output_loading_info=True` adds a report: (model, info)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

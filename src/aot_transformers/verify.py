@@ -2,10 +2,10 @@
 (`aot verify DIR`).
 
 Loading a folder with `trust_remote_code=True` imports every module an `auto_map` names — in `config.json`, in
-`tokenizer_config.json` or any other `*config.json` — and whatever those modules import. The hash check that runs at
-load time (`code_sha256` in `config.json`) lives inside the code it checks and is skipped when the field is deleted:
-it catches accidental edits, not a folder made to deceive. `verify_folder` runs outside the folder's code and passes
-a folder only when loading it can run nothing but the installed package's own three code files:
+`tokenizer_config.json` or any other `*config.json` — and whatever those modules import; loading checks nothing
+itself (a check inside the folder's code could not stop a folder made to deceive). `verify_folder` runs outside the
+folder's code and passes a folder only when loading it can run nothing but the installed package's own three code
+files:
 
 - every `auto_map` entry (of every `*config.json`, at any depth) names one of the three code files, present beside
   it: none names a module of another repository (`other/repo--module.Class`), a fourth module, or a missing one; and
@@ -67,7 +67,7 @@ class VerifyReport:
     missing: list[str] = field(default_factory=list)
     edited: list[str] = field(default_factory=list)
     unrecorded: bool = False
-    malformed_hashes: bool = False  # `code_sha256` is there but not a mapping: loading the folder refuses it
+    malformed_hashes: bool = False  # `code_sha256` is there but not a mapping
     matches_installed: bool = False
     differs_from_installed: list[str] = field(default_factory=list)
     unknown_code: list[str] = field(default_factory=list)

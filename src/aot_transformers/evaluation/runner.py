@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from .. import __version__
-from .._io import is_hub_id, read_json
+from .._io import is_hub_id, load_pretrained, read_json
 from .data import EvaluationError, EvaluationFailed
 from .scoring import LanguageModelScorer
 from .tasks import TASKS, TaskResult, load_source, parse_task_names, resolve_sources, run_task
@@ -148,13 +148,13 @@ def load_model_and_tokenizer(
             # A verified AoT folder's code is the installed package's, byte for byte: the installed classes
             # (registered with the Auto classes) load it, so nothing is imported from the folder, which could change
             # between the check and the import. Its own code runs only when these cannot load it.
-            lm, info = AutoModelForCausalLM.from_pretrained(
-                name, trust_remote_code=bool(trust_remote_code), output_loading_info=True
+            lm, info = load_pretrained(
+                AutoModelForCausalLM, name, trust_remote_code=bool(trust_remote_code), output_loading_info=True
             )
         except ValueError as error:
             if not remote_code or trust_remote_code or "trust_remote_code" not in str(error):
                 raise
-            lm, info = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=True, output_loading_info=True)
+            lm, info = load_pretrained(AutoModelForCausalLM, name, trust_remote_code=True, output_loading_info=True)
     except (OSError, ValueError) as error:  # missing files or Hub, an invalid repo id, an unknown model type
         if not remote_code and "trust_remote_code" in str(error):
             raise EvaluationError(

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import torch
 import torch.nn.functional as F
 
+from .._io import load_pretrained
 from ..modeling_aot import AoTForImageClassification
 from . import _vision
 from .knn import vision_config
@@ -114,7 +115,7 @@ def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification,
     dataset = o.dataset
     classifier = None
     if o.model is not None:
-        classifier = AoTForImageClassification.from_pretrained(o.model)
+        classifier = load_pretrained(AoTForImageClassification, o.model)
         dataset = "mnist" if classifier.config.num_channels == 1 else "cifar10"
     if dataset == "mnist":
         images, labels = _vision.load_mnist5k(o.data_dir)

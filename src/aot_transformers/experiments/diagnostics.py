@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._io import load_pretrained
 from ..configuration_aot import AoTConfig
 from ..modeling_aot import AoTForCausalLM, AoTForImageClassification
 from . import _vision
@@ -75,8 +76,8 @@ def load_model(model: str | Path) -> nn.Module:
         raise ValueError(f"`model` {str(model)!r} has an unreadable or invalid config.json: {error}") from None
     architectures = config.architectures or []
     if any("ImageClassification" in name for name in architectures):
-        return AoTForImageClassification.from_pretrained(path)
-    return AoTForCausalLM.from_pretrained(path)
+        return load_pretrained(AoTForImageClassification, path)
+    return load_pretrained(AoTForCausalLM, path)
 
 
 def _text_inputs(

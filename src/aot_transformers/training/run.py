@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._io import load_pretrained
 from ..errors import run_command
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
@@ -129,7 +130,7 @@ class TrainingRun:
         if self.distributed is not None:
             model = self._load_sharded(model_cls, config, name, **from_pretrained)
         elif name:
-            model = model_cls.from_pretrained(name, config=config, **from_pretrained)
+            model = load_pretrained(model_cls, name, config=config, **from_pretrained)
         else:
             model = model_cls(config)
         if self.task == "text-generation":
