@@ -277,6 +277,23 @@ def test_fine_tuning_from_truncated_weights_is_refused(saved, corpus, tmp_path, 
     refused(lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved)), capsys, "model.safetensors", "truncated")
 
 
+def test_fine_tuning_from_weights_that_are_already_nan_is_refused_naming_them(saved, corpus, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(saved / "model.safetensors")
+    weights["model.norm.weight"][0] = float("nan")
+    save_file(weights, saved / "model.safetensors", metadata={"format": "pt"})
+    argv = lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved))
+    line = refused(argv, capsys, "model.norm.weight", "already hold NaN or inf")
+    assert "learning_rate" not in line  # not "diverged, lower --learning_rate": the weights came that way
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_fsdp_version_other_than_2_is_refused_naming_the_supported_one(corpus, tmp_path, capsys):
+    argv = lm(corpus, tmp_path / "out", "--fsdp", "full_shard", "--fsdp_config", '{"version": 1}')
+    refused(argv, capsys, "--fsdp_config version 1", "FSDP2 is the supported version")
+
+
 def test_fine_tuning_from_weights_whose_shapes_contradict_the_config_is_refused(saved, corpus, tmp_path, capsys):
     config = json.loads((saved / "config.json").read_text())
     config["hidden_size"] = 64  # the weights say 32

@@ -206,8 +206,12 @@ def check_checkpoint_weights(folder: str | None, model, skip_prefixes: tuple[str
         try:
             with safe_open(str(file), framework="pt") as weights:
                 shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+                non_finite = [name for name in weights.keys() if not weights.get_tensor(name).isfinite().all()]
         except Exception as error:  # noqa: BLE001 - SafetensorError and OSError: both mean an unreadable file
             raise refuse(f"{file} cannot be read ({error}); it may be truncated: save or download it again") from None
+        if non_finite:  # training would stop at step 1 with "diverged", blaming the learning rate
+            shown = ", ".join(non_finite[:3]) + (f" and {len(non_finite) - 3} more" if len(non_finite) > 3 else "")
+            raise refuse(f"{file.name}: {shown} already hold NaN or inf; fine-tune from weights that are finite")
         present.update(shapes)
         for name, shape in shapes.items():
             if name in expected and expected[name] != shape and not name.startswith(skip_prefixes):

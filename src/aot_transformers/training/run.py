@@ -84,6 +84,10 @@ class TrainingRun:
         optimizer = optimizer_cls_and_kwargs(optim, training_args)
         if lora is not None and training_args.fsdp:
             raise TrainingSetupError("LoRA adapters are trained without FSDP here; drop --fsdp", argument="--lora_r")
+        version = (training_args.fsdp_config or {}).get("version", 2) if training_args.fsdp else 2
+        if version != 2:  # accelerate's FSDP1 would fail later with "no available devices" on CPU
+            message = 'FSDP2 is the supported version ("version": 2, the default)'
+            raise TrainingSetupError(message, argument="--fsdp_config version", value=version)
         hub = take_over_hub_options(training_args, publish_args)
         callbacks = list(callbacks or [])
         return cls(task, metric, model_args, data_args, training_args, publish_args, hub, callbacks, lora, optimizer)
