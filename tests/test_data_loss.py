@@ -100,10 +100,25 @@ def test_final_model_dir_that_is_the_output_folder_or_its_parent_is_refused(corp
     assert (output / "precious.txt").read_text() == "y"
 
 
+def test_hf_upload_of_an_export_publishes_no_bookkeeping_and_an_older_export_is_still_replaceable(tmp_path):
+    from huggingface_hub.utils import filter_repo_objects
+    from huggingface_hub.utils._paths import DEFAULT_IGNORE_PATTERNS
+
+    model = AoTForCausalLM(AoTConfig.from_preset("aot-mssa-l-tiny", hidden_size=32, num_hidden_layers=1))
+    folder = export_model(model, tmp_path / "export")
+    files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    uploaded = set(filter_repo_objects(files, ignore_patterns=DEFAULT_IGNORE_PATTERNS))  # what `hf upload` sends
+    assert EXPORT_MANIFEST in files and uploaded == set(files) - {EXPORT_MANIFEST}
+    assert "config.json" in uploaded and not any(name.startswith(".") for name in uploaded)
+    (folder / EXPORT_MANIFEST).rename(folder / ".aot_export.json")  # where exports kept it before
+    export_model(model, folder)
+    assert (folder / EXPORT_MANIFEST).is_file() and not (folder / ".aot_export.json").exists()
+
+
 def test_export_replaces_an_earlier_export_but_never_a_folder_with_other_files(tmp_path):
     model = AoTForCausalLM(AoTConfig.from_preset("aot-mssa-l-tiny", hidden_size=32, num_hidden_layers=1))
     folder = export_model(model, tmp_path / "export")
-    assert EXPORT_MANIFEST in os.listdir(folder)
+    assert (folder / EXPORT_MANIFEST).is_file()
     export_model(model, folder)  # an earlier export: replaced
     (folder / "my-notes.md").write_text("mine")
     with pytest.raises(UsageError, match="my-notes.md"):
@@ -328,6 +343,9 @@ def test_rerunning_a_finished_job_trains_no_further(corpus, tmp_path, capsys):
     results = json.loads((output / "model" / "results.json").read_text())
     assert results["settings"]["steps"] == 2 and results["metrics"]["train_steps_this_run"] == 0
     assert "| steps | 2 |" in card
+    # The card's epochs and tokens are the run's own: 2 steps of 4 blocks of 32 tokens (a short run's epochs, not 0).
+    epochs = float(card.split("| epochs | ", 1)[1].split(" |", 1)[0])
+    assert 0 < epochs == results["settings"]["epochs"] < 1 and "| training tokens | 256 |" in card
 
 
 # A second run into a used folder, a kill between two files of one checkpoint, killed writers' temporaries.

@@ -512,7 +512,7 @@ def test_rendered_cards_pass_the_hubs_validation():
 def test_push_uploads_eval_results_and_leaves_local_state_behind(hub, exported):
     (exported / ".eval_results").mkdir()
     (exported / ".eval_results" / "aot-eval.yaml").write_text("- dataset: {id: a/b, task_id: t}\n  value: 1.0\n")
-    (exported / ".cache").mkdir()
+    (exported / ".cache").mkdir(exist_ok=True)  # the export's manifest is in .cache/huggingface/
     (exported / ".cache" / "x").write_text("local")
     (exported / "checkpoint-2").mkdir()
     (exported / "checkpoint-2" / "optimizer.pt").write_bytes(b"pickle")

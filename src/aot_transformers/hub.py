@@ -31,7 +31,10 @@ PUSH_IGNORE_PATTERNS += ["*.pyc", "training_args.bin"] + [
 ]
 
 
-EXPORT_MANIFEST = ".aot_export.json"  # written by every export: marks the folder as ours and lists its files
+# Written by every export: marks the folder as ours and lists its files. Under `.cache/huggingface/`, which
+# `hf upload` / `upload_folder` never publish; exports before it wrote `.aot_export.json`.
+EXPORT_MANIFEST = ".cache/huggingface/aot_export.json"
+LEGACY_EXPORT_MANIFEST = ".aot_export.json"
 
 
 def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathLike, ...] = ()) -> None:
@@ -63,7 +66,7 @@ def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathL
     present = {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file() or p.is_symlink()}
     if not present:
         return
-    manifest = target / EXPORT_MANIFEST
+    manifest = target / (EXPORT_MANIFEST if (target / EXPORT_MANIFEST).is_file() else LEGACY_EXPORT_MANIFEST)
     try:
         written = set(json.loads(manifest.read_text(encoding="utf-8"))["files"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -73,7 +76,7 @@ def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathL
         ) from None
     extra = sorted(
         name
-        for name in present - written - {EXPORT_MANIFEST, LOCK_FILE}
+        for name in present - written - {EXPORT_MANIFEST, LEGACY_EXPORT_MANIFEST, LOCK_FILE}
         if not name.startswith(EVAL_RESULTS_DIR + "/")
     )
     if extra:
@@ -169,6 +172,7 @@ def write_export(model, save_directory, processors, files: dict, overwrite=True,
         write_extra_files(staging, files)
         written = [p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()]
         manifest = {"files": sorted(name for name in written if Path(name).name != STAGING_MARKER)}
+        (staging / EXPORT_MANIFEST).parent.mkdir(parents=True, exist_ok=True)
         (staging / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return Path(save_directory)
 

@@ -150,10 +150,14 @@ def training_summary(training_args, trainer, extra: dict[str, Any] | None = None
     """The training settings shown in the model card."""
     world = max(1, training_args.world_size)
     batch = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps * world
+    steps, block = trainer.state.global_step, (extra or {}).get("block size (tokens)")
     summary = {
-        "steps": trainer.state.global_step,
-        "epochs": round(trainer.state.epoch or 0.0, 2),
+        "steps": steps,
+        "epochs": float(f"{trainer.state.epoch or 0.0:.3g}"),  # a short run's 0.0039, not 0
         "global batch size": batch,
+        **(
+            {"training tokens": f"{steps * batch * block:,}"} if block else {"training examples": f"{steps * batch:,}"}
+        ),
         "processes": world,
         "learning rate": training_args.learning_rate,
         "schedule": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
