@@ -63,7 +63,7 @@ def test_fully_masked_rows_are_finite():
 def test_tied_mssa_layer_is_the_papers_operator(causal):
     """AoT paper Eq. (4): with W^O = [U_1 … U_K] (`tie_output_projection`) the MSSA layer is `subspace_attention`."""
     from aot_transformers.modeling_aot import AoTAttention
-    from conftest import tiny_config
+    from support import tiny_config
 
     config = tiny_config(tie_output_projection=True)
     config._attn_implementation = "eager"
@@ -81,7 +81,7 @@ def test_tied_mssa_layer_is_the_papers_operator(causal):
 def test_causal_mssa_normalises_its_queries():
     """AoT paper Sec. 3 (causal AoT-MSSA): the query side is projected onto the unit sphere, no 1/sqrt(D)."""
     from aot_transformers import AoTForCausalLM
-    from conftest import tiny_config
+    from support import tiny_config
 
     model = AoTForCausalLM(tiny_config(normalize_query=True)).eval()
     model.set_attn_implementation("eager")
@@ -97,7 +97,7 @@ def test_causal_mssa_normalises_its_queries():
 
 
 def test_tied_output_projection_needs_mssa():
-    from conftest import tiny_config
+    from support import tiny_config
 
     with pytest.raises(ValueError, match="tie_output_projection"):
         tiny_config(tie_output_projection=True, attention_type="mhsa")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from aot_transformers import AoTForCausalLM
-from conftest import tiny_config
+from support import tiny_config
 
 
 def _rehash(folder, name: str) -> None:

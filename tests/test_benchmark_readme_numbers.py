@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import pytest
 
-from conftest import REPO_ROOT
+from support import REPO_ROOT
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
 READMES = ("README.md", "training/README.md", "eval/README.md")

@@ -12,14 +12,8 @@ hides behind the same argmax.
 from __future__ import annotations
 
 import logging
-import sys
 
 import pytest
-
-from conftest import REPO_ROOT
-
-sys.path.insert(0, str(REPO_ROOT))
-
 from benchmarks.cache_paths import (  # noqa: E402
     MARGIN,
     MODELS,

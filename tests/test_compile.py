@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from aot_transformers import AoTForCausalLM, AoTForImageClassification, AoTModel, AoTVisionModel
-from conftest import tiny_config
+from support import tiny_config
 
 CASES = {
     "AoTModel": (AoTModel, {}, lambda: dict(input_ids=torch.randint(0, 97, (2, 12)))),

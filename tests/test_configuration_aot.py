@@ -6,7 +6,7 @@ import pytest
 
 from aot_transformers import AoTConfig, list_presets
 from aot_transformers.presets import PRESETS
-from conftest import tiny_config
+from support import tiny_config
 
 
 @pytest.mark.parametrize(

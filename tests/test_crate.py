@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from aot_transformers import AoTForCausalLM, AoTForImageClassification
 from aot_transformers.modeling_aot import AoTIsta
-from conftest import tiny_config
+from support import tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

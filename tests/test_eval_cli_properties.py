@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aot_transformers.cli import main as aot
-from conftest import FIXTURES, char_tokenizer, save_model, tiny_aot
+from support import FIXTURES, char_tokenizer, save_model, tiny_aot
 
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], derandomize=True

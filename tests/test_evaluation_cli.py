@@ -12,7 +12,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from aot_transformers.evaluation import evaluate_model, read_results, update_model_card
 from aot_transformers.evaluation.cli import register
 from aot_transformers.model_card import SECTION_START
-from conftest import FIXTURES, char_tokenizer, save_model, tiny_aot
+from support import FIXTURES, char_tokenizer, save_model, tiny_aot
 
 
 def run(argv: list[str]) -> int:

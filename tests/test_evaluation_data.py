@@ -16,7 +16,7 @@ from aot_transformers.evaluation.tasks import (
     parse_task_names,
     resolve_sources,
 )
-from conftest import FIXTURES
+from support import FIXTURES
 
 CBT_CN = FIXTURES / "cbtest_CN_test_fixture.txt"
 CBT_NE = FIXTURES / "cbtest_NE_test_fixture.txt"

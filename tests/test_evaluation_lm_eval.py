@@ -14,7 +14,7 @@ import pytest
 
 from aot_transformers.evaluation import evaluate_model, lm_eval_tasks_path, read_cbt, read_lambada
 from aot_transformers.evaluation.tasks import TASKS, lambada_split
-from conftest import FIXTURES, SHARED_DATA, preference_lm, tiny_aot
+from support import FIXTURES, SHARED_DATA, preference_lm, tiny_aot
 
 lm_eval = pytest.importorskip("lm_eval")
 

@@ -11,7 +11,7 @@ import torch
 from aot_transformers.evaluation import EvaluationError, LanguageModelScorer, rolling_windows, run_task
 from aot_transformers.evaluation.data import ClozeExample
 from aot_transformers.evaluation.tasks import lambada_split
-from conftest import char_tokenizer, preference_lm, tiny_aot, token_logprobs
+from support import char_tokenizer, preference_lm, tiny_aot, token_logprobs
 
 TOKENIZER = char_tokenizer()
 V = len(TOKENIZER)

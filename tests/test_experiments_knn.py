@@ -101,7 +101,7 @@ def test_train_classifier_times_its_epochs_from_the_start_of_training():
 
     from aot_transformers import AoTForImageClassification
     from aot_transformers.experiments._vision import train_classifier
-    from conftest import tiny_config
+    from support import tiny_config
 
     images, labels = torch.randn(24, 3, 16, 16), torch.randint(0, 5, (24,))
     data = {"train_images": images, "train_labels": labels, "val_images": images[:8], "val_labels": labels[:8]}

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from aot_transformers import AoTForCausalLM, AoTForImageClassification, export_model
-from conftest import tiny_config
+from support import tiny_config
 
 CODE_FILES = {"configuration_aot.py", "attention_aot.py", "modeling_aot.py"}
 TEXT_AUTO_MAP = {

@@ -10,15 +10,9 @@ counts of every model and step, with the code line of each sync.
 from __future__ import annotations
 
 import functools
-import sys
 
 import pytest
 import torch
-
-from conftest import REPO_ROOT
-
-sys.path.insert(0, str(REPO_ROOT))
-
 from benchmarks.bench_syncs import STEPS, aot, count_step, gpt2  # noqa: E402
 from benchmarks.syncs import count_host_syncs  # noqa: E402
 

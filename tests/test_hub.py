@@ -18,7 +18,7 @@ from aot_transformers import AoTConfig, AoTForCausalLM, AoTForImageClassificatio
 from aot_transformers.errors import UsageError
 from aot_transformers.hub import EXPORT_MANIFEST, HubPushError, check_export_folder, push_to_hub
 from aot_transformers.model_card import card_for_folder, card_template, render_model_card
-from conftest import tiny_config
+from support import tiny_config
 
 # What the Hub's metadata validation accepts (a subset of its license list; the checks it makes on a model card).
 HUB_LICENSES = {

@@ -36,7 +36,7 @@ from transformers.modeling_utils import AttentionInterface
 import aot_transformers.knn  # noqa: F401  (registers the backend)
 from aot_transformers import AoTForCausalLM
 from aot_transformers.knn import KNN_ATTENTION, check_knn_k, knn_attention_forward, use_knn_attention
-from conftest import tiny_config
+from support import tiny_config
 
 SMALL = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2)
 

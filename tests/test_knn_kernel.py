@@ -12,8 +12,8 @@ from torch.export import Dim
 
 from aot_transformers import AoTForCausalLM, attention_aot
 from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward, resolve_knn_k
-from conftest import tiny_config
 from knn_reference import knn_attention_reference
+from support import tiny_config
 
 CHUNK = 8
 
@@ -414,11 +414,7 @@ def test_tied_scores_keep_the_lowest_key_indices(backward_mode, dtype, tie):
 
 def _peak_tensor_bytes(fn) -> float:
     """Peak bytes of CPU tensors allocated by `fn` and alive at once (the benchmark's profiler measurement)."""
-    import sys
 
-    from conftest import REPO_ROOT
-
-    sys.path.insert(0, str(REPO_ROOT))
     from benchmarks.bench_knn import peak_tensor_mb
 
     return peak_tensor_mb(fn) * 2**20

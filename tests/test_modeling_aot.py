@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from aot_transformers import AoTForCausalLM, AoTForImageClassification, AoTModel, AoTVisionModel
-from conftest import tiny_config
+from support import tiny_config
 
 TEXT_VARIANTS = {
     "mssa": dict(attention_type="mssa", normalize_query=True),

@@ -8,7 +8,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward as _
 
 from aot_transformers import AoTForCausalLM
 from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward
-from conftest import tiny_config
+from support import tiny_config
 
 
 def sdpa_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):

@@ -14,7 +14,7 @@ import torch
 from aot_transformers import AoTForCausalLM, AoTForImageClassification, AoTModel, graph_export
 from aot_transformers.cli import main
 from aot_transformers.graph_export import GraphExportError, export_onnx
-from conftest import tiny_config
+from support import tiny_config
 
 pytest.importorskip("onnxscript", reason="the ONNX extra is not installed (pip install 'aot-transformers[onnx]')")
 onnxruntime = pytest.importorskip("onnxruntime", reason="the ONNX extra is not installed")

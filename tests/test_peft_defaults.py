@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from aot_transformers import AoTConfig, AoTForCausalLM, AoTForSequenceClassification
-from conftest import REPO_ROOT
+from support import REPO_ROOT
 
 peft = pytest.importorskip("peft")
 

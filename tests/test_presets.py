@@ -10,7 +10,7 @@ import torch
 
 from aot_transformers import AoTConfig, AoTForCausalLM, AoTForImageClassification
 from aot_transformers.presets import PAPER_PARAMETERS, PRESETS
-from conftest import REPO_ROOT
+from support import REPO_ROOT
 
 PAPERS = REPO_ROOT.parent / "shared" / "papers"
 

@@ -11,7 +11,7 @@ from huggingface_hub import ModelCard
 from huggingface_hub.errors import EntryNotFoundError
 
 from aot_transformers import AoTForCausalLM, AoTForImageClassification
-from conftest import tiny_config
+from support import tiny_config
 from test_hub import StandInHub
 
 

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO_ROOT
+from support import REPO_ROOT
 
 SECTION = "## Using AoT with the rest of the ecosystem"
 

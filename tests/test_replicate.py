@@ -10,13 +10,10 @@ import sys
 
 import pytest
 import torch
-
-from conftest import REPO_ROOT
-
-sys.path.insert(0, str(REPO_ROOT))
-
 from benchmarks.replicate import compute, models, report  # noqa: E402
 from benchmarks.replicate.plan import make_plan  # noqa: E402
+
+from support import REPO_ROOT
 
 
 def test_budget_scales_training_and_rejects_nonsense():

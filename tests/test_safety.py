@@ -17,7 +17,7 @@ from aot_transformers._io import load_pretrained
 from aot_transformers.cli import main as cli_main
 from aot_transformers.errors import UsageError
 from aot_transformers.verify import verify_folder
-from conftest import tiny_config
+from support import tiny_config
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from aot_transformers import AoTConfig, AoTForCausalLM
-from conftest import REPO_ROOT, SHARED_DATA
+from support import REPO_ROOT, SHARED_DATA
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")

@@ -72,7 +72,7 @@ def test_shared_projection_backend_uses_its_kernel_only_where_it_applies(monkeyp
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_models_train_the_same_with_and_without_the_shared_kernel(monkeypatch, model_class, checkpointing):
     import aot_transformers
-    from conftest import tiny_config
+    from support import tiny_config
 
     calls = _count_shared_kernel_calls(monkeypatch)
     model = getattr(aot_transformers, model_class)(

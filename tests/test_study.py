@@ -173,3 +173,14 @@ def test_the_vision_study_trains_crate_and_records_its_accuracy(tiny_study):
         record["command"].startswith("aot train image --preset aot-mssa-v") and "--rand_augment" in record["command"]
     )
     assert record["flops"] > 0 and record["parameters"]["total"] > record["parameters"]["non_embedding"]
+
+
+def test_the_readme_summary_is_rendered_from_the_committed_records():
+    from benchmarks.study.report import SUMMARY_END, SUMMARY_START, summary_block
+    from benchmarks.study.runner import RECORDS
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    shown = SUMMARY_START + readme.split(SUMMARY_START, 1)[1].split(SUMMARY_END, 1)[0] + SUMMARY_END
+    assert shown == summary_block(study_plan.STUDY, study_plan.VISION, RECORDS), (
+        "README.md's study summary is not the committed records': run `python -m benchmarks.study --only report`"
+    )

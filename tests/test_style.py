@@ -1,5 +1,6 @@
 """The code base stays lint-clean and formatted (ruff, configured in pyproject.toml)."""
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -21,3 +22,20 @@ def _ruff():
 def test_ruff(command):
     result = subprocess.run([_ruff(), *command, "."], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, f"`ruff {' '.join(command)} .` failed:\n{result.stdout}{result.stderr}"
+
+
+def test_tests_import_their_helpers_from_the_support_module_and_never_edit_sys_path():
+    # `tests/` and the repository root are on pytest's `pythonpath`: `from support import ...`, `from benchmarks...`.
+    # Code the tests run in a subprocess (a string) may set its own path.
+    offenders = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            imports_conftest = isinstance(node, ast.ImportFrom) and node.module == "conftest"
+            imports_conftest |= isinstance(node, ast.Import) and any(a.name == "conftest" for a in node.names)
+            edits_path = isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                "sys.path.insert",
+                "sys.path.append",
+            )
+            if imports_conftest or edits_path:
+                offenders.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, "\n".join(offenders)

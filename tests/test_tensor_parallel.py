@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from aot_transformers import AoTForCausalLM, AoTForImageClassification
-from conftest import tiny_config
+from support import tiny_config
 
 CASES = {
     "mssa": {},

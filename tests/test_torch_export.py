@@ -13,7 +13,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from aot_transformers import AoTForCausalLM, AoTForImageClassification, AoTModel, modeling_aot
 from aot_transformers.attention_aot import resolve_knn_k
 from aot_transformers.graph_export import GraphExportError, export_program
-from conftest import tiny_config
+from support import tiny_config
 
 MAX_POSITIONS = 24  # the longest sequence a program is run at: `max_position_embeddings`
 # (batch, length) the programs run at, none of them the (2, 8) they were exported with; 1 token and full length too.

@@ -17,12 +17,8 @@ import torch
 pytest.importorskip("datasets")
 pytest.importorskip("accelerate")
 
-from safetensors.torch import load_file  # noqa: E402
-
-from conftest import REPO_ROOT  # noqa: E402
-
-sys.path.insert(0, str(REPO_ROOT))
 from benchmarks.training.throughput import launcher_command  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 # Trains with the library's own entry points, then each rank saves its parameters.
 SCRIPT = textwrap.dedent(

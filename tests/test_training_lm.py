@@ -454,7 +454,7 @@ def test_cpu_training_uses_the_shared_projection_backend_for_mssa_only():
 
     from aot_transformers import AoTForCausalLM
     from aot_transformers.training.model_setup import use_training_attention
-    from conftest import tiny_config
+    from support import tiny_config
 
     on_cpu = SimpleNamespace(use_cpu=True)
     chosen = {}

@@ -24,7 +24,7 @@ from aot_transformers.training.lora import DEFAULT_TARGETS, LoraArguments, apply
 from aot_transformers.training.optim import OptimizerArguments, optimizer_cls_and_kwargs  # noqa: E402
 from aot_transformers.training.text_data import TextDataArguments, embedded_corpus  # noqa: E402
 from aot_transformers.training.vision_data import ImageDataArguments  # noqa: E402
-from conftest import tiny_config  # noqa: E402
+from support import tiny_config  # noqa: E402
 
 TINY_LM = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,vocab_size=300,max_position_embeddings=64"
 
@@ -189,7 +189,7 @@ def readme_commands(section: str) -> list[list[str]]:
     import re
     import shlex
 
-    from conftest import REPO_ROOT
+    from support import REPO_ROOT
 
     text = (REPO_ROOT / "README.md").read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", text, re.S).group(1).replace("\\\n", " ")
@@ -199,7 +199,7 @@ def readme_commands(section: str) -> list[list[str]]:
 def test_readme_lora_commands_run(tmp_path, monkeypatch):
     """README "Fine-tuning with LoRA", as written, with 2 steps per run."""
     from aot_transformers.cli import main as aot
-    from conftest import REPO_ROOT
+    from support import REPO_ROOT
 
     data = REPO_ROOT.parent / "shared" / "data"
     if not data.is_dir():

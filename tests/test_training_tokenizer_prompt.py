@@ -21,7 +21,7 @@ pytest.importorskip("tokenizers")
 
 from aot_transformers import AoTForCausalLM, export_model  # noqa: E402
 from aot_transformers.training.lm import train_bpe_tokenizer  # noqa: E402
-from conftest import tiny_config  # noqa: E402
+from support import tiny_config  # noqa: E402
 
 PROMPT = "Do you wish to run the custom code"
 

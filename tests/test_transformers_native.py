@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchmarks.cache_paths import MARGIN, PATHS, TOLERANCE, ModelSpec  # noqa: E402
 from transformers import (
     AttentionInterface,
     AutoModel,
@@ -34,11 +35,7 @@ from aot_transformers import (
     AoTVisionModel,
 )
 from aot_transformers.experiments.subspace import subspace_attention
-from conftest import REPO_ROOT, tiny_config
-
-sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks.cache_paths import MARGIN, PATHS, TOLERANCE, ModelSpec  # noqa: E402
+from support import REPO_ROOT, tiny_config
 
 VARIANTS = {
     "mssa": dict(attention_type="mssa"),

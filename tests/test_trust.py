@@ -23,7 +23,7 @@ from aot_transformers.evaluation.results import NonFiniteMetricError
 from aot_transformers.evaluation.runner import EvaluationReport, load_model_and_tokenizer, remote_code_allowed
 from aot_transformers.hub import push_to_hub
 from aot_transformers.verify import verify_folder
-from conftest import FIXTURES, char_tokenizer, save_model, tiny_aot
+from support import FIXTURES, char_tokenizer, save_model, tiny_aot
 
 WIKI = ["--tasks", "wikitext", "--data", f"wikitext={FIXTURES / 'wiki.test.raw'}", "--limit", "1", "--no-progress"]
 
@@ -167,7 +167,7 @@ def test_folder_without_code_sha256_verifies_only_with_the_installed_code(folder
 
 def test_card_and_readme_say_what_the_hash_check_protects():
     from aot_transformers.model_card import render_model_card
-    from conftest import REPO_ROOT, tiny_config
+    from support import REPO_ROOT, tiny_config
 
     card = " ".join(str(render_model_card(tiny_config(), model_name="m")).split())
     assert "aot verify FOLDER" in card and "Loading checks nothing itself" in card

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import aot_transformers
 
 PACKAGE = Path(aot_transformers.__file__).parent
@@ -105,7 +107,9 @@ for key, (identity, lazy) in sorted(snapshot().items()):
 """
 
 
-def _transformers_modules_the_package_loads() -> list[str]:
+@pytest.fixture(scope="module")
+def transformers_modules() -> list[str]:
+    """The transformers modules importing every module of the package loads, in the order it loads them."""
     code = (
         "import importlib, pkgutil, sys, aot_transformers\n"
         "for info in pkgutil.walk_packages(aot_transformers.__path__, 'aot_transformers.'):\n"
@@ -118,14 +122,14 @@ def _transformers_modules_the_package_loads() -> list[str]:
     return result.stdout.split()
 
 
-def test_importing_any_module_of_the_package_changes_no_transformers_class_or_module_attribute():
-    modules = _transformers_modules_the_package_loads()
-    result = subprocess.run([sys.executable, "-c", PATCH_PROBE, *modules], capture_output=True, text=True, timeout=300)
+def test_importing_any_module_of_the_package_changes_no_transformers_class_or_module_attribute(transformers_modules):
+    command = [sys.executable, "-c", PATCH_PROBE, *transformers_modules]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "", f"importing aot_transformers changed:\n{result.stdout}"
 
 
-def test_the_patch_probe_sees_a_replaced_method_and_a_new_class_attribute(tmp_path):
+def test_the_patch_probe_sees_a_replaced_method_and_a_new_class_attribute(tmp_path, transformers_modules):
     patch = tmp_path / "patcher.py"
     patch.write_text(
         "import transformers\n"
@@ -135,7 +139,7 @@ def test_the_patch_probe_sees_a_replaced_method_and_a_new_class_attribute(tmp_pa
     probe = PATCH_PROBE.replace("import aot_transformers\n", "import patcher, aot_transformers\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
-        [sys.executable, "-c", probe, *_transformers_modules_the_package_loads()],
+        [sys.executable, "-c", probe, *transformers_modules],
         capture_output=True,
         text=True,
         timeout=300,
