@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from . import plan as study_plan
-from .report import write_report
+from .report import summary_block, write_report, write_summary
 from .runner import RECORDS, ROOT, Paths, commit, execute, save_progress
 
 SHARED = Path(os.environ.get("AOT_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -81,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"study: {run.name} ({run.steps} steps)", flush=True)
         execute(run, paths, study if run.section == "language" else vision, args.threads, commit_records)
     path = write_report(study, vision, records, report_dir)
+    readme = ROOT / "README.md"
+    if not args.smoke:  # the README's summary, from the same records
+        write_summary(readme, summary_block(study, vision, records))
     if commit_records and args.only in (None, "report"):
-        commit([path.parent], "study: report redrawn from the records")
+        commit([path.parent, readme], "study: report and README summary redrawn from the records")
     print(f"study: report {path}")
     return 0
 

@@ -158,6 +158,50 @@ def _zero_shot(record: dict, task: str, key: str) -> float | None:
     return entry.get(key)
 
 
+SUMMARY_START, SUMMARY_END = (
+    "<!-- study summary: rendered by benchmarks/study/report.py -->",
+    "<!-- /study summary -->",
+)
+
+
+def summary_block(study: study_plan.Study, vision: study_plan.VisionStudy, records_dir: Path) -> str:
+    """The README's summary of the study, from the records alone: each finished main row's validation, floor and test
+    numbers, and the machine-hours the finished runs took."""
+    records, images = load_records(records_dir), load_records(records_dir, "vision")
+    planned = study.runs() + vision.runs()
+    hours = sum(r["wall_seconds"] for r in records + images) / 3600
+    lines = [
+        SUMMARY_START,
+        f"Runs finished: {len({r['run'] for r in records + images})} of {len(planned)}, in {hours:.1f} hours of this "
+        f"machine (two cores: at most {2 * hours:.1f} CPU-hours).",
+        "Gutenberg validation and test loss (nats per token, mean over seeds ± half their range) and how far below",
+        "the unigram floor each main row ends:",
+        "",
+        "| size | model | val. loss | below unigram | test loss | hours |",
+        "|---|---|---|---|---|---|",
+    ]
+    order = {r.name: i for i, r in enumerate(planned)}
+    for (size, arch), runs in sorted(_grouped(records).items(), key=lambda item: order.get(item[1][0]["run"], 1e9)):
+        if runs[0]["main"]:
+            cells = [
+                size,
+                LABELS.get(arch, arch) + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""),
+                _fmt([r["final"]["eval_loss"] for r in runs]),
+                _fmt([r["final"]["below_unigram"] for r in runs], 2),
+                _fmt([r["final"]["test_loss"] for r in runs]),
+                f"{sum(r['wall_seconds'] for r in runs) / 3600:.2f}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", "The verdicts are in the study's REPORT.md.", SUMMARY_END])
+
+
+def write_summary(readme: Path, block: str) -> None:
+    """Replace the summary between its markers in `readme` with `block`."""
+    text = readme.read_text(encoding="utf-8")
+    head, rest = text.split(SUMMARY_START, 1)
+    readme.write_text(head + block + rest.split(SUMMARY_END, 1)[1], encoding="utf-8")
+
+
 def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, records_dir: Path, report_dir: Path) -> Path:
     """Write REPORT.md (and compute.png, curves.png) into `report_dir` from the records in `records_dir`."""
     records = load_records(records_dir)
