@@ -77,13 +77,19 @@ def main(argv: list[str] | None = None) -> int:
         train_tokenizer(args.corpus, tokenizer, study.vocab_size)
         if commit_records:
             commit([tokenizer], f"study: the corpus's byte-level BPE ({study.vocab_size} tokens)")
+    readme = ROOT / "README.md"
+
+    def redraw_summary() -> list[Path]:  # the README's summary, from the same records, committed with each record
+        write_summary(readme, summary_block(study, vision, records))
+        return [readme]
+
     for run in runs:
         print(f"study: {run.name} ({run.steps} steps)", flush=True)
-        execute(run, paths, study if run.section == "language" else vision, args.threads, commit_records)
+        section_plan = study if run.section == "language" else vision
+        execute(run, paths, section_plan, args.threads, commit_records, None if args.smoke else redraw_summary)
     path = write_report(study, vision, records, report_dir)
-    readme = ROOT / "README.md"
-    if not args.smoke:  # the README's summary, from the same records
-        write_summary(readme, summary_block(study, vision, records))
+    if not args.smoke:
+        redraw_summary()
     if commit_records and args.only in (None, "report"):
         commit([path.parent, readme], "study: report and README summary redrawn from the records")
     print(f"study: report {path}")

@@ -315,8 +315,9 @@ def commit(paths: list[Path], message: str) -> None:
         time.sleep(2 + attempt)
 
 
-def execute(run: study_plan.Run, paths: Paths, study, threads: int, commit_records: bool):
-    """Train (or resume) `run`, score it zero-shot, write its record; returns the record's path."""
+def execute(run: study_plan.Run, paths: Paths, study, threads: int, commit_records: bool, redraw=None):
+    """Train (or resume) `run`, score it zero-shot, write its record; returns the record's path. `redraw()` (files
+    drawn from the records, e.g. the README's summary) is called once the record is written and committed with it."""
     target = record_path(run, paths.records)
     if target.is_file():
         return target
@@ -345,5 +346,9 @@ def execute(run: study_plan.Run, paths: Paths, study, threads: int, commit_recor
             amount = f"{run.tokens / 1e6:.1f}M tokens"
         else:
             result, amount = f"validation accuracy {final['eval_accuracy']:.3f}", f"{run.tokens:,} images"
-        commit([target, progress], f"study: {run.name} ({result}; {amount}, {record['wall_seconds'] / 60:.0f} min)")
+        drawn = redraw() if redraw else []
+        commit(
+            [target, progress, *drawn],
+            f"study: {run.name} ({result}; {amount}, {record['wall_seconds'] / 60:.0f} min)",
+        )
     return target
