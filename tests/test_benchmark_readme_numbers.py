@@ -95,3 +95,46 @@ def test_a_number_is_found_at_the_precision_and_in_the_units_printed():
 def test_every_number_in_the_benchmark_readmes_is_in_a_committed_results_file(readme):
     missing = unbacked(readme)
     assert not missing, f"{len(missing)} numbers without a committed results file:\n" + "\n".join(missing)
+
+
+EXPERIMENTS_README = REPO_ROOT / "src" / "aot_transformers" / "experiments" / "README.md"
+WALL_TIME = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s?(min|s|h)\b")
+
+
+def stated_wall_times(text: str) -> list[tuple[str, list[str]]]:
+    """Each `aot experiment ... --out benchmarks/results/experiments/X` block of `text`, with the times (`26 min`,
+    `579 s`) the paragraph above it states."""
+    found = []
+    for block in re.finditer(r"\n\n((?:    [^\n]*\n)+)", text):
+        out = re.search(r"--out benchmarks/results/experiments/([\w-]+)", block.group(1))
+        if out and "aot experiment" in block.group(1):
+            paragraph = text[: block.start()].rsplit("\n\n", 1)[-1]
+            found.append((out.group(1), [m.group(0) for m in WALL_TIME.finditer(paragraph)]))
+    return found
+
+
+def matches_wall_time(stated: str, seconds: float) -> bool:
+    """`stated` (e.g. `12.3 min`) is `seconds` at the unit and precision it is printed in."""
+    value, unit = WALL_TIME.fullmatch(stated).groups()
+    digits = len(value.split(".")[1]) if "." in value else 0
+    scaled = seconds / {"s": 1, "min": 60, "h": 3600}[unit]
+    return f"{scaled:.{digits}f}" == value.replace(",", "")
+
+
+def test_every_wall_time_stated_above_an_experiment_command_is_its_records():
+    import json
+
+    stale = []
+    for name, times in stated_wall_times(EXPERIMENTS_README.read_text(encoding="utf-8")):
+        seconds = json.loads((BENCHMARKS / "results" / "experiments" / name / "results.json").read_text())["seconds"]
+        if times and not any(matches_wall_time(t, seconds) for t in times):
+            stale.append(f"{name}: states {times}, its results.json records {seconds:.0f} s")
+    assert not stale, "\n".join(stale)
+
+
+def test_the_wall_time_rule_refuses_a_stale_time_and_reads_units_and_commas():
+    command = "    aot experiment clustering --out benchmarks/results/experiments/x\n"
+    text = "Measured (3 runs; 26 min on one core):\n\n" + command
+    assert stated_wall_times(text) == [("x", ["26 min"])]
+    assert matches_wall_time("60 min", 3582.0) and not matches_wall_time("26 min", 3582.0)
+    assert matches_wall_time("1,366 s", 1366.2) and matches_wall_time("12.3 min", 738.3)

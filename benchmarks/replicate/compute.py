@@ -250,7 +250,7 @@ def time_scaled(plan) -> dict[str, dict]:
     change in the machine's load hits all of them alike; plus their shapes, parameters and FLOPs."""
     from .._common import interleaved_best_times, setup
 
-    setup()
+    setup(torch.get_num_threads())  # the seed; the threads stay `--threads`'s
     ids = torch.randint(0, GPT2_VOCAB_SIZE, (plan.batch_size, plan.sequence_length))
     shapes, forwards = {}, {}
 
