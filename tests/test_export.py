@@ -131,6 +131,34 @@ def test_fresh_process_without_package_loads_image_classifier(tmp_path):
         torch.testing.assert_close(out["logits"], model(pixels).logits, rtol=0, atol=0)
 
 
+def test_the_tokenizer_of_a_saved_folder_loads_without_running_or_asking_about_its_code(tmp_path):
+    # The README's two calls, in a process without the package and with no terminal to answer a question on: both
+    # load the tokenizer the folder holds, and nothing is imported from the folder.
+    import subprocess
+    import sys
+
+    from support import char_tokenizer
+
+    folder = tmp_path / "model"
+    export_model(AoTForCausalLM(tiny_config(vocab_size=98)), folder, tokenizer=char_tokenizer())
+    script = f"""
+import sys
+sys.modules["aot_transformers"] = None
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+for tokenizer in (AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=False),
+                  PreTrainedTokenizerFast.from_pretrained({str(folder)!r})):
+    print(tokenizer("ab ba").input_ids)
+print(sorted(name for name in sys.modules if name.startswith("transformers_modules")))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    first, second, imported = result.stdout.strip().splitlines()
+    assert first == second == str(char_tokenizer()("ab ba").input_ids) and imported == "[]"
+    assert "Do you wish to run the custom code" not in result.stdout + result.stderr
+
+
 def test_hub_style_repo_id_from_local_cache(tmp_path):
     """`from_pretrained("org/name", trust_remote_code=True)` offline, resolved from an HF cache snapshot."""
     model = AoTForCausalLM(tiny_config()).eval()
