@@ -277,6 +277,31 @@ def test_fine_tuning_from_truncated_weights_is_refused(saved, corpus, tmp_path, 
     refused(lm(corpus, tmp_path / "out", "--model_name_or_path", str(saved)), capsys, "model.safetensors", "truncated")
 
 
+def test_a_lora_adapter_folder_is_refused_by_every_command_that_takes_a_model_naming_its_base(
+    saved, corpus, tmp_path, capsys
+):
+    peft = pytest.importorskip("peft")
+    adapter = tmp_path / "adapter"
+    model = peft.get_peft_model(AoTForCausalLM.from_pretrained(saved), peft.LoraConfig(r=2, task_type="CAUSAL_LM"))
+    model.save_pretrained(adapter)
+    needles = ("LoRA adapter of", str(saved), "PeftModel.from_pretrained", "--merge_lora")
+    refused(lm(corpus, tmp_path / "out", "--model_name_or_path", str(adapter)), capsys, *needles)
+    evaluate = [
+        "eval",
+        "lm",
+        str(adapter),
+        "--tasks",
+        "ptb",
+        "--data",
+        f"ptb={corpus}",
+        "--output-dir",
+        str(tmp_path / "eval"),
+    ]
+    refused(evaluate, capsys, *needles)
+    refused(["export", "onnx", str(adapter), str(tmp_path / "a.onnx")], capsys, *needles)
+    assert not any((tmp_path / name).exists() for name in ("out", "eval", "a.onnx"))
+
+
 def test_fine_tuning_from_weights_that_are_already_nan_is_refused_naming_them(saved, corpus, tmp_path, capsys):
     from safetensors.torch import load_file, save_file
 

@@ -50,6 +50,20 @@ def load_pretrained(model_cls, source, *args: Any, **kwargs: Any):
         raise OSError(f"The safetensors weights of {source} are {message}.") from error
 
 
+def adapter_of(folder: str | os.PathLike) -> str | None:
+    """For a LoRA adapter folder (`adapter_config.json`, no `config.json`), one line saying what it is, which base it
+    names and how to load it; None for any other path. The commands that take a model folder refuse it with this."""
+    folder = Path(folder)
+    if not (folder / "adapter_config.json").is_file() or (folder / "config.json").is_file():
+        return None
+    base = (read_json(folder / "adapter_config.json") or {}).get("base_model_name_or_path") or "an unnamed base"
+    return (
+        f"{folder} is a LoRA adapter of {base} (adapter_config.json), not a whole model: load it on its base with "
+        f"PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(base)!r}, trust_remote_code=True), "
+        f"{str(folder)!r}), or train with --merge_lora to write a model folder with the adapter merged in"
+    )
+
+
 def is_pickle_name(name: str) -> bool:
     """Whether a file name is a pickle format (loading one can run arbitrary code)."""
     return name.lower().endswith(PICKLE_SUFFIXES)

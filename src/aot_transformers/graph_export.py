@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ._io import load_json, load_pretrained, remove_stale_temporaries, temporary_prefix
+from ._io import adapter_of, load_json, load_pretrained, remove_stale_temporaries, temporary_prefix
 from .errors import run_command
 from .modeling_aot import AoTForCausalLM, AoTForImageClassification, AoTModel, AoTPreTrainedModel
 
@@ -376,6 +376,8 @@ def load_exportable(folder: str | os.PathLike) -> AoTPreTrainedModel:
     if not folder.is_dir():
         raise GraphExportError(f"No such model folder: {folder}.")
     config_file = folder / "config.json"
+    if adapter := adapter_of(folder):
+        raise GraphExportError(adapter)
     if not config_file.is_file():
         raise GraphExportError(f"{folder} has no config.json: it is not a saved model folder.")
     config = load_json(config_file)  # UsageError (one line, exit code 2) when it is not JSON

@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from .. import __version__
-from .._io import is_hub_id, load_pretrained, read_json
+from .._io import adapter_of, is_hub_id, load_pretrained, read_json
 from .data import EvaluationError, EvaluationFailed
 from .scoring import LanguageModelScorer
 from .tasks import TASKS, TaskResult, load_source, parse_task_names, resolve_sources, run_task
@@ -130,6 +130,8 @@ def load_model_and_tokenizer(
     local = Path(name).expanduser()
     if not local.exists() and not is_hub_id(name):
         raise EvaluationError(f"model folder not found: {local} (and it is not a Hub id like 'owner/name')")
+    if adapter := adapter_of(name):
+        raise EvaluationError(adapter)
     remote_code = remote_code_allowed(name, trust_remote_code)
     tokenizer_name = os.fspath(tokenizer) if tokenizer is not None else name
     try:

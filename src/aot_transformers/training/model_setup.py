@@ -12,7 +12,7 @@ import torch
 from accelerate import ParallelismConfig
 from accelerate.utils import DistributedType
 
-from .._io import is_pickle_name, looks_like_path
+from .._io import adapter_of, is_pickle_name, looks_like_path
 from ..configuration_aot import AoTConfig
 from ..presets import preset_kwargs
 from .arguments import ModelArguments, TrainingSetupError
@@ -125,6 +125,8 @@ def build_config(model_args: ModelArguments, default_preset: str, task: str = "t
         if model_name_or_path:
             if looks_like_path(model_name_or_path) and not Path(model_name_or_path).exists():
                 raise TrainingSetupError("no such folder", argument="--model_name_or_path", value=model_name_or_path)
+            if adapter := adapter_of(model_name_or_path):
+                raise TrainingSetupError(f"--model_name_or_path: {adapter}")
             config = AutoConfig.from_pretrained(model_name_or_path)
             _check_model_type(config.model_type, allowed, model_name_or_path)
         elif config_file:
