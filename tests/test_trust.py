@@ -556,6 +556,19 @@ def test_an_adapter_whose_local_base_no_longer_exists_fails_verify_and_push(tmp_
     assert aot(["verify", str(adapter)]) == 0
 
 
+def test_verify_fails_and_push_refuses_a_folder_whose_weights_are_nan(folder, capsys):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name].view(-1)[0] = float("nan")  # a merged NaN adapter leaves such a folder: it loads without a word
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    code, out, _ = verify_exit(folder, capsys)
+    assert code == 1 and f"NAN/INF  model.safetensors: {name}" in out and "FAILED" in out
+    with pytest.raises(UsageError, match=f"model.safetensors: {name} holds NaN or inf"):
+        push_to_hub(folder, "someone/nan", endpoint="http://127.0.0.1:9")
+
+
 def test_a_code_sha256_that_is_not_a_mapping_fails_verify(folder, capsys):
     edit_json(folder / "config.json", code_sha256="0" * 64)
     assert aot(["verify", str(folder)]) == 1

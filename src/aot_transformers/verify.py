@@ -61,6 +61,7 @@ class VerifyReport:
         unknown_code: `.py` files that are not one of the three code files.
         auto_map: `auto_map` entries that run code `verify` cannot vouch for, each described in words.
         pickle_files: Files (relative paths) with a pickle suffix.
+        non_finite: Weights (`file: tensor`) that hold NaN or inf: the folder loads, but computes nothing usable.
     """
 
     folder: Path
@@ -73,6 +74,7 @@ class VerifyReport:
     unknown_code: list[str] = field(default_factory=list)
     auto_map: list[str] = field(default_factory=list)
     pickle_files: list[str] = field(default_factory=list)
+    non_finite: list[str] = field(default_factory=list)
     adapter_base: str | None = None
     adapter_base_missing: bool = False  # the adapter names a local base model folder that does not exist
 
@@ -84,7 +86,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return self.code_ok and not self.pickle_files and not self.adapter_base_missing
+        return self.code_ok and not self.pickle_files and not self.non_finite and not self.adapter_base_missing
 
     def problems(self) -> list[str]:
         """Every failed check, one short phrase each (empty when `ok`)."""
@@ -97,6 +99,7 @@ class VerifyReport:
         out += [f"{name} is not an aot-transformers code file" for name in self.unknown_code]
         out += list(self.auto_map)
         out += [f"{name} is a pickle ({pickle_note(name)})" for name in self.pickle_files]
+        out += [f"{name} holds NaN or inf" for name in self.non_finite]
         if self.adapter_base_missing:
             out.append(f"its base model {self.adapter_base} (adapter_config.json) does not exist: it cannot load")
         if not self.matches_installed and self.adapter_base is None and not out:
@@ -122,6 +125,9 @@ class VerifyReport:
             note = "the code matches the installed package" if self.matches_installed else "cannot be checked"
             out.append(f"  NO HASH  config.json records no `code_sha256` ({note})")
         out += [f"  PICKLE   {name} ({pickle_note(name)})" for name in self.pickle_files]
+        out += [
+            f"  NAN/INF  {name} (non-finite weights: the model computes nothing usable)" for name in self.non_finite
+        ]
         if self.adapter_base_missing:
             out.append(f"  NO BASE  {self.adapter_base} (the base model in adapter_config.json does not exist)")
         elif self.adapter_base is not None:
@@ -183,6 +189,19 @@ def _check_auto_map(folder: Path, path: Path, report: VerifyReport) -> None:
                     report.missing.append(missing)
 
 
+def _non_finite_tensors(path: Path, relative: str) -> list[str]:
+    """The tensors of the safetensors file `path` that hold NaN or inf, as `relative: name` (an unreadable file is
+    left to loading, which names it)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            names = [name for name in weights.keys() if not weights.get_tensor(name).isfinite().all()]
+    except Exception:  # noqa: BLE001 - SafetensorError, OSError: damaged, which is not this check's finding
+        return []
+    return [f"{relative}: {name}" for name in names]
+
+
 def verify_folder(folder: str | Path) -> VerifyReport:
     """Check that loading `folder` with `trust_remote_code=True` runs only the installed package's code, and that it
     holds no pickle (see the module docstring for every check).
@@ -226,6 +245,8 @@ def verify_folder(folder: str | Path) -> VerifyReport:
             report.pickle_files.append(relative)
         if path.name.endswith("config.json"):
             _check_auto_map(folder, path, report)
+        if path.suffix == ".safetensors":
+            report.non_finite += _non_finite_tensors(path, relative)
         if path.suffix.lower() == ".py":
             if path.name not in CODE_FILES or adapter:
                 report.unknown_code.append(relative)
