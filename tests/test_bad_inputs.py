@@ -314,6 +314,36 @@ def test_fine_tuning_from_weights_that_are_already_nan_is_refused_naming_them(sa
     assert not (tmp_path / "out").exists()
 
 
+def test_evaluating_or_exporting_weights_whose_shapes_contradict_the_config_names_them(
+    saved, corpus, tmp_path, capsys
+):
+    from support import char_tokenizer
+
+    char_tokenizer().save_pretrained(saved)
+    config = json.loads((saved / "config.json").read_text())
+    config["hidden_size"] = 64  # the weights say 32
+    (saved / "config.json").write_text(json.dumps(config))
+    needles = (
+        "do not have the shapes its config.json gives",
+        "model.embed_tokens.weight [300, 32] vs config [300, 64]",
+    )
+    evaluate = [
+        "eval",
+        "lm",
+        str(saved),
+        "--tasks",
+        "ptb",
+        "--data",
+        f"ptb={corpus}",
+        "--output-dir",
+        str(tmp_path / "e"),
+    ]
+    assert "ignore_mismatched_sizes" not in refused(evaluate, capsys, *needles)
+    assert main(["export", "onnx", str(saved), str(tmp_path / "m.onnx")]) != 0
+    line = capsys.readouterr().err
+    assert all(needle in line for needle in needles) and "ignore_mismatched_sizes" not in line, line
+
+
 def test_an_fsdp_version_other_than_2_is_refused_naming_the_supported_one(corpus, tmp_path, capsys):
     argv = lm(corpus, tmp_path / "out", "--fsdp", "full_shard", "--fsdp_config", '{"version": 1}')
     refused(argv, capsys, "--fsdp_config version 1", "FSDP2 is the supported version")

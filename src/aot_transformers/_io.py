@@ -48,6 +48,34 @@ def load_pretrained(model_cls, source, *args: Any, **kwargs: Any):
     except SafetensorError as error:
         message = f"corrupted or truncated ({error}); download or save them again"
         raise OSError(f"The safetensors weights of {source} are {message}.") from error
+    except RuntimeError as error:  # transformers' "set `ignore_mismatched_sizes`", which would load random weights
+        if "ignore_mismatched_sizes" not in str(error) or not Path(source).is_dir():
+            raise
+        shown = ", ".join(_mismatched_shapes(model_cls, Path(source), kwargs)[:3])
+        raise OSError(f"The weights of {source} do not have the shapes its config.json gives: {shown}.") from None
+
+
+def _mismatched_shapes(model_cls, folder: Path, kwargs: dict[str, Any]) -> list[str]:
+    """`name [saved shape] vs config [shape]` for every tensor of the safetensors in `folder` whose shape is not the
+    one the model built from its config (on the meta device) has."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    config = kwargs.get("config") or AutoConfig.from_pretrained(
+        folder, trust_remote_code=kwargs.get("trust_remote_code")
+    )
+    with torch.device("meta"):
+        model = model_cls.from_config(config) if hasattr(model_cls, "from_config") else model_cls(config)
+    expected = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
+    found = []
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as weights:
+            for name in weights.keys():
+                shape = list(weights.get_slice(name).get_shape())
+                if name in expected and expected[name] != shape:
+                    found.append(f"{name} {shape} vs config {expected[name]}")
+    return found
 
 
 def adapter_of(folder: str | os.PathLike) -> str | None:
