@@ -59,7 +59,6 @@ def _mismatched_shapes(model_cls, folder: Path, kwargs: dict[str, Any]) -> list[
     """`name [saved shape] vs config [shape]` for every tensor of the safetensors in `folder` whose shape is not the
     one the model built from its config (on the meta device) has."""
     import torch
-    from safetensors import safe_open
     from transformers import AutoConfig
 
     config = kwargs.get("config") or AutoConfig.from_pretrained(
@@ -68,14 +67,25 @@ def _mismatched_shapes(model_cls, folder: Path, kwargs: dict[str, Any]) -> list[
     with torch.device("meta"):
         model = model_cls.from_config(config) if hasattr(model_cls, "from_config") else model_cls(config)
     expected = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
-    found = []
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as weights:
-            for name in weights.keys():
-                shape = list(weights.get_slice(name).get_shape())
-                if name in expected and expected[name] != shape:
-                    found.append(f"{name} {shape} vs config {expected[name]}")
-    return found
+    saved = {
+        name: shape for file in sorted(folder.glob("*.safetensors")) for name, shape in read_weights(file)[0].items()
+    }
+    return [
+        f"{name} {shape} vs config {expected[name]}"
+        for name, shape in saved.items()
+        if expected.get(name, shape) != shape
+    ]
+
+
+def read_weights(file: str | os.PathLike, finite: bool = False) -> tuple[dict[str, list[int]], list[str]]:
+    """The shape of every tensor in the safetensors `file` (read from its header) and, with `finite`, the names of the
+    tensors that hold NaN or inf (every tensor read). Raises what safetensors raises for a damaged file."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as weights:
+        shapes = {name: list(weights.get_slice(name).get_shape()) for name in weights.keys()}
+        non_finite = [name for name in shapes if finite and not weights.get_tensor(name).isfinite().all()]
+    return shapes, non_finite
 
 
 def adapter_of(folder: str | os.PathLike) -> str | None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from ._io import is_pickle_name, load_json, looks_like_path
+from ._io import is_pickle_name, load_json, looks_like_path, read_weights
 from .errors import UsageError
 from .modeling_aot import CODE_FILES, code_file_hashes
 
@@ -192,14 +192,10 @@ def _check_auto_map(folder: Path, path: Path, report: VerifyReport) -> None:
 def _non_finite_tensors(path: Path, relative: str) -> list[str]:
     """The tensors of the safetensors file `path` that hold NaN or inf, as `relative: name` (an unreadable file is
     left to loading, which names it)."""
-    from safetensors import safe_open
-
     try:
-        with safe_open(str(path), framework="pt") as weights:
-            names = [name for name in weights.keys() if not weights.get_tensor(name).isfinite().all()]
+        return [f"{relative}: {name}" for name in read_weights(path, finite=True)[1]]
     except Exception:  # noqa: BLE001 - SafetensorError, OSError: damaged, which is not this check's finding
         return []
-    return [f"{relative}: {name}" for name in names]
 
 
 def verify_folder(folder: str | Path) -> VerifyReport:

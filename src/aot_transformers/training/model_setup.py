@@ -12,7 +12,7 @@ import torch
 from accelerate import ParallelismConfig
 from accelerate.utils import DistributedType
 
-from .._io import adapter_of, is_pickle_name, looks_like_path
+from .._io import adapter_of, is_pickle_name, looks_like_path, read_weights
 from ..configuration_aot import AoTConfig
 from ..presets import preset_kwargs
 from .arguments import ModelArguments, TrainingSetupError
@@ -187,7 +187,6 @@ def check_checkpoint_weights(folder: str | None, model, skip_prefixes: tuple[str
     named in one line, exit code 2, not a traceback from deep inside loading. A Hub id is left to `from_pretrained`."""
     if not folder or not Path(folder).is_dir():
         return
-    from safetensors import safe_open
 
     def refuse(problem: str) -> TrainingSetupError:
         return TrainingSetupError(problem, argument="--model_name_or_path", value=folder)
@@ -199,16 +198,14 @@ def check_checkpoint_weights(folder: str | None, model, skip_prefixes: tuple[str
         found = f"only pickle weights ({', '.join(pickles)}), which can run code when loaded" if pickles else ""
         raise refuse(f"holds {found or 'no weights'}; fine-tune from a folder with model.safetensors")
     state = model.state_dict(keep_vars=True)
-    expected = {name: tuple(t.shape) for name, t in state.items()}
+    expected = {name: list(t.shape) for name, t in state.items()}
     aliases: dict[int, list[str]] = {}  # tied tensors (saved under one of their names)
     for name, tensor in state.items():
         aliases.setdefault(id(tensor), []).append(name)
     present: set[str] = set()
     for file in files:
         try:
-            with safe_open(str(file), framework="pt") as weights:
-                shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
-                non_finite = [name for name in weights.keys() if not weights.get_tensor(name).isfinite().all()]
+            shapes, non_finite = read_weights(file, finite=True)
         except Exception as error:  # noqa: BLE001 - SafetensorError and OSError: both mean an unreadable file
             raise refuse(f"{file} cannot be read ({error}); it may be truncated: save or download it again") from None
         if non_finite:  # training would stop at step 1 with "diverged", blaming the learning rate
@@ -217,9 +214,7 @@ def check_checkpoint_weights(folder: str | None, model, skip_prefixes: tuple[str
         present.update(shapes)
         for name, shape in shapes.items():
             if name in expected and expected[name] != shape and not name.startswith(skip_prefixes):
-                raise refuse(
-                    f"{file.name}: {name} has shape {list(shape)} but its config.json gives {list(expected[name])}"
-                )
+                raise refuse(f"{file.name}: {name} has shape {shape} but its config.json gives {expected[name]}")
     missing = sorted(
         names[0]
         for names in aliases.values()
