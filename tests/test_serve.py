@@ -3,12 +3,17 @@
 Three servers start together (their start-ups overlap) and are always stopped: `aot serve` on a dense folder, the
 same module run as a lone file in a process where `aot_transformers` cannot be imported (the folder's own code,
 `--trust-remote-code`, under `--continuous-batching`), and `aot serve` on a k-NN folder without a chat template.
+One more app is built in this process, to see that building and serving it leaves transformers' modules as they were.
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import inspect
 import json
 import os
+import pkgutil
 import socket
 import subprocess
 import sys
@@ -114,13 +119,20 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """A dense folder with a chat template and a k-NN folder without one."""
     if not (SHARED_DATA / "tokenizer-gpt2").exists():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
+    tmp = tmp_path_factory.mktemp("folders")
+    _save_folder(tmp / "dense", knn=False, chat=True)
+    _save_folder(tmp / "knn", knn=True, chat=False)
+    return {"dense": tmp / "dense", "knn": tmp / "knn"}
+
+
+@pytest.fixture(scope="module")
+def servers(folders, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
-    dense, knn = tmp / "dense", tmp / "knn"
-    _save_folder(dense, knn=False, chat=True)
-    _save_folder(knn, knn=True, chat=False)
+    dense, knn = folders["dense"], folders["knn"]
     alone = textwrap.dedent(
         f"""
         import runpy, sys
@@ -299,3 +311,61 @@ def test_start_up_refusals_are_one_line(servers, tmp_path):
     assert code == 2 and lines[-1].startswith("aot serve: error: chat options:"), results["chat"]
     code, lines = results["option"]
     assert code == 2 and lines[-1].startswith("aot serve: error: No such option: --no-such-option"), results["option"]
+
+
+def _transformers_cli_attributes() -> dict:
+    """Every attribute of every loaded `transformers.cli` module and of every class defined in one."""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("transformers.cli") and module is not None:
+            for attribute, value in vars(module).items():
+                found[(name, attribute)] = value
+                if inspect.isclass(value) and value.__module__ == name:
+                    found.update({(f"{name}.{attribute}", key): item for key, item in vars(value).items()})
+    return found
+
+
+async def _post(app, path: str, body: dict) -> tuple[int, dict]:
+    """POST `body` through an ASGI `app` (its middleware and routes), with no socket and no HTTP client."""
+    payload = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http"}
+    scope.update(path=path, raw_path=path.encode(), query_string=b"", root_path="", headers=headers)
+    requests, sent = [{"type": "http.request", "body": payload, "more_body": False}], []
+
+    async def receive():
+        if requests:
+            return requests.pop()
+        await asyncio.Event().wait()  # a client that stays connected
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    status = next(message["status"] for message in sent if message["type"] == "http.response.start")
+    return status, json.loads(b"".join(message.get("body", b"") for message in sent))
+
+
+def test_building_the_app_and_serving_requests_change_no_attribute_of_transformers_cli(folders):
+    import transformers.cli.serve
+    import transformers.cli.serving
+
+    for module in pkgutil.iter_modules(transformers.cli.serving.__path__, "transformers.cli.serving."):
+        importlib.import_module(module.name)  # loaded before the snapshot: loading a module adds it to its package
+    before = _transformers_cli_attributes()
+    from aot_transformers.serving import build_app
+
+    options = {
+        name: parameter.default
+        for name, parameter in inspect.signature(transformers.cli.serve.Serve).parameters.items()
+    }
+    app = build_app({**options, "force_model": str(folders["dense"])})
+    request = {"model": str(folders["dense"]), "prompt": "Hello", "max_tokens": 3, "temperature": 0}
+    good = asyncio.run(_post(app, "/v1/completions", request))
+    bad = asyncio.run(_post(app, "/v1/completions", {**request, "max_tokens": -3}))
+    after = _transformers_cli_attributes()
+    assert good[0] == 200 and good[1]["usage"]["completion_tokens"] == 3, good
+    assert bad[0] == 400 and bad[1]["error"]["param"] == "max_tokens", bad
+    missing = object()
+    changed = [key for key in before.keys() | after.keys() if before.get(key, missing) is not after.get(key, missing)]
+    assert sorted(".".join(key) for key in changed) == []

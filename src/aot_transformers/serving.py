@@ -1,16 +1,16 @@
 """`aot serve`: transformers' own OpenAI-compatible server (`transformers serve`) for AoT folders.
 
-transformers' serving stack runs unchanged (typer options, FastAPI app, handlers, continuous batching); subclasses of
-the classes `Serve` builds change three things at its boundary:
+`build_app` builds transformers' FastAPI app from transformers' handlers, as `Serve` does and from the same options,
+and changes no transformers class or module attribute. What it adds at the boundary:
 
-- **Loading** goes through `AutoModelForCausalLM` when `config.architectures[0]` is not a transformers class (a
-  remote-code folder), so `--trust-remote-code` runs the folder's own code and, without it, this package's classes.
+- **Loading** through `AutoModelForCausalLM` when `config.architectures[0]` is not a transformers class (a remote-code
+  folder), so `--trust-remote-code` runs the folder's own code and, without it, this package's classes.
 - **Start-up checks**: a k-NN model (`knn_k` set) under `--continuous-batching` is refused (transformers' paged
   kernels attend to every key); a folder without a chat template is named, and refused with chat options.
-- **Requests**: a malformed field (token limits, `model`, the prompt, sampling options) gets a 4xx naming it in
-  OpenAI's error shape (`error.message`, `error.param`), never a 500. A request without a token limit generates up
-  to the end of the context (`max_position_embeddings`), where transformers' default (1024 new tokens) would run
-  past the learned position embeddings.
+- **Request checks** (`CheckedHandler`): a malformed field (token limits, `model`, the prompt, sampling options) gets
+  a 4xx naming it in OpenAI's error shape (`error.message`, `error.param`), never a 500. A request without a token
+  limit generates up to the end of the context (`max_position_embeddings`), where transformers' default (1024 new
+  tokens) would run past the learned position embeddings.
 
 Nothing here is specific to AoT but the k-NN check: any causal LM a folder maps with `auto_map` serves the same way.
 """
@@ -18,8 +18,13 @@ Nothing here is specific to AoT but the k-NN check: any causal LM a folder maps 
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 try:  # `aot serve`; this file also runs on its own, where only transformers is installed (see `main`)
     from .errors import UsageError
@@ -89,23 +94,17 @@ def fit_to_context(body: dict, fields: tuple[str, ...], prompt_tokens: int, mode
     if not isinstance(context, int) or context < 1:
         return
     if prompt_tokens >= context:
-        raise RequestError(
-            400,
-            what,
-            f"{what}: {prompt_tokens} tokens, the model's context is {context} tokens (room for none to generate)",
-            "context_length_exceeded",
-        )
+        why = f"{what}: {prompt_tokens} tokens, the model's context is {context} tokens (room for none to generate)"
+        raise RequestError(400, what, why, "context_length_exceeded")
     field, limit = next(((f, v) for f, v in limits.items() if v is not None), (fields[-1], None))
     if limit is None:
         body[fields[-1]] = context - prompt_tokens  # transformers' default (1024) would run past the positions
     elif prompt_tokens + limit > context:
-        raise RequestError(
-            400,
-            field,
+        why = (
             f"{field}: {limit} new tokens after a {prompt_tokens}-token prompt exceed the model's context of "
-            f"{context} tokens (allowed: at most {context - prompt_tokens})",
-            "context_length_exceeded",
+            f"{context} tokens (allowed: at most {context - prompt_tokens})"
         )
+        raise RequestError(400, field, why, "context_length_exceeded")
 
 
 def _tokenizer(processor):
@@ -123,166 +122,164 @@ NO_CHAT_TEMPLATE = (
 )
 
 
-def _install() -> None:
-    """Swap transformers' model manager and handlers for the subclasses below (this process only)."""
+def _chat_prompt_tokens(handler, processor, messages: list, body: dict) -> int:
+    from transformers.cli.serving.utils import Modality
+
+    kwargs = {**handler.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}
+    ids = _tokenizer(processor).apply_chat_template(
+        handler.get_processor_inputs_from_messages(messages, Modality.LLM),
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+        tools=body.get("tools"),
+        **kwargs,
+    )
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return len(ids[0]) if ids and isinstance(ids[0], list) else len(ids)
+
+
+def check_completion(handler, body: dict, model, processor, served: str) -> None:
+    """`/v1/completions`: a non-empty string prompt that leaves room in the context for `max_tokens`."""
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise RequestError(400, "prompt", f"prompt: {prompt!r} is not allowed (allowed: a non-empty string)")
+    tokens = len(_tokenizer(processor)(prompt)["input_ids"])
+    fit_to_context(body, ("max_tokens",), tokens, model, "prompt")
+
+
+def check_chat(handler, body: dict, model, processor, served: str) -> None:
+    """`/v1/chat/completions`: messages with a role, a chat template to format them, room for the token limit."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "messages", f"messages: {messages!r} is not allowed (allowed: a non-empty list)")
+    for index, message in enumerate(messages):
+        field = f"messages[{index}]"
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError(400, field, f"{field}: a message needs a `role` and a `content`")
+    if not isinstance(body.get("chat_template_kwargs") or {}, dict):
+        raise RequestError(400, "chat_template_kwargs", "chat_template_kwargs: not a JSON object")
+    if _chat_template_missing(processor):
+        raise RequestError(400, "messages", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
+    tokens = _chat_prompt_tokens(handler, processor, messages, body)
+    # transformers reads `max_completion_tokens` first, then `max_tokens`: both are checked
+    fit_to_context(body, ("max_completion_tokens", "max_tokens"), tokens, model, "messages")
+
+
+def check_response(handler, body: dict, model, processor, served: str) -> None:
+    """`/v1/responses`: some input, a chat template to format it, room for `max_output_tokens`."""
+    if body.get("input") in (None, "", []):
+        raise RequestError(400, "input", f"input: {body.get('input')!r} is not allowed (allowed: text)")
+    if _chat_template_missing(processor):
+        raise RequestError(400, "input", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
+    messages = handler._normalize_input(dict(body))
+    tokens = _chat_prompt_tokens(handler, processor, messages, {**body, "tools": None})
+    fit_to_context(body, ("max_output_tokens",), tokens, model, "input")
+
+
+class CheckedHandler:
+    """A transformers handler behind `check_common_fields` and `check`: a refused request gets its `RequestError`."""
+
+    def __init__(self, handler, check):
+        self.handler, self.check = handler, check
+
+    async def handle_request(self, body: dict, request_id: str):
+        manager, served = self.handler.model_manager, self.handler.model_manager.force_model
+        try:
+            model, processor = manager.load_model_and_processor(manager.process_model_name(served))
+            check_common_fields(body, served)
+            self.check(self.handler, body, model, processor, served)
+        except RequestError as error:
+            return error.response()
+        return await self.handler.handle_request(body, request_id)
+
+
+def _model_manager(options: dict):
+    """transformers' `ModelManager` for `transformers serve`'s `options`, loading through `AutoModelForCausalLM` when
+    the architecture is not a transformers class (a remote-code model): transformers looks it up in its namespace."""
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.cli.serving import chat_completion, completion, model_manager, response
+    from transformers.cli.serving.model_manager import ModelManager
     from transformers.cli.serving.utils import split_revision
 
-    # The classes as transformers defines them (`_install` may run again: the module attributes are swapped below).
-    swapped = {
-        model_manager: "ModelManager",
-        completion: "CompletionHandler",
-        chat_completion: "ChatCompletionHandler",
-        response: "ResponseHandler",
-    }
-    original = {name: getattr(module, name) for module, name in swapped.items()}
-    original = {name: getattr(cls, "_aot_original", cls) for name, cls in original.items()}
-
-    class AoTModelManager(original["ModelManager"]):
-        """transformers' `ModelManager`, loading through `AutoModelForCausalLM` when the architecture is not a
-        transformers class (a remote-code model), and refusing a k-NN model under continuous batching."""
-
-        def __init__(self, *args, continuous_batching: bool = False, force_model: str | None = None, **kwargs):
-            if force_model is not None and continuous_batching:
-                model_id, revision = split_revision(force_model)
-                config = AutoConfig.from_pretrained(
-                    model_id, revision=revision, trust_remote_code=kwargs.get("trust_remote_code", False)
-                )
-                if getattr(config, "knn_k", None) is not None:
-                    raise UsageError(
-                        f"{force_model} is a k-NN model (knn_k={config.knn_k}) and transformers' paged kernels "
-                        "attend to every key; serve it without --continuous-batching",
-                        argument="--continuous-batching",
-                    )
-            super().__init__(*args, continuous_batching=continuous_batching, force_model=force_model, **kwargs)
-            if force_model is not None:
-                self._announce(force_model)
-
-        def _announce(self, name: str) -> None:
-            timed = next(iter(self.loaded_models.values()))
-            module = type(timed.model).__module__
-            code = (
-                "the folder's own code (--trust-remote-code)" if module.startswith("transformers_modules") else module
-            )
-            print(f"aot serve: {name}: {type(timed.model).__name__} from {code}", file=sys.stderr)
-            if _chat_template_missing(timed.processor):
-                print(f"aot serve: note: {NO_CHAT_TEMPLATE.format(name=name)}", file=sys.stderr)
-
+    class CausalLMModelManager(ModelManager):
         def _load_model(self, model_id_and_revision, tqdm_class=None, progress_callback=None, gguf_file=None):
             model_id, revision = split_revision(model_id_and_revision)
+            remote = self.trust_remote_code
             if gguf_file is None:
-                config = AutoConfig.from_pretrained(
-                    model_id, revision=revision, trust_remote_code=self.trust_remote_code
-                )
-                architecture = (getattr(config, "architectures", None) or [None])[0]
-                if architecture is None or not hasattr(transformers, architecture):
-                    quantization = self.get_quantization_config()
+                config = AutoConfig.from_pretrained(model_id, revision=revision, trust_remote_code=remote)
+                if not hasattr(transformers, (config.architectures or [""])[0]):
                     return AutoModelForCausalLM.from_pretrained(
                         model_id,
                         revision=revision,
                         attn_implementation=self.attn_implementation,
                         dtype=self.dtype,
                         device_map=self.device,
-                        trust_remote_code=self.trust_remote_code,
+                        trust_remote_code=remote,
                         tqdm_class=tqdm_class,
-                        **({"quantization_config": quantization} if quantization is not None else {}),
+                        quantization_config=self.get_quantization_config(),
                     )
-            progress = {"tqdm_class": tqdm_class, "progress_callback": progress_callback}
-            return super()._load_model(model_id_and_revision, gguf_file=gguf_file, **progress)
+            return super()._load_model(model_id_and_revision, tqdm_class, progress_callback, gguf_file)
 
-    def served_model(handler) -> tuple[str, Any, Any]:
-        manager = handler.model_manager
-        served = manager.force_model
-        model, processor = manager.load_model_and_processor(manager.process_model_name(served))
-        return served, model, processor
+    # its arguments are `transformers serve` options of the same names
+    return CausalLMModelManager(**{name: options[name] for name in inspect.signature(ModelManager).parameters})
 
-    def chat_prompt_tokens(handler, processor, messages, body) -> int:
-        kwargs = {**handler.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}
-        ids = _tokenizer(processor).apply_chat_template(
-            handler.get_processor_inputs_from_messages(messages, model_manager.Modality.LLM),
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            tools=body.get("tools"),
-            **kwargs,
-        )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return len(ids[0]) if ids and isinstance(ids[0], list) else len(ids)
 
-    def check_completion(handler, body: dict, model, processor, served: str) -> None:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            raise RequestError(400, "prompt", f"prompt: {prompt!r} is not allowed (allowed: a non-empty string)")
-        tokens = len(_tokenizer(processor)(prompt)["input_ids"])
-        fit_to_context(body, ("max_tokens",), tokens, model, "prompt")
+def build_app(options: dict) -> FastAPI:
+    """transformers' FastAPI app for `Serve`'s arguments `options`, built from transformers' classes as
+    `Serve.__init__` builds it, with this module's start-up checks, model manager and request checks."""
+    from transformers import AutoConfig, ContinuousBatchingConfig
+    from transformers.cli.serving import chat_completion, completion, response, server, systemone, transcription
+    from transformers.cli.serving.utils import GenerationState, set_torch_seed, split_revision
+    from transformers.utils import logging
 
-    def check_chat(handler, body: dict, model, processor, served: str) -> None:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError(400, "messages", f"messages: {messages!r} is not allowed (allowed: a non-empty list)")
-        for index, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise RequestError(
-                    400, f"messages[{index}]", f"messages[{index}]: a message needs a `role` and a `content`"
-                )
-        if not isinstance(body.get("chat_template_kwargs") or {}, dict):
-            raise RequestError(400, "chat_template_kwargs", "chat_template_kwargs: not a JSON object")
-        if _chat_template_missing(processor):
-            raise RequestError(400, "messages", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
-        tokens = chat_prompt_tokens(handler, processor, body["messages"], body)
-        # transformers reads `max_completion_tokens` first, then `max_tokens`: both are checked
-        fit_to_context(body, ("max_completion_tokens", "max_tokens"), tokens, model, "messages")
-
-    def check_response(handler, body: dict, model, processor, served: str) -> None:
-        if body.get("input") in (None, "", []):
-            raise RequestError(400, "input", f"input: {body.get('input')!r} is not allowed (allowed: text)")
-        if _chat_template_missing(processor):
-            raise RequestError(400, "input", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
-        messages = handler._normalize_input(dict(body))
-        tokens = chat_prompt_tokens(handler, processor, messages, {**body, "tools": None})
-        fit_to_context(body, ("max_output_tokens",), tokens, model, "input")
-
-    def guarded(name: str, check):
-        """transformers' handler `name`, whose requests pass `check_common_fields` and `check` first."""
-        parent = original[name]
-
-        async def handle_request(self, body: dict, request_id: str):
-            if self.model_manager.force_model is not None:  # else not started by `aot serve`: transformers' behaviour
-                try:
-                    served, model, processor = served_model(self)
-                    check_common_fields(body, served)
-                    check(self, body, model, processor, served)
-                except RequestError as error:
-                    return error.response()
-            return await parent.handle_request(self, body, request_id)
-
-        return type(f"AoT{name}", (parent,), {"handle_request": handle_request})
-
-    class AoTChatCompletionHandler(guarded("ChatCompletionHandler", check_chat)):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            manager = self.model_manager
-            if manager.force_model is not None and self.chat_template_kwargs:
-                _, _, processor = served_model(self)
-                if _chat_template_missing(processor):
-                    raise UsageError(NO_CHAT_TEMPLATE.format(name=manager.force_model), argument="chat options")
-
-    replacements = {
-        "ModelManager": AoTModelManager,
-        "CompletionHandler": guarded("CompletionHandler", check_completion),
-        "ChatCompletionHandler": AoTChatCompletionHandler,
-        "ResponseHandler": guarded("ResponseHandler", check_response),
-    }
-    for module, name in swapped.items():
-        replacements[name]._aot_original = original[name]
-        setattr(module, name, replacements[name])
+    o = argparse.Namespace(**options)
+    name = o.force_model
+    if o.default_seed is not None:
+        set_torch_seed(o.default_seed)
+    logging.get_logger("transformers").setLevel(logging.log_levels[o.log_level.lower()])
+    if o.continuous_batching:
+        model_id, revision = split_revision(name)
+        config = AutoConfig.from_pretrained(model_id, revision=revision, trust_remote_code=o.trust_remote_code)
+        if getattr(config, "knn_k", None) is not None:
+            raise UsageError(
+                f"{name} is a k-NN model (knn_k={config.knn_k}) and transformers' paged kernels attend to every "
+                "key; serve it without --continuous-batching",
+                argument="--continuous-batching",
+            )
+    manager = _model_manager(options)
+    model, processor = manager.load_model_and_processor(manager.process_model_name(name))
+    module = type(model).__module__
+    code = "the folder's own code (--trust-remote-code)" if module.startswith("transformers_modules") else module
+    print(f"aot serve: {name}: {type(model).__name__} from {code}", file=sys.stderr)
+    if _chat_template_missing(processor):
+        print(f"aot serve: note: {NO_CHAT_TEMPLATE.format(name=name)}", file=sys.stderr)
+    chat_template_kwargs = json.loads(o.chat_template_kwargs) if o.chat_template_kwargs else {}
+    if not isinstance(chat_template_kwargs, dict):
+        raise UsageError("must be a JSON object", argument="--chat-template-kwargs")
+    if o.reasoning != "auto":  # `--reasoning on|off`
+        chat_template_kwargs["enable_thinking"] = o.reasoning == "on"
+    if chat_template_kwargs and _chat_template_missing(processor):
+        raise UsageError(NO_CHAT_TEMPLATE.format(name=name), argument="chat options")
+    cb_options = {key[3:]: value for key, value in options.items() if key.startswith("cb_") and value is not None}
+    cb_config = ContinuousBatchingConfig(**cb_options) if cb_options else None
+    state = GenerationState(continuous_batching=o.continuous_batching, compile=o.compile, cb_config=cb_config)
+    shared = {"model_manager": manager, "generation_state": state}
+    chat = {**shared, "chat_template_kwargs": chat_template_kwargs}
+    return server.build_server(
+        manager,
+        CheckedHandler(chat_completion.ChatCompletionHandler(**chat), check_chat),
+        completion_handler=CheckedHandler(completion.CompletionHandler(**shared), check_completion),
+        response_handler=CheckedHandler(response.ResponseHandler(**chat), check_response),
+        transcription_handler=transcription.TranscriptionHandler(manager, state),
+        systemone_handler=systemone.SystemOneHandler(**chat, decision_config=o.decision_config),
+        generation_state=state,
+        enable_cors=o.enable_cors,
+    )
 
 
 def serve(model: str, options: list[str]) -> int:
-    """Run `transformers serve MODEL OPTIONS...` with the boundary of this module; returns when the server stops."""
+    """Run `transformers serve MODEL OPTIONS...` (its own typer options) on `build_app`; returns when it stops."""
     from transformers.utils.import_utils import is_serve_available
 
     if not is_serve_available():
@@ -291,6 +288,7 @@ def serve(model: str, options: list[str]) -> int:
             "pip install 'aot-transformers[serve]' (or 'transformers[serving]')"
         )
     import typer
+    import uvicorn
     from transformers.cli.serve import Serve
 
     try:  # recent typer carries its own copy of click
@@ -298,19 +296,19 @@ def serve(model: str, options: list[str]) -> int:
     except ImportError:
         from click import ClickException
 
-    _install()
+    def run(**arguments) -> int:
+        # in the foreground under --non-blocking too (transformers' test hook), which from a command line ends alike
+        config = uvicorn.Config(build_app(arguments), host=arguments["host"], port=arguments["port"], log_level="info")
+        uvicorn.Server(config).run()
+        return 0
+
+    run.__signature__ = inspect.signature(Serve)  # typer reads `transformers serve`'s options from it
     app = typer.Typer(add_completion=False)
-    app.command()(Serve)
-    command = typer.main.get_command(app)
-    try:
-        command.main(args=[model, *options], prog_name="aot serve", standalone_mode=False)
-    except typer.Exit as done:  # --help
-        return done.exit_code
+    app.command(help=Serve.__doc__)(run)
+    try:  # returns 0 after --help too
+        return typer.main.get_command(app).main(args=[model, *options], prog_name="aot serve", standalone_mode=False)
     except ClickException as error:  # a bad option: one line, exit code 2
         raise UsageError(error.format_message()) from None
-    except typer.Abort:
-        raise KeyboardInterrupt from None
-    return 0
 
 
 def register(subcommands) -> None:
