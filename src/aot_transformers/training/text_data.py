@@ -25,6 +25,7 @@ TEXT_BUILDERS = {
     ".csv": "csv",
 }
 EMBEDDED_CORPUS = "pydoc-topics"
+TOKENIZE_BATCH = 8  # documents tokenized at once: books are large, a few at a time keeps each process's memory flat
 
 
 @dataclass
@@ -37,7 +38,11 @@ class TextDataArguments:
         f"'{EMBEDDED_CORPUS}' (Python's own documentation text, no download). Default: {EMBEDDED_CORPUS}.",
     )
     dataset_config_name: str | None = arg(None, "Config name of a Hub dataset.")
-    train_file: list[str] | None = arg(None, "Local training files or folders (instead of --dataset_name).")
+    train_file: list[str] | None = arg(
+        None,
+        "Local training files or folders (instead of --dataset_name), read in the order given (a folder's files in "
+        "sorted order). A .txt/.md file is one document; each row of a json/jsonl/parquet/csv file is one.",
+    )
     validation_file: list[str] | None = arg(
         None, "Local validation files or folders (default: split off the training data)."
     )
@@ -46,7 +51,9 @@ class TextDataArguments:
     test_split: str = arg("test", "Split of a dataset repository evaluated once after training, when it has one.")
     text_column: str = arg("text", "Column holding the text.")
     validation_split_percentage: float = arg(
-        5.0, "Share of the training examples held out for validation (the last ones)."
+        5.0,
+        "Share of the training text held out for validation, when there is no validation data: its end, from the "
+        "start of a line (a stream larger than --streaming_validation_examples holds out its first examples).",
     )
     block_size: int | None = arg(None, "Tokens per training block (default: min(512, max_position_embeddings)).")
     streaming: bool = arg(False, "Stream the data (files larger than memory); needs --max_steps.")
@@ -66,7 +73,7 @@ class TextSource:
     validation: Any
     description: str
     hub_ids: list[str]
-    documents: bool  # examples are whole documents (separate them with EOS) rather than lines
+    documents: bool  # examples are whole documents, separated by EOS when packed: always, whatever the source
     name: str = "custom"  # the dataset's name in the model card's model-index
     test: Any = None  # a repository's test split: never trained or validated on, evaluated once at the end
 
@@ -95,10 +102,11 @@ def is_dataset_repository(name: str) -> bool:
         return False
 
 
-def collect_files(paths: list[str], what: str = "training") -> dict[str, list[str]]:
-    """Local files grouped by `datasets` builder; folders are searched recursively. Raises `TrainingSetupError`
-    for a missing path, an unsupported suffix, or a folder with no usable file."""
-    grouped: dict[str, list[str]] = {}
+def collect_files(paths: list[str], what: str = "training") -> list[tuple[str, str]]:
+    """Local files as `(datasets builder, file)` pairs, in the order given; a folder gives its files (searched
+    recursively) in sorted order. Raises `TrainingSetupError` for a missing path, an unsupported suffix, or a folder
+    with no usable file."""
+    ordered: list[tuple[str, str]] = []
     for raw in paths:
         path = Path(raw).expanduser()
         if not path.exists():
@@ -117,9 +125,8 @@ def collect_files(paths: list[str], what: str = "training") -> dict[str, list[st
                     f"{what} data: {raw} has an unsupported suffix; use one of {sorted(TEXT_BUILDERS)}."
                 )
             found = [path]
-        for file in found:
-            grouped.setdefault(TEXT_BUILDERS[file.suffix.lower()], []).append(str(file))
-    return grouped
+        ordered += [(TEXT_BUILDERS[file.suffix.lower()], str(file)) for file in found]
+    return ordered
 
 
 def check_text_file(path: str | os.PathLike, text_column: str = "text", what: str = "training") -> None:
@@ -203,13 +210,20 @@ def check_text_file(path: str | os.PathLike, text_column: str = "text", what: st
 
 
 def _load_local(paths: list[str], text_column: str, streaming: bool, what: str):
+    """The documents of local files, in their order: a text file is one document (read whole, as a parquet row
+    holds a book), a row of any other file is one. Consecutive files of one kind are read by one `datasets` builder."""
+    import itertools
+
     import datasets
 
     parts = []
-    for builder, files in collect_files(paths, what).items():
+    for builder, run in itertools.groupby(collect_files(paths, what), key=lambda pair: pair[0]):
+        files = [file for _, file in run]
         for file in files:
             check_text_file(file, text_column, what)
-        kwargs = {"keep_linebreaks": True} if builder == "text" else {}
+        # Line by line, each line would be tokenized alone: a text split at its line breaks tokenizes differently
+        # (GPT-2 has one token for "\n\n") and could not give the blocks the same book gives as a parquet row.
+        kwargs = {"sample_by": "document"} if builder == "text" else {}
         part = datasets.load_dataset(builder, data_files=files, split="train", streaming=streaming, **kwargs)
         check_text_column(part, text_column, f"{what} files {files[:3]}{'…' if len(files) > 3 else ''}")
         parts.append(part.select_columns([text_column]))
@@ -253,7 +267,6 @@ def load_text_source(args: TextDataArguments) -> TextSource:
         )
     name = args.dataset_name or (None if args.train_file else EMBEDDED_CORPUS)
     hub_ids: list[str] = []
-    documents = True
     validation = test = None
     if name == EMBEDDED_CORPUS:
         train = datasets.Dataset.from_dict({args.text_column: embedded_corpus()})
@@ -285,41 +298,79 @@ def load_text_source(args: TextDataArguments) -> TextSource:
         paths = [name] if name else list(args.train_file)
         train = _load_local(paths, args.text_column, args.streaming, "training")
         description = "local files " + ", ".join(Path(p).name for p in paths)
-        documents = not all(Path(p).suffix.lower() in (".txt", ".text", ".md") or Path(p).is_dir() for p in paths)
     if args.validation_file:
         validation = _load_local(list(args.validation_file), args.text_column, False, "validation")
     if validation is None:
         train, validation = _split_validation(train, args)
     label = hub_ids[0] if hub_ids else Path(name or args.train_file[0]).name  # the embedded corpus: its own name
-    return TextSource(train, validation, description, hub_ids, documents, label, test)
+    return TextSource(train, validation, description, hub_ids, True, label, test)
 
 
 def _split_validation(train, args: TextDataArguments):
+    """`(train, validation)` of a source without validation data: a file's (or a small stream's) text loses its end
+    (`hold_out_the_end`); a larger stream, which has no end to hold out, its first `streaming_validation_examples`
+    examples."""
     import datasets
 
+    share = args.validation_split_percentage
     if isinstance(train, datasets.IterableDataset):
         held = args.streaming_validation_examples
         head = list(train.take(held + 1)) if held else []  # one more than the hold-out: is anything left to train on?
-        if held and len(head) <= held:  # a stream smaller than its hold-out keeps the share a file would
-            if len(head) < 2:
-                raise TrainingSetupError(f"The training stream has {len(head)} example(s): too few to hold one out.")
-            share = args.validation_split_percentage or 5.0
-            held = min(len(head) - 1, max(1, round(len(head) * share / 100)))
+        if held and len(head) <= held:  # the whole stream: held out as the same text in a file would be
             logger.warning(
-                "The stream holds %d examples, not more than --streaming_validation_examples (%d): holding out %d "
-                "(%s%%, --validation_split_percentage).",
-                len(head), args.streaming_validation_examples, held, share,
+                "The stream holds %d examples, not more than --streaming_validation_examples (%d): holding out the "
+                "last %s%% of its text (--validation_split_percentage), as for a file.",
+                len(head), held, share or 5.0,
             )  # fmt: skip
+            train, validation = hold_out_the_end(datasets.Dataset.from_list(head), share or 5.0, args.text_column)
+            return train.to_iterable_dataset(), validation
         validation = datasets.Dataset.from_list(head[:held]) if held else None
         return train.skip(held), validation
-    if args.validation_split_percentage == 0:
+    if share == 0:
         return train, None
-    count = len(train)
-    held = max(1, int(round(count * args.validation_split_percentage / 100)))
-    if count < 2:
-        raise TrainingSetupError(f"The training data has {count} example(s): too few to hold out a validation split.")
-    # The last examples, not a random sample: neighbouring lines of a text would otherwise leak into training.
-    return train.select(range(count - held)), train.select(range(count - held, count))
+    return hold_out_the_end(train, share, args.text_column)
+
+
+def hold_out_the_end(documents, share: float, text_column: str = "text"):
+    """Split a `Dataset` of documents into `(train, validation)`: validation is the last `share` percent of the
+    text, from the start of the line where it begins (from that very character when the training side would
+    otherwise be empty). One book or many lose the same share; the document cut in two ends the training split and
+    begins the validation split, so no line falls on both sides. Raises `TrainingSetupError` when the text is too
+    short to leave something on both sides."""
+    import datasets
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if documents.column_names != [text_column]:
+        documents = documents.select_columns([text_column])
+    features = documents.features
+    lengths = [
+        pc.utf8_length(batch[text_column]).fill_null(0).to_numpy(zero_copy_only=False)
+        for batch in documents.with_format("arrow").iter(batch_size=1000)
+    ]
+    ends = np.cumsum(np.concatenate(lengths)) if lengths else np.zeros(1, dtype=np.int64)
+    target = int(ends[-1]) - max(1, round(int(ends[-1]) * share / 100))  # the first held-out character
+    if target <= 0:
+        raise TrainingSetupError(
+            f"The training text ({int(ends[-1])} characters) is too short to hold out {share}% of it for validation; "
+            "give --validation_file or more text."
+        )
+    index = int(np.searchsorted(ends, target, side="right"))  # the document holding that character
+    text = documents[index][text_column]
+    offset = target - (int(ends[index - 1]) if index else 0)
+    cut = text.rfind("\n", 0, offset) + 1 or (0 if index else offset)  # the start of its line
+
+    def join(first, second):  # (documents, piece) or (piece, documents), leaving out what is empty
+        parts = [
+            documents.select(part)
+            if isinstance(part, range)
+            else datasets.Dataset.from_dict({text_column: [part]}, features)
+            for part in (first, second)
+            if len(part)
+        ]
+        return datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+
+    return join(range(index), text[:cut]), join(text[cut:], range(index + 1, len(documents)))
 
 
 def tokenize_and_pack(
@@ -332,8 +383,9 @@ def tokenize_and_pack(
     processes), a few documents per batch so that memory stays flat, and packed as one stream: the blocks are a
     function of the documents alone, whatever the number of processes, and only the last partial block is dropped.
     The blocks of file-backed data are cached on disk, keyed by the data, the tokenizer and the block size, so a
-    second run on the same data memory-maps them at once. A stream (`IterableDataset`) is packed on the fly, per
-    batch of 1,000 examples (the tokens left over at the end of each batch are dropped).
+    second run on the same data memory-maps them at once. A stream (`IterableDataset`) is tokenized and packed on the
+    fly into the same blocks, one stream of one shard (splitting it between data-loader workers would pack each
+    worker's documents apart).
     """
     import datasets
     import pyarrow as pa
@@ -352,14 +404,17 @@ def tokenize_and_pack(
         return {"input_ids": [row + eos for row in ids]}
 
     if not isinstance(dataset, datasets.Dataset):
-
-        def tokenize_and_pack_batch(batch, indices):
-            flat = [token for row in tokenize(batch, indices)["input_ids"] for token in row]
-            blocks = [flat[i : i + block_size] for i in range(0, len(flat) // block_size * block_size, block_size)]
-            return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
-
-        names = column_names(dataset)
-        return dataset.map(tokenize_and_pack_batch, with_indices=True, batched=True, remove_columns=names)
+        window = datasets.List(datasets.Value("int32"), length=block_size)
+        return datasets.IterableDataset.from_generator(
+            _stream_blocks,
+            datasets.Features({"input_ids": window, "labels": window}),
+            gen_kwargs={
+                "dataset": dataset,
+                "tokenize": tokenize,
+                "text_column": text_column,
+                "block_size": block_size,
+            },
+        )
     cached = _blocks_cache_file(dataset, tokenizer, block_size, text_column, eos)
     if cached is not None and cached.is_file():
         return datasets.Dataset.from_file(str(cached))
@@ -369,8 +424,8 @@ def tokenize_and_pack(
             tokenize,
             with_indices=True,
             batched=True,
-            batch_size=8,  # books are large: a few at a time keeps each process's memory flat
-            writer_batch_size=8,
+            batch_size=TOKENIZE_BATCH,
+            writer_batch_size=TOKENIZE_BATCH,
             num_proc=num_proc,
             remove_columns=dataset.column_names,
             features=datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))}),
@@ -389,6 +444,23 @@ def tokenize_and_pack(
         del tokens
         os.replace(staging, cached)  # atomic: a reader sees the whole file or none
     return datasets.Dataset.from_file(str(cached))
+
+
+def _stream_blocks(dataset, tokenize, text_column: str, block_size: int):
+    """The blocks of a stream of documents, as `_pack` makes them of a `Dataset`: the tokens of one batch that do not
+    fill a block begin the next one."""
+    import numpy as np
+
+    carry, start = np.empty(0, dtype=np.int32), 0
+    for batch in dataset.iter(batch_size=TOKENIZE_BATCH):
+        count = len(batch[text_column])
+        rows = tokenize(batch, range(start, start + count))["input_ids"]
+        start += count
+        values = np.concatenate([carry, *(np.asarray(row, dtype=np.int32) for row in rows)])
+        usable = len(values) // block_size * block_size
+        carry = values[usable:]
+        for block in values[:usable].reshape(-1, block_size).tolist():
+            yield {"input_ids": block, "labels": block}
 
 
 def blocks_schema(block_size: int):
