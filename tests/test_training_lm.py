@@ -601,3 +601,55 @@ def test_a_config_file_of_another_model_trains_that_model_or_is_refused(tmp_path
         TextDataArguments(),
         r"--model_type 'vit'.*aot, gpt2, llama",
     )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# experiment trackers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _train_with_a_test_split(tmp_path, report_to: str) -> None:
+    docs = [doc[:3000] for doc in embedded_corpus()[:16]]
+    repo = write_dataset_repository(
+        tmp_path / "repo", {"train": docs[:12], "validation": docs[12:14], "test": docs[14:]}
+    )
+    train_lm(
+        tiny_model_args(tokenizer_vocab_size=300),
+        TextDataArguments(dataset_name=str(repo), block_size=32),
+        training_args(tmp_path, max_steps=2, report_to=report_to),
+        PublishArguments(make_plots=False),
+    )
+
+
+def test_the_final_evaluations_go_to_the_tensorboard_run_of_the_training(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _train_with_a_test_split(tmp_path, "tensorboard")
+    events = list((tmp_path / "run" / "runs").rglob("events.out.tfevents*"))
+    assert len(events) == 1  # one writer from the first step to the test split (a second file: a second writer)
+    run = EventAccumulator(str(events[0]))
+    run.Reload()
+    assert {"train/loss", "eval/loss", "eval/perplexity", "test/loss"} <= set(run.Tags()["scalars"])
+
+
+def test_the_final_evaluations_go_to_the_trackio_run_of_the_training(tmp_path, monkeypatch):
+    import importlib.machinery
+    import types
+    from unittest import mock
+
+    trackio = types.ModuleType("trackio")  # a stand-in that records what the callback asks of trackio
+    trackio.__spec__ = importlib.machinery.ModuleSpec("trackio", None)
+    trackio.__version__ = "0.43.0"
+    calls = []
+    trackio.init = lambda **kwargs: calls.append("init")
+    trackio.finish = lambda: calls.append("finish")
+    trackio.log = lambda values, **kwargs: calls.append(" ".join(["log", *sorted({k.split("/")[0] for k in values})]))
+    trackio.config = mock.MagicMock()
+    trackio.context_vars = mock.MagicMock()
+    trackio.context_vars.current_space_id.get.return_value = None
+    monkeypatch.setitem(sys.modules, "trackio", trackio)
+    _train_with_a_test_split(tmp_path, "trackio")
+    assert calls[0] == "init" and calls[-1] == "finish"
+    assert calls.count("init") == calls.count("finish") == 1  # one run, opened before training, closed after the test
+    assert [call for call in calls if call.startswith("log")][-2:] == ["log eval train", "log test train"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,17 +225,18 @@ def run_training(run: TrainingRun) -> dict[str, Any]:
     push it if asked. Returns the metrics. The output folder's lock is released at the end, whatever happens."""
     try:
         trainer = run.trainer
-        metrics = train_unless_finished(trainer, run.resume)
-        trainer.save_state()  # <output_dir>/trainer_state.json: the whole log history, as transformers' examples
-        results, name = [], run.source.name
-        evaluations = [("validation", "eval", None)] if trainer.eval_dataset is not None else []
-        evaluations += [("test", "test", run.test)] if run.test is not None else []
-        for split, prefix, prepare in evaluations:
-            metrics.update(trainer.evaluate(prepare() if prepare else None, metric_key_prefix=prefix))
-            value = metrics[f"{prefix}_{run.metric}"]
-            results.append(
-                {"metric": run.metric, "value": value, "split": split, "dataset": name, "dataset_type": name}
-            )
+        with trackers_open_until_evaluated(trainer):
+            metrics = train_unless_finished(trainer, run.resume)
+            trainer.save_state()  # <output_dir>/trainer_state.json: the whole log history, as transformers' examples
+            results, name = [], run.source.name
+            evaluations = [("validation", "eval", None)] if trainer.eval_dataset is not None else []
+            evaluations += [("test", "test", run.test)] if run.test is not None else []
+            for split, prefix, prepare in evaluations:
+                metrics.update(trainer.evaluate(prepare() if prepare else None, metric_key_prefix=prefix))
+                value = metrics[f"{prefix}_{run.metric}"]
+                results.append(
+                    {"metric": run.metric, "value": value, "split": split, "dataset": name, "dataset_type": name}
+                )
         metrics.update(run.extra_metrics)
         if run.task == "text-generation":
             trainer.accelerator.unwrap_model(trainer.model).config.use_cache = True
@@ -242,6 +244,32 @@ def run_training(run: TrainingRun) -> dict[str, Any]:
     finally:
         if run.lock is not None:
             run.lock.release()
+
+
+@contextmanager
+def trackers_open_until_evaluated(trainer):
+    """Hold back the experiment trackers' `on_train_end` (the `--report_to` callbacks) until the block ends, so the
+    final evaluations are logged to the run that logged the training.
+
+    `on_train_end` closes TensorBoard's writer and ends trackio's and MLflow's run; the first log after it, the
+    final evaluation's, would open a new writer or a new run, which the trackers show as a second run. The held call
+    is made once, with the arguments `Trainer` gave it, whatever happens in the block.
+    """
+    from transformers.integrations import INTEGRATION_TO_CALLBACK
+
+    trackers = [
+        c for c in trainer.callback_handler.callbacks if isinstance(c, tuple(INTEGRATION_TO_CALLBACK.values()))
+    ]
+    held: list[tuple[Any, tuple, dict]] = []
+    for tracker in trackers:  # this Trainer's own callback objects; the classes are untouched
+        tracker.on_train_end = lambda *args, _tracker=tracker, **kwargs: held.append((_tracker, args, kwargs))
+    try:
+        yield
+    finally:
+        for tracker in trackers:
+            del tracker.on_train_end
+        for tracker, args, kwargs in held:
+            tracker.on_train_end(*args, **kwargs)
 
 
 def dataset_length(dataset) -> int | None:
