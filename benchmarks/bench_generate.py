@@ -15,28 +15,27 @@ import argparse
 import json
 
 import torch
-from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, CompileConfig, GPT2LMHeadModel
 
 from aot_transformers import AoTConfig, AoTForCausalLM
 
 from ._common import RESULTS_DIR, interleaved_best_times, setup, write_results
+from .peers import peer_model
 
 WIDTH, HEADS, LAYERS, VOCAB = 512, 8, 6, 1024
 
 
 def gpt2() -> GPT2LMHeadModel:
-    config = GPT2Config(
+    return peer_model(
+        AutoModelForCausalLM,
+        "gpt2",
         vocab_size=VOCAB,
-        n_embd=WIDTH,
-        n_layer=LAYERS,
-        n_head=HEADS,
-        n_positions=1024,
-        bos_token_id=None,
-        eos_token_id=None,
+        hidden_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        max_position_embeddings=1024,
         pad_token_id=0,
-    )
-    config._attn_implementation = "sdpa"
-    return GPT2LMHeadModel(config).eval()
+    ).eval()
 
 
 def aot(attention_type: str = "mssa") -> AoTForCausalLM:

@@ -27,12 +27,13 @@ from collections.abc import Callable
 
 import torch
 import transformers
-from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache, GPT2LMHeadModel, LlamaForCausalLM
 
 import aot_transformers.knn  # noqa: F401  (registers the "knn" backend for any model)
 from aot_transformers import AoTConfig, AoTForCausalLM
 
 from ._common import setup, write_results
+from .peers import peer_model
 from .syncs import count_host_syncs
 
 VOCAB, WIDTH, LAYERS, HEADS, POSITIONS = 1000, 64, 4, 4, 256
@@ -57,38 +58,38 @@ def aot(preset: str = "aot-mssa-l-tiny", **overrides) -> AoTForCausalLM:
     return AoTForCausalLM(config).eval()
 
 
+# The peers' sizes and special tokens (no BOS / EOS: generation never stops early).
+PEER_FIELDS = dict(
+    vocab_size=VOCAB,
+    hidden_size=WIDTH,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    max_position_embeddings=POSITIONS,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=0,
+)
+
+
 def gpt2() -> GPT2LMHeadModel:
-    config = GPT2Config(
-        vocab_size=VOCAB,
-        n_embd=WIDTH,
-        n_layer=LAYERS,
-        n_head=HEADS,
-        n_positions=POSITIONS,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    config._attn_implementation = "sdpa"
-    return GPT2LMHeadModel(config).eval()
+    # transformers' default dropout, as counted: the train step runs it.
+    dropout = dict(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+    return peer_model(AutoModelForCausalLM, "gpt2", **PEER_FIELDS, **dropout).eval()
 
 
 def llama(attn_implementation: str = "sdpa", **extra) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=WIDTH,
+    """Llama with grouped-query attention (2 key/value heads); `extra` (e.g. `knn_k`, read by the "knn" backend)
+    goes into its config."""
+    model = peer_model(
+        AutoModelForCausalLM,
+        "llama",
+        attn_implementation,
+        **PEER_FIELDS,
         intermediate_size=4 * WIDTH,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
         num_key_value_heads=2,
-        max_position_embeddings=POSITIONS,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=0,
+        **extra,
     )
-    for name, value in extra.items():  # e.g. knn_k, read by the "knn" backend from the config
-        setattr(config, name, value)
-    config._attn_implementation = attn_implementation
-    return LlamaForCausalLM(config).eval()
+    return model.eval()
 
 
 MODELS: dict[str, Callable[[], torch.nn.Module]] = {

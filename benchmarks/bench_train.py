@@ -24,11 +24,12 @@ import functools
 import json
 
 import torch
-from transformers import GPT2Config, GPT2Model, ViTConfig, ViTForImageClassification
+from transformers import AutoModel, AutoModelForImageClassification, GPT2Model, ViTForImageClassification
 
 from aot_transformers import AoTConfig, AoTForImageClassification, AoTModel
 
 from ._common import best_time, interleaved_best_times, run_isolated, setup, write_results
+from .peers import peer_model
 
 WIDTH, HEADS, SEQ, BATCH, VOCAB = 512, 8, 256, 8, 1024
 
@@ -38,20 +39,15 @@ def count(model: torch.nn.Module) -> int:
 
 
 def gpt2(layers: int) -> GPT2Model:
-    config = GPT2Config(
+    return peer_model(
+        AutoModel,
+        "gpt2",
         vocab_size=VOCAB,
-        n_embd=WIDTH,
-        n_layer=layers,
-        n_head=HEADS,
-        n_positions=1024,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=None,
-        eos_token_id=None,
+        hidden_size=WIDTH,
+        num_hidden_layers=layers,
+        num_attention_heads=HEADS,
+        max_position_embeddings=1024,
     )
-    config._attn_implementation = "sdpa"
-    return GPT2Model(config)
 
 
 def aot_lm(layers: int) -> AoTModel:
@@ -101,20 +97,17 @@ def image_step(model: torch.nn.Module, batch: int = 128):
 
 
 def vit(layers: int, width: int = 192, heads: int = 3) -> ViTForImageClassification:
-    config = ViTConfig(
+    return peer_model(
+        AutoModelForImageClassification,
+        "vit",
         image_size=32,
         patch_size=4,
         num_channels=3,
         hidden_size=width,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        intermediate_size=4 * width,
         num_labels=10,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
     )
-    config._attn_implementation = "sdpa"
-    return ViTForImageClassification(config)
 
 
 def aot_vision(layers: int, width: int = 192, heads: int = 3) -> AoTForImageClassification:

@@ -25,20 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import (
-    DynamicCache,
-    GenerationConfig,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    StaticCache,
-)
+from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig, StaticCache
 
 import aot_transformers.knn  # noqa: F401  (registers the "knn" backend for every transformers model)
 from aot_transformers import AoTConfig, AoTForCausalLM
+
+from .peers import peer_model
 
 TOLERANCE = 1e-5  # max |logit difference| (float32) a path may have against the uncached forward
 MARGIN = 1e-3  # where only tokens can be compared, the top-1 logit must beat the second by more than this
@@ -81,38 +73,24 @@ def _with_knn(model, knn_k: int | float):
     return model
 
 
+# The transformers models' sizes: hidden 32, 4 heads, 2 layers, as the AoT models.
+_PEER_FIELDS = dict(
+    vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64
+)
+
+
 def _llama(knn_k):  # grouped-query attention: 4 query heads share 2 key/value heads
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        **_NO_SPECIAL_TOKENS,
-    )
-    return _with_knn(LlamaForCausalLM(config), knn_k)
+    fields = dict(intermediate_size=64, num_key_value_heads=2, **_NO_SPECIAL_TOKENS)
+    return _with_knn(peer_model(AutoModelForCausalLM, "llama", **_PEER_FIELDS, **fields), knn_k)
 
 
 def _gpt2(knn_k):
-    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_head=4, n_layer=2, n_positions=64, **_NO_SPECIAL_TOKENS)
-    return _with_knn(GPT2LMHeadModel(config), knn_k)
+    return _with_knn(peer_model(AutoModelForCausalLM, "gpt2", **_PEER_FIELDS, **_NO_SPECIAL_TOKENS), knn_k)
 
 
 def _mistral(knn_k):  # a sliding window shorter than the 12-token sequences: the window really cuts keys
-    config = MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        sliding_window=5,
-        **_NO_SPECIAL_TOKENS,
-    )
-    return _with_knn(MistralForCausalLM(config), knn_k)
+    fields = dict(intermediate_size=64, num_key_value_heads=2, sliding_window=5, **_NO_SPECIAL_TOKENS)
+    return _with_knn(peer_model(AutoModelForCausalLM, "mistral", **_PEER_FIELDS, **fields), knn_k)
 
 
 @dataclass(frozen=True)

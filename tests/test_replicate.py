@@ -13,6 +13,7 @@ import torch
 from benchmarks.replicate import compute, models, report  # noqa: E402
 from benchmarks.replicate.plan import make_plan  # noqa: E402
 
+from aot_transformers import AoTConfig
 from support import REPO_ROOT
 
 
@@ -95,6 +96,42 @@ def test_vision_rows_share_the_shape_and_labels():
     assert built["aot-mssa+knn"].config.knn_k == plan.knn_k and built["aot-mssa"].config.knn_k is None
     assert built["vit+knn"].config._attn_implementation == models.KNN_ATTENTION
     assert models.count_parameters(built["aot-mssa"])["total"] < models.count_parameters(built["vit"])["total"]
+
+
+def test_benchmark_peers_are_the_baselines_aot_train_builds():
+    """`aot train lm|image --model_type gpt2|llama|vit` and the benchmarks' peer builder make the same config."""
+    from benchmarks.peers import peer_config
+
+    from aot_transformers.training.arguments import ModelArguments
+    from aot_transformers.training.model_setup import build_config
+
+    sizes = {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4}
+    overrides = ",".join(f"{name}={value}" for name, value in sizes.items())
+    for model_type, task, preset in (
+        ("gpt2", "text-generation", "aot-mssa-l-tiny"),
+        ("llama", "text-generation", "aot-mssa-l-tiny"),
+        ("vit", "image-classification", "aot-v-tiny"),
+    ):
+        arguments = ModelArguments(model_type=model_type, preset=preset, config_overrides=overrides)
+        trained = build_config(arguments, preset, task).to_dict()
+        tiny = AoTConfig.from_preset(preset, **sizes)
+        fields = ("image_size", "patch_size", "num_channels") if model_type == "vit" else ("vocab_size",)
+        fields += ("max_position_embeddings",) * (model_type != "vit")
+        peer = peer_config(model_type, **sizes, **{name: getattr(tiny, name) for name in fields}).to_dict()
+        assert peer == trained, model_type
+
+
+def test_no_benchmark_builds_a_transformers_config_by_hand():
+    """Every transformers peer of a benchmark comes from `benchmarks/peers.py` (one builder, the baselines' own)."""
+    by_hand = re.compile(r"\b(?!AoT)\w+(?<!Compile)(?<!Generation)(?<!ContinuousBatching)Config\(")
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
+        for path in sorted((REPO_ROOT / "benchmarks").rglob("*.py"))
+        if path.name != "peers.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if by_hand.search(line)
+    ]
+    assert not found, "\n".join(found)
 
 
 def _lm_run(row, seed, loss, knn=False, early=None):

@@ -21,9 +21,11 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+from transformers import AutoModelForCausalLM, GPT2TokenizerFast
 
 from aot_transformers import AoTConfig, AoTForCausalLM
+
+from ..peers import peer_model
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
@@ -32,19 +34,16 @@ WIDTH, HEADS, POSITIONS = 128, 4, 256
 
 def build_models(vocab_size: int, gpt2_layers: int = 4, aot_layers: int = 24) -> dict[str, torch.nn.Module]:
     """The GPT-2-shaped model and the AoT of equal non-embedding parameters, both freshly initialised."""
-    gpt2 = GPT2LMHeadModel(
-        GPT2Config(
-            vocab_size=vocab_size,
-            n_embd=WIDTH,
-            n_layer=gpt2_layers,
-            n_head=HEADS,
-            n_positions=POSITIONS,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            bos_token_id=50256,
-            eos_token_id=50256,
-        )
+    gpt2 = peer_model(
+        AutoModelForCausalLM,
+        "gpt2",
+        vocab_size=vocab_size,
+        hidden_size=WIDTH,
+        num_hidden_layers=gpt2_layers,
+        num_attention_heads=HEADS,
+        max_position_embeddings=POSITIONS,
+        bos_token_id=50256,
+        eos_token_id=50256,
     )
     aot = AoTForCausalLM(
         AoTConfig.from_preset(

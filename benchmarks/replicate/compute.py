@@ -128,20 +128,22 @@ def build(name: str, layers: int, width: int, vocab_size: int = GPT2_VOCAB_SIZE,
     """The causal LM `name` with `layers` layers of `width` (heads as in `SHAPES`), in eval mode."""
     family, preset, _, _, heads = SHAPES[name]
     if family == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
+        from transformers import AutoModelForCausalLM
+
+        from ..peers import peer_model
 
         special = None if vocab_size < GPT2_VOCAB_SIZE else GPT2_VOCAB_SIZE - 1
-        config = GPT2Config(
+        model = peer_model(
+            AutoModelForCausalLM,
+            "gpt2",
             vocab_size=vocab_size,
-            n_positions=positions,
-            n_embd=width,
-            n_layer=layers,
-            n_head=heads,
+            max_position_embeddings=positions,
+            hidden_size=width,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
             bos_token_id=special,
             eos_token_id=special,
         )
-        config._attn_implementation = "sdpa"
-        model = GPT2LMHeadModel(config)
     else:
         from aot_transformers import AoTConfig, AoTForCausalLM
 

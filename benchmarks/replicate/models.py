@@ -2,7 +2,8 @@
 
 AoT rows start from the papers' presets (`aot-mssa-l-base`, `aot-mhsa-l-base`; `aot-mssa-v`, `aot-mhsa-v`, and
 `aot-v-base` for the row without LayerNorm) with the size fields scaled down. Peers are transformers' own
-`GPT2LMHeadModel` and `ViTForImageClassification`; their k-NN twins run
+`GPT2LMHeadModel` and `ViTForImageClassification`, built by `benchmarks.peers` as `aot train --model_type` builds its
+baselines; their k-NN twins run
 the package's k-NN kernel through transformers' attention registry (`attn_implementation="aot_knn"`), so every
 k-NN row uses the same exact top-k code.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from ..peers import peer_model
 
 KNN_ATTENTION = "aot_knn"
 
@@ -179,25 +182,20 @@ def build_causal_lm(row: Row, vocab_size: int, knn_k: float, bos_token_id: int |
     """The causal LM of `row`, freshly initialised (seed it first)."""
     fields = dict(row.fields)
     if row.family == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
+        from transformers import AutoModelForCausalLM
 
-        config = GPT2Config(
+        if row.knn:
+            register_knn_attention()
+        return peer_model(
+            AutoModelForCausalLM,
+            "gpt2",
+            KNN_ATTENTION if row.knn else "sdpa",
             vocab_size=vocab_size,
-            n_positions=fields["max_position_embeddings"],
-            n_embd=fields["hidden_size"],
-            n_layer=fields["num_hidden_layers"],
-            n_head=fields["num_attention_heads"],
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
             bos_token_id=bos_token_id,
             eos_token_id=bos_token_id,
             knn_k=knn_k if row.knn else None,
+            **fields,
         )
-        if row.knn:
-            register_knn_attention()
-        config._attn_implementation = KNN_ATTENTION if row.knn else "sdpa"
-        return GPT2LMHeadModel(config)
     from aot_transformers import AoTConfig, AoTForCausalLM
 
     config = AoTConfig.from_preset(
@@ -221,22 +219,20 @@ def build_image_classifier(row: Row, image_size: int, id2label: dict[int, str], 
         "label2id": {name: i for i, name in id2label.items()},
     }
     if row.family == "vit":
-        from transformers import ViTConfig, ViTForImageClassification
+        from transformers import AutoModelForImageClassification
 
-        config = ViTConfig(
+        if row.knn:
+            register_knn_attention()
+        return peer_model(
+            AutoModelForImageClassification,
+            "vit",
+            KNN_ATTENTION if row.knn else "sdpa",
             image_size=image_size,
             num_channels=3,
-            intermediate_size=4 * fields["hidden_size"],
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
             knn_k=knn_k if row.knn else None,
             **fields,
             **labels,
         )
-        if row.knn:
-            register_knn_attention()
-        config._attn_implementation = KNN_ATTENTION if row.knn else "sdpa"
-        return ViTForImageClassification(config)
     from aot_transformers import AoTConfig, AoTForImageClassification
 
     config = AoTConfig.from_preset(
