@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmarks: timing, peak-memory measurement in a fresh process, result files."""
+"""Shared helpers of the benchmarks: timing, peak-memory measurement in a fresh process, and the one writer of
+results files (`write_results`: every file records its command, git revision, library versions and host)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -17,7 +19,8 @@ import torch
 # The aten operators of dense matmuls, as torch.profiler names them (`aten::linear` dispatches to `addmm`/`mm`).
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear")
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 
 def setup(threads: int = 2, seed: int = 0) -> None:
@@ -82,15 +85,18 @@ def run_isolated(module: str, *args: str) -> dict:
 
     Peak memory is a per-process high-water mark, so each memory measurement needs its own process.
     """
-    root = Path(__file__).resolve().parents[1]
     result = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", *args], cwd=root, capture_output=True, text=True, check=True
+        [sys.executable, "-m", f"benchmarks.{module}", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def machine() -> dict:
-    """What the numbers were measured on."""
+    """What the numbers were measured on, in the replication records' format (their report reads it)."""
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -99,20 +105,34 @@ def machine() -> dict:
     }
 
 
-def write_results(name: str, results: dict) -> Path:
-    """Write `results` (plus the machine description) to benchmarks/results/<name>.json."""
-    RESULTS_DIR.mkdir(exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine(), **results}, indent=2) + "\n")
-    return path
+# The keys every results file starts with (`provenance`); `provenance_note` says what a file does not record.
+PROVENANCE_KEYS = ("command", "git_revision", "versions", "host", "date", "provenance_note")
+LIBRARIES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "aot-transformers")
+
+
+def invocation(module: str | None = None, argv: list[str] | None = None) -> str:
+    """The command line that ran this process, as typed: `python -m benchmarks.X args` (a torchrun rank: the
+    torchrun line), with `OMP_NUM_THREADS=N` in front when it is set. `module` and `argv` name the module and its
+    arguments when `main(argv)` was called from Python (default: this process's `__main__` and `sys.argv`)."""
+    if module is None:
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name.removesuffix(".__main__") if spec is not None and spec.name else None
+    target = f"-m {module}" if module else shlex.quote(sys.argv[0])
+    argv = sys.argv[1:] if argv is None else argv
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank that torchrun started
+        launcher = f"torchrun --standalone --nproc_per_node {os.environ.get('LOCAL_WORLD_SIZE', '1')}"
+    else:
+        launcher = "python"
+    threads = os.environ.get("OMP_NUM_THREADS")
+    environment = [f"OMP_NUM_THREADS={threads}"] if threads else []
+    return " ".join([*environment, launcher, target, *map(shlex.quote, argv)])
 
 
 def git_revision() -> str:
     """The commit the benchmark ran at (with `+dirty` when tracked files differ from it)."""
-    root = Path(__file__).resolve().parents[1]
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
 
     revision = git("rev-parse", "HEAD") or "unknown"
     return revision + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
@@ -123,7 +143,7 @@ def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": platform.python_version()}
-    for name in ("torch", "transformers", "datasets", "tokenizers", "accelerate", "aot-transformers"):
+    for name in LIBRARIES:
         try:
             found[name] = version(name)
         except PackageNotFoundError:
@@ -131,12 +151,48 @@ def library_versions() -> dict[str, str]:
     return found
 
 
-def provenance(command: str) -> dict:
-    """What a results file records about how it was made: the command, git revision, library versions and host."""
+def host() -> dict:
+    """The machine: CPU, the cores this process may use, torch's threads, the platform and the load averages."""
     return {
-        "command": command,
+        "cpu": platform.processor() or platform.machine(),
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "load_average": [round(load, 2) for load in os.getloadavg()],
+    }
+
+
+def provenance(command: str | None = None) -> dict:
+    """What a results file records about how it was made: the command that regenerates it (default: this
+    process's, `invocation()`), the git revision, the library versions, the host and the date."""
+    return {
+        "command": command or invocation(),
         "git_revision": git_revision(),
         "versions": library_versions(),
-        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "load_average": os.getloadavg()},
+        "host": host(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def updating_command(earlier: dict, command: str | None = None) -> str:
+    """The command of a results file that keeps part of `earlier`, the record it updates: the command that made
+    that record's first part, then this one (default: this process's)."""
+    this = command or invocation()
+    first = earlier.get("command", "").split(" && ")[0]
+    return f"{first} && {this}" if first else this
+
+
+def write_results(target: str | Path, results: dict, command: str | None = None, indent: int = 2) -> Path:
+    """Write `results` with their `provenance(command)` in front, atomically, as JSON: to
+    benchmarks/results/<target>.json for a name, or to `target` for a path. The one writer of results files."""
+    from aot_transformers._io import atomic_write_text
+
+    path = RESULTS_DIR / f"{target}.json" if isinstance(target, str) else Path(target)
+    record = {**provenance(command), **{k: v for k, v in results.items() if k not in PROVENANCE_KEYS}}
+    atomic_write_text(path, json.dumps(record, indent=indent) + "\n")
+    return path
+
+
+def without_provenance(record: dict) -> dict:
+    """A results file's record without its provenance keys: the measurement alone."""
+    return {k: v for k, v in record.items() if k not in PROVENANCE_KEYS}

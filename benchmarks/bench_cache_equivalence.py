@@ -15,16 +15,12 @@ with an error naming k-NN ("refused").
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import warnings
 
 import torch
-import transformers
 
-import aot_transformers
-
-from ._common import setup, write_results
+from ._common import invocation, setup, write_results
 from .cache_paths import MODELS, NAMES_KNN, PATHS, TOLERANCE, PathUnavailable
 
 
@@ -88,20 +84,13 @@ def main(argv: list[str] | None = None) -> dict:
         if cell["status"] in ("differs", "error")
     ]
     results = {
-        "command": "python -m benchmarks.bench_cache_equivalence "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "versions": {
-            "transformers": transformers.__version__,
-            "torch": torch.__version__,
-            "aot_transformers": getattr(aot_transformers, "__version__", "unknown"),
-        },
         "tolerance": TOLERANCE,
         "paths": {name: PATHS[name].what for name in args.paths},
         "models": {name: MODELS[name].family for name in args.models},
         "table": table,
         "failing": failing,
     }
-    path = write_results("cache_equivalence", results)
+    path = write_results("cache_equivalence", results, invocation("benchmarks.bench_cache_equivalence", argv))
     print()
     print(markdown_table(table, args.models))
     print(f"\n{len(failing)} cells above {TOLERANCE:g} or failing; written to {path}")

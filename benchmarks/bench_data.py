@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from ._common import provenance, write_results
+from ._common import invocation, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("AOT_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         results["cold"] = first_step(args.corpus, args.tokenizer, args.workers, cache, Path(scratch) / "cold")
         print(results, flush=True)
         results["warm"] = first_step(args.corpus, args.tokenizer, args.workers, cache, Path(scratch) / "warm")
-    command = "python -m benchmarks.bench_data " + shlex.join(argv if argv is not None else sys.argv[1:])
-    path = write_results("data", {**provenance(command.strip()), **results})
+    path = write_results("data", results, invocation("benchmarks.bench_data", argv))
     print(f"wrote {path}")
 
 

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, CompileConfig, GPT2LMHeadModel
 
 from aot_transformers import AoTConfig, AoTForCausalLM
 
-from ._common import RESULTS_DIR, interleaved_best_times, setup, write_results
+from ._common import RESULTS_DIR, interleaved_best_times, setup, updating_command, write_results
 from .peers import peer_model
 
 WIDTH, HEADS, LAYERS, VOCAB = 512, 8, 6, 1024
@@ -101,10 +101,11 @@ def main(argv: list[str] | None = None) -> dict:
     setup()
     models = {"gpt2": gpt2(), "aot-mssa": aot("mssa"), "aot-mhsa": aot("mhsa")}
     new_tokens = 256
-    results = {}
+    results, command = {}, None
     if set(args.sections) != set(SECTIONS) and (RESULTS_DIR / "generate.json").exists():
         results = json.loads((RESULTS_DIR / "generate.json").read_text())
         results.pop("machine", None)
+        command = updating_command(results)  # the other sections come from the earlier run
     if "speed" in args.sections:
         times = interleaved_best_times(
             {name: generator(m, new_tokens) for name, m in models.items()}, rounds=args.rounds, warmup=1
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "static" in args.sections:
         results["static_compiled"] = static_cache_rows(models, new_tokens, args.rounds)
         print(results["static_compiled"], flush=True)
-    write_results("generate", results)
+    write_results("generate", results, command)
     return results
 
 

@@ -56,6 +56,7 @@ from ._common import (
     reset_peak_rss,
     run_isolated,
     setup,
+    updating_command,
     write_results,
 )
 
@@ -309,11 +310,12 @@ def main(argv: list[str] | None = None) -> dict:
             setup(threads=threads)
             runs[f"timing_threads{threads}"].append(timing(args.rounds, args.previous))
             print(runs, flush=True)
+    kept = False  # whether a part of the earlier file is kept: then its command is part of this file's
     for key, measured in runs.items():
         if measured:
             results[key] = median_run(measured)
         elif key in previous_results:
-            results[key] = previous_results[key]
+            results[key], kept = previous_results[key], True
     setup()
     for key, measure in (
         ("memory_rss", lambda: memory_rss(args.previous, args.rss_repeats, args.cold_rss)),
@@ -322,10 +324,10 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.skip_memory:
             results[key] = measure()
         elif key in previous_results:
-            results[key] = previous_results[key]  # kept from the last run
+            results[key], kept = previous_results[key], True  # kept from the last run
         print(results.get(key), flush=True)
     results["note"] = "2 CPU cores; times are best-of-rounds ratios in one run; see the load averages recorded"
-    write_results("knn", results)
+    write_results("knn", results, updating_command(previous_results) if kept else None)
     print(json.dumps(summary(results), indent=2), flush=True)
     return results
 

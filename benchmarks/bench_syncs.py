@@ -21,18 +21,15 @@ torch) of every sync.
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from collections.abc import Callable
 
 import torch
-import transformers
 from transformers import AutoModelForCausalLM, DynamicCache, GPT2LMHeadModel, LlamaForCausalLM
 
 import aot_transformers.knn  # noqa: F401  (registers the "knn" backend for any model)
 from aot_transformers import AoTConfig, AoTForCausalLM
 
-from ._common import setup, write_results
+from ._common import invocation, setup, write_results
 from .peers import peer_model
 from .syncs import count_host_syncs
 
@@ -217,15 +214,13 @@ def main(argv: list[str] | None = None) -> dict:
             by_op[name][step] = dict(syncs.by_op.most_common())
             sites[name][step] = dict(syncs.by_site.most_common())
     results = {
-        "command": shlex.join(["python", "-m", "benchmarks.bench_syncs", *(sys.argv[1:] if argv is None else argv)]),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "syncs": counts,
         "by_op": by_op,
         "sites": sites,
     }
     print(table(counts, args.steps))
     if not args.no_write:
-        print(f"wrote {write_results('syncs', results)}")
+        print(f"wrote {write_results('syncs', results, invocation('benchmarks.bench_syncs', argv))}")
     return results
 
 

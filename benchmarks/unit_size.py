@@ -30,7 +30,6 @@ def main() -> dict:
         "llama_lines": llama,
         "llama_total": sum(llama.values()),
         "transformers": transformers.__version__,
-        "command": "python -m benchmarks.unit_size",
     }
     print(results)
     write_results("unit_size", results)

@@ -138,3 +138,71 @@ def test_the_wall_time_rule_refuses_a_stale_time_and_reads_units_and_commas():
     assert stated_wall_times(text) == [("x", ["26 min"])]
     assert matches_wall_time("60 min", 3582.0) and not matches_wall_time("26 min", 3582.0)
     assert matches_wall_time("1,366 s", 1366.2) and matches_wall_time("12.3 min", 738.3)
+
+
+# Every results file records how it was made (`benchmarks._common.write_results`); the files committed before that
+# carry what they stated plus a backfilled command and revision, and say so in `provenance_note`.
+PROVENANCE_FILES = (
+    "results/*.json",
+    "results/experiments/*/results.json",
+    "results/replicate/*/*.json",
+    "training/results/*.json",
+    "eval/results/*.json",
+)
+VERSIONS = ("python", "torch", "transformers", "accelerate", "datasets")
+HOST = ("cpu", "threads", "platform")
+
+
+def provenance_problems(record: dict) -> list[str]:
+    """What a results file's record lacks of its provenance (empty when complete)."""
+    import re as _re
+
+    problems = [f"no {key}" for key in ("command", "git_revision") if not record.get(key)]
+    if record.get("git_revision") and not _re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", record["git_revision"]):
+        problems.append(f"git_revision {record['git_revision']!r} is not a commit")
+    if "provenance_note" not in record:  # a complete record: every library and the host
+        problems += [f"no versions.{name}" for name in VERSIONS if name not in record.get("versions", {})]
+        problems += [f"no host.{name}" for name in HOST if name not in record.get("host", {})]
+    return problems
+
+
+def test_every_committed_results_file_records_its_command_revision_versions_and_host():
+    import json
+    import subprocess
+
+    files = sorted(path for pattern in PROVENANCE_FILES for path in BENCHMARKS.glob(pattern))
+    assert len(files) > 80
+    records = {path.relative_to(BENCHMARKS): json.loads(path.read_text()) for path in files}
+    problems = [
+        f"{name}: {', '.join(found)}" for name, record in records.items() if (found := provenance_problems(record))
+    ]
+    assert not problems, "\n".join(problems)
+    revisions = {record["git_revision"][:40] for record in records.values()}
+    known = subprocess.run(
+        ["git", "cat-file", "--batch-check"], input="\n".join(revisions), cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    if known.returncode == 0:  # in a git checkout: every recorded revision is a commit of this repository
+        assert "missing" not in known.stdout, known.stdout
+
+
+def test_results_are_written_with_their_provenance(tmp_path):
+    import json
+    import sys
+
+    from benchmarks._common import write_results
+
+    path = write_results(tmp_path / "x.json", {"value": 1.5, "command": "not this"}, "python -m benchmarks.x --y 2")
+    record = json.loads(path.read_text())
+    assert not provenance_problems(record) and record["value"] == 1.5
+    assert record["command"] == "python -m benchmarks.x --y 2" and list(record)[0] == "command"
+    assert record["versions"]["torch"] and record["host"]["threads"] >= 1
+    assert provenance_problems({"command": "c", "git_revision": "abc"}) == [
+        "git_revision 'abc' is not a commit",
+        *[f"no versions.{name}" for name in VERSIONS],
+        *[f"no host.{name}" for name in HOST],
+    ]
+    assert (
+        sys.modules["benchmarks._common"]
+        .invocation("benchmarks.bench_syncs", ["--steps", "a b"])
+        .endswith("python -m benchmarks.bench_syncs --steps 'a b'")
+    )

@@ -11,13 +11,15 @@ saved as benchmarks/eval/results/suite.md and suite.json.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
-from aot_transformers.evaluation import evaluate_model, markdown_table, write_results
+from aot_transformers.evaluation import evaluate_model, markdown_table
+from aot_transformers.evaluation import write_results as write_evaluation
 from aot_transformers.evaluation.tasks import TASKS, resolve_sources
+
+from .._common import invocation, write_results
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -48,15 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     for model, name in zip(args.models, names, strict=True):
         report = evaluate_model(model, tasks, data_dir=args.data_dir, data=data, batch_size=args.batch_size)
-        write_results(report, args.output_dir / Path(model).name)
+        write_evaluation(report, args.output_dir / Path(model).name)
         reports.append(report)
         print(f"{name}: " + ", ".join(f"{t}={r.get('loss', r.get('acc')):.4f}" for t, r in report.results.items()))
     table = markdown_table(reports, names=names)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "suite.md").write_text(table)
-    (RESULTS / "suite.json").write_text(
-        json.dumps({name: report.to_dict() for name, report in zip(names, reports, strict=True)}, indent=2) + "\n"
-    )
+    models = {name: report.to_dict() for name, report in zip(names, reports, strict=True)}
+    write_results(RESULTS / "suite.json", {"models": models}, invocation("benchmarks.eval.suite", argv))
     print(table)
     return 0
 

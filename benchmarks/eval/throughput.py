@@ -24,6 +24,8 @@ import torch
 from aot_transformers.evaluation import evaluate_model, lm_eval_tasks_path, load_model_and_tokenizer
 from aot_transformers.evaluation.tasks import TASKS, load_source, resolve_sources
 
+from .._common import invocation, write_results
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 # (our metric, lm-eval metric) checked for agreement in each task
@@ -113,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             "metric": AGREEMENT[task][0],
             "values": values,
         }
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"throughput_{args.name}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    path = write_results(
+        RESULTS / f"throughput_{args.name}.json", report, invocation("benchmarks.eval.throughput", argv)
+    )
     print(json.dumps(report, indent=2))
     print(f"wrote {path}")
     return 0

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, GPT2TokenizerFast
 
 from aot_transformers import AoTConfig, AoTForCausalLM
 
+from .._common import invocation, write_results
 from ..peers import peer_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         report["models"][name] = {**result, "folder": str(folder)}
-        args.output_dir.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(json.dumps(report, indent=2) + "\n")
+        write_results(report_path, report, invocation("benchmarks.eval.train_pair", argv))
     print(f"wrote {report_path}")
     return 0
 

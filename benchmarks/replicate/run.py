@@ -17,12 +17,12 @@ import datetime as _dt
 import json
 import logging
 import os
-import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from .._common import invocation, without_provenance, write_results
 from .plan import Plan, make_plan
 from .report import render_report, section_invocations
 
@@ -58,24 +58,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class RunCache:
-    """One JSON record per (section, row, seed) under a folder named by the section's settings."""
+    """One JSON record per (section, row, seed) under a folder named by the section's settings, each with the
+    provenance of the invocation `command` that wrote it (`write_results`)."""
 
-    def __init__(self, records_dir: Path, work_dir: Path, plan: Plan, section: str):
+    def __init__(self, records_dir: Path, work_dir: Path, plan: Plan, section: str, command: str):
         self.folder = records_dir / f"{section}-{plan.section_key(section)}"
         self.scratch = work_dir / self.folder.name / "trainer"  # checkpoints: never committed
+        self.command = command
 
     def path(self, name: str) -> Path:
         return self.folder / f"{name.replace('+', '_')}.json"
 
     def get(self, name: str) -> dict | None:
+        """The record `name` without its provenance, or None when it was not written yet."""
         path = self.path(name)
-        return json.loads(path.read_text()) if path.is_file() else None
+        return without_provenance(json.loads(path.read_text())) if path.is_file() else None
 
     def put(self, name: str, record: dict) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        temporary = self.path(name).with_suffix(".tmp")
-        temporary.write_text(json.dumps(record, indent=1) + "\n")
-        temporary.replace(self.path(name))  # atomic: a kill never leaves half a record
+        """Write the record `name` atomically (a kill never leaves half a record)."""
+        write_results(self.path(name), record, self.command, indent=1)
 
 
 def _load() -> str:
@@ -263,13 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - datasets is a dependency of the training package
         pass
 
-    command = "python -m benchmarks.replicate " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
-    )
+    command = invocation("benchmarks.replicate", argv)
     print(f"{command.strip()}: records {args.records_dir}, work folder {args.work_dir}", flush=True)
     results: dict = {"plan": plan.to_dict(), "sections": {}}
     for section in SECTIONS:
-        cache = RunCache(args.records_dir, args.work_dir, plan, section)
+        cache = RunCache(args.records_dir, args.work_dir, plan, section, command)
         earlier = cache.get("section")
         if section in only:
             print(f"[{section}] start (load {_load()})", flush=True)

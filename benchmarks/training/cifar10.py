@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from .._common import invocation
 from ._results import write_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": round(time.perf_counter() - start, 1),
     }
     kind = "mhsa" if "attention_type=mhsa" in args.config_overrides else "mssa"
-    write_summary(summary, output_dir / "summary.json", f"cifar10_{kind}_{args.epochs:g}epochs.json")
+    write_summary(
+        summary,
+        output_dir / "summary.json",
+        f"cifar10_{kind}_{args.epochs:g}epochs.json",
+        invocation("benchmarks.training.cifar10", argv),
+    )
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -159,16 +159,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from ._results import write_summary
+    from .._common import invocation, updating_command
+    from ._results import RESULTS, write_summary
 
     root = Path(args.output_dir)
     if args.memory_only:
-        from ._results import RESULTS
-
         summary = json.loads((RESULTS / "distributed_ddp_fsdp.json").read_text())
         summary["memory"] = memory(args, root)
         summary["memory_note"] = "memory rerun separately (--memory-only) after the throughput run of the same day"
-        write_summary(summary, root / "summary.json", "distributed_ddp_fsdp.json")
+        # The file holds both runs, so the command that regenerates it is both commands.
+        command = updating_command(summary, invocation("benchmarks.training.distributed", argv))
+        write_summary(summary, root / "summary.json", "distributed_ddp_fsdp.json", command)
         print(json.dumps(summary["memory"], indent=2))
         return 0
     shutil.rmtree(root, ignore_errors=True)
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"throughput": throughput(args, root), "note": "2-core machine shared with other engineers' jobs"}
     if not args.skip_memory:
         summary["memory"] = memory(args, root)
-    write_summary(summary, root / "summary.json", "distributed_ddp_fsdp.json")
+    command = invocation("benchmarks.training.distributed", argv)
+    write_summary(summary, root / "summary.json", "distributed_ddp_fsdp.json", command)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from .._common import invocation
 from ._results import write_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         "train_seconds": metrics["train_runtime"],
         "wall_seconds": round(time.perf_counter() - start, 1),
     }
-    write_summary(summary, output_dir / "summary.json", f"lm_vs_unigram_{args.max_steps}steps.json")
+    write_summary(
+        summary,
+        output_dir / "summary.json",
+        f"lm_vs_unigram_{args.max_steps}steps.json",
+        invocation("benchmarks.training.lm_vs_unigram", argv),
+    )
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .._common import invocation
 from ._results import write_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     root.mkdir(parents=True, exist_ok=True)
-    write_summary(summary, root / "summary.json", f"throughput_{args.launcher}.json")
+    write_summary(
+        summary,
+        root / "summary.json",
+        f"throughput_{args.launcher}.json",
+        invocation("benchmarks.training.throughput", argv),
+    )
     print(json.dumps(summary, indent=2))
     return 0
 
