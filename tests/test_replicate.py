@@ -300,3 +300,27 @@ def test_committed_report_is_redrawn_from_the_committed_records(tmp_path):
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "REPORT.md").read_text() == committed
+
+
+# Replication records whose recorded thread count is not the one their command asks for, and why. Each must still
+# disagree: once the section is rerun with its command, its entry goes.
+THREADS_DISAGREE = {
+    "compute-6294b9699c27": "run while the compute section reset --threads to 2 (it honours --threads since); rerun "
+    "`python -m benchmarks.replicate --budget 0.25 --threads 1 --only compute` to make them agree",
+}
+
+
+def test_each_replication_section_ran_with_the_threads_its_command_asks_for():
+    from benchmarks.replicate.run import parse_args
+
+    default = parse_args([]).threads
+    for section in sorted((REPO_ROOT / "benchmarks" / "results" / "replicate").glob("*/section.json")):
+        record = json.loads(section.read_text())
+        commands = [run["command"] for run in report.section_invocations(record["meta"])]
+        asked = {int(t) for command in commands for t in re.findall(r"--threads (\d+)", command)} or {default}
+        agree = asked == {record["machine"]["threads"]}
+        name = section.parent.name
+        if name in THREADS_DISAGREE:
+            assert not agree, f"{name} now runs with the threads it asks for: drop it from THREADS_DISAGREE"
+        else:
+            assert agree, f"{name}: {commands} ask for {asked} threads, the record says {record['machine']['threads']}"

@@ -99,7 +99,7 @@ def render_report(results: dict[str, Any], report_dir: Path) -> Path:
         "Everything here is a miniature: models of a few million parameters (mostly the GPT-2 embedding) trained "
         "for minutes on a CPU. The verdicts say whether a claim *held at this scale*, by the rule stated under "
         "each; they do not confirm or refute the papers at theirs. Where a claim says *close*, the rule is the one "
-        "stated once in the [experiments README](../../src/aot_transformers/experiments/README.md#verdicts) "
+        "stated once in the [experiments README](../results/experiments/README.md#verdicts) "
         "(within a factor 2), except the language loss rule, stated under its section.",
         "",
         "## Summary",
