@@ -4,9 +4,10 @@ results file records how it was made.
 A README number is either in a table that `benchmarks.render` writes from the records (the test renders it again and
 compares), or followed by a citation `<!-- FILE: KEY -->` naming the file and the key it is (the test reads the key and
 checks the number at the precision printed). Which numbers must be tied: in the benchmark READMEs every number outside
-code, dates, names and the blocks marked `<!-- no measurements -->`; in the top README and the experiments README
-every number of a paragraph that names a results file or folder. A random number, or a quoted one that drifted from
-its record, fails (`test_a_random_or_drifted_number_fails`)."""
+code, dates, names and the blocks marked `<!-- no measurements -->`; in the top README every number of a paragraph
+that names a results file; in the experiments README every wall time stated with an experiment's command. Every cited
+number anywhere is checked. A random number, or a quoted one that drifted from its record, fails
+(`test_a_random_or_drifted_number_fails`)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,11 @@ NOT_NUMBERS = [
     ),
     re.compile(r"\b1e-\d+\b"),  # powers of ten: tolerances and thresholds, settings rather than measurements
 ]
-EXEMPT = re.compile(r"<!-- no measurements.*?<!-- /no measurements -->", re.S)
+# Blocks whose numbers are not this test's: rows of tests, not results; the study's summary, which
+# benchmarks/study/report.py renders from its own records.
+EXEMPT = re.compile(
+    r"<!-- no measurements.*?<!-- /no measurements -->|<!-- study summary.*?<!-- /study summary -->", re.S
+)
 RESULTS_NAMED = re.compile(r"results/[\w./-]*\.json|results/experiments/[\w-]+/")
 
 
