@@ -5,8 +5,9 @@ figure or claim, `run`), listed in `STUDIES`; `clustering` is split into `cluste
 loop), `clustering_theory` (the paper's closed forms) and `clustering_figures` (the figures and claims);
 `diagnostics` is `aot inspect MODEL`.
 
-Command line: `aot experiment NAME [--out DIR] [options]` and `aot inspect MODEL`. See README.md in this folder for
-one section per claim: what the paper says, the command, what was measured, whether it held.
+Command line: `aot experiment NAME [--out DIR] [options]` and `aot inspect MODEL`. The repository's
+benchmarks/results/experiments/README.md has one section per claim: what the paper says, the command, what was
+measured, whether it held.
 """
 
 from __future__ import annotations

@@ -143,8 +143,8 @@ def centroid_regulariser(tokens: torch.Tensor, heads: torch.Tensor, kind: str = 
     - `"product"`: r⁽²⁾ = E[Π_i ⟨μ_i, X⟩²] (App. G.4).
     - `"softmax"`: r₀ = E[(⟨μ₀, X⟩ − 1)²(⟨μ₁, X⟩ − 1)²] + ⟨μ₀, μ₁⟩ (App. H, problem (P_ρ₀)), as printed.
     - `"softmax_squared"`: the same with ⟨μ₀, μ₁⟩² — a deviation. With the printed, unsquared term the objective
-      is lower with anti-parallel heads than at the centroids (README, App. H), so Fig. 15 cannot come from it;
-      squared, the term only asks for orthogonal heads, which the centroids are.
+      is lower with anti-parallel heads than at the centroids (experiments README, App. H), so Fig. 15 cannot come
+      from it; squared, the term only asks for orthogonal heads, which the centroids are.
     """
     check_choice("kind", kind, REGULARISERS)
     coordinates = _coordinates(tokens, heads)  # (..., L, K)

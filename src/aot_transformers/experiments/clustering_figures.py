@@ -345,7 +345,8 @@ def figure6a_rate(study: Study, o: Options) -> None:
     """Fig. 6a's level: σ = 0, λ = 0.6, from the sphere, ρ ∈ {0.1, 0.2, 0.3}, `sweep_steps` iterations, changing one
     factor at a time from the options: γ × 10, batch ÷ 4, the Euclidean projection (App. G.3), the other scoring.
 
-    The distance should contract by 1 − γρ per iteration whatever the batch and scoring (README, "Why", under Fig. 6).
+    The distance should contract by 1 − γρ per iteration whatever the batch and scoring (experiments README, "Why",
+    under Fig. 6).
     `per_1000` is the median contraction per 1,000 iterations over the second half of the records (after step 0)
     above 1e-30, past the faster modes (float32 heads underflow near 1e-45).
     """
@@ -672,7 +673,7 @@ PART_FUNCTIONS = {
 
 def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """The clustering paper's figures and closed forms (`Options` lists the options and the paper's defaults);
-    README.md gives the scaled-down command whose results are committed."""
+    benchmarks/results/experiments/README.md gives the scaled-down command whose results are committed."""
     o = Options.parse(options)
     _paired(o)
     study = Study("clustering", "Attention-based clustering (Maulen-Soto, Marion, Boyer)", o, out)

@@ -1,10 +1,11 @@
 """Closed forms of attention-based clustering (Maulen-Soto, Marion, Boyer 2025, `../shared/papers/`).
 
 Every function here is a formula from the paper (cited in its docstring) or, where the paper gives only a limit, the
-exact finite-L value derived from Gaussian moments (the derivation is in the docstring and in README.md). They are
-checked against Monte Carlo in `tests/test_experiments_clustering.py` with tolerances derived from the sample size
-(`monte_carlo_tolerance`), and printed beside Monte Carlo by `aot experiment clustering --parts theory`; the closed
-forms only the tests use (the exact and limit risks, the regulariser's value) are in that test module.
+exact finite-L value derived from Gaussian moments (the derivation is in the docstring and in the experiments
+README). They are checked against Monte Carlo in `tests/test_experiments_clustering.py` with tolerances derived from
+the sample size (`monte_carlo_tolerance`), and printed beside Monte Carlo by `aot experiment clustering --parts
+theory`; the closed forms only the tests use (the exact and limit risks, the regulariser's value) are in that test
+module.
 
 Setting (Section 2, (P_σ)): tokens X = μ*_Z + σξ, Z uniform over K = 2 orthonormal centroids, ξ ~ N(0, I_d);
 C = E[XXᵀ] = P/K + σ²I with P the projection onto the centroids' span. T_lin (Eq. 4) with heads μ₀, μ₁ and the
@@ -191,9 +192,9 @@ def critical_temperature_limits(sigma: float, seq_len: int) -> dict[str, float]:
 def unbiased_temperature(sigma: float, seq_len: int, num_clusters: int = 2, values: str = "identity") -> float:
     """Prop. 4.1: λ = L / ((L + 1) + 2(L + 3)σ²) makes T_lin at μ = μ* unbiased, E[T_lin(X)₁ | Z₁ = c] = μ*_c.
 
-    General K (derived in README): with each head's factor 2λ/L (Eq. 3), the m = ℓ term gives (1 + (K + 2)σ²) μ*_c
-    for identity values ((1 + 3σ²) μ*_c for projected values V = μ_k μ_kᵀ) and each of the L − 1 other tokens
-    (1/K + σ²) μ*_c; for K = 2 and identity values this is the paper's formula.
+    General K (derived in the experiments README): with each head's factor 2λ/L (Eq. 3), the m = ℓ term gives
+    (1 + (K + 2)σ²) μ*_c for identity values ((1 + 3σ²) μ*_c for projected values V = μ_k μ_kᵀ) and each of the
+    L − 1 other tokens (1/K + σ²) μ*_c; for K = 2 and identity values this is the paper's formula.
     """
     sigma = check_real("sigma", sigma, 0.0)
     check_int("seq_len", seq_len)

@@ -416,7 +416,7 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
     """AoT Fig. 6 (and the earlier version's Fig. 6 with Hybrid / Full-MLP): in-context linear and sparse regression.
 
     The paper trains 16-32-layer, width-128 models for 50,000 steps on d = 20 (GPU scale); `Options` defaults are a
-    CPU-sized version and README.md gives the d = 20 command whose results are committed.
+    CPU-sized version and the experiments README gives the d = 20 command whose results are committed.
     """
     o = Options.parse(options)
     dim, tasks, models = o.dim, o.tasks, o.models

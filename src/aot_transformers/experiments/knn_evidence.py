@@ -10,7 +10,7 @@
 5. **Fig. 1**: accuracy against k (several seeds) of a small ViT-shaped classifier on MNIST digits.
 6. **Figs 3–4**: the [CLS] attention maps of the dense and the k-NN model side by side.
 
-What each part measures and what held: README.md, section knn-evidence.
+What each part measures and what held: benchmarks/results/experiments/README.md, section knn-evidence.
 """
 
 from __future__ import annotations
