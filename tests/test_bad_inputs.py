@@ -145,6 +145,102 @@ def test_a_damaged_parquet_file_is_refused_naming_it(tmp_path, capsys, how):
     assert not (tmp_path / "out").exists()
 
 
+# A null or a non-string text: named by its file and its row there, wherever the rows are read from.
+
+BOOK = "words of a book " * 20
+HUB_ID = "someone/books"
+
+
+def _card(repo: Path, suffix: str) -> None:
+    files = "".join(f"  - split: {split}\n    path: data/{split}-*.{suffix}\n" for split in ("train", "validation"))
+    (repo / "README.md").write_text(f"---\nconfigs:\n- config_name: default\n  data_files:\n{files}---\n")
+
+
+def _null_in_the_second_shard(root: Path, layout: str) -> Path:
+    """Training text whose fourth document, the second row of its second file, is null: `layout` says how it is laid
+    out (a repository folder of parquet or JSON Lines shards, parquet files, a CSV file)."""
+    shards = [[BOOK, BOOK], [BOOK, None, BOOK]]
+    if layout == "csv":
+        path = root / "books.csv"
+        path.write_text("title,text\n" + "".join(f"b{i},{text or ''}\n" for i, text in enumerate(shards[1])))
+        return path
+    if layout == "parquet files":
+        for i, texts in enumerate(shards):
+            _shard(root / "files" / f"part-{i}.parquet", texts)
+        return root / "files"
+    repo = root / "repo"
+    if layout == "jsonl repository":
+        (repo / "data").mkdir(parents=True)
+        for i, texts in enumerate([*shards, [BOOK, BOOK]]):
+            name = f"train-{i:05d}-of-00002.jsonl" if i < 2 else "validation-00000-of-00001.jsonl"
+            (repo / "data" / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        _card(repo, "jsonl")
+        return repo
+    for i, texts in enumerate(shards):
+        _shard(repo / "data" / f"train-{i:05d}-of-00002.parquet", texts)
+    _shard(repo / "data" / "validation-00000-of-00001.parquet", [BOOK, BOOK])
+    _card(repo, "parquet")
+    return repo
+
+
+@pytest.fixture
+def own_datasets_cache(tmp_path, monkeypatch):
+    """This test's `datasets` cache: a repository folder is cached by its name and card alone (datasets 5.2), so a
+    folder of the same name from another test would be read in its place."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize(
+    "layout, extra, where",
+    [
+        ("parquet repository", [], "train-00001-of-00002.parquet, row 1 (counting from 0)"),
+        ("parquet repository", ["--streaming"], "train-00001-of-00002.parquet, row 1 (counting from 0)"),
+        ("jsonl repository", [], "train-00001-of-00002.jsonl, row 1 (counting from 0)"),
+        ("Hub id", [], "train-00001-of-00002.parquet, row 1 (counting from 0)"),
+        ("Hub id", ["--streaming"], "train-00001-of-00002.parquet, row 1 (counting from 0)"),
+        ("parquet files", [], "part-1.parquet, row 1 (counting from 0)"),
+        ("parquet files", ["--streaming", "--streaming_validation_examples", "1"], "part-1.parquet, row 1 (counting"),
+        ("csv", [], "books.csv, row 1 (counting from 0)"),
+    ],
+)
+def test_a_null_text_is_refused_naming_its_file_and_row(
+    tmp_path, capsys, monkeypatch, own_datasets_cache, layout, extra, where
+):
+    import datasets
+
+    data = _null_in_the_second_shard(tmp_path, "parquet repository" if layout == "Hub id" else layout)
+    if layout == "Hub id":  # the Hub serves the repository folder, as a download of it would give it
+
+        def from_the_folder(load, folder=str(data)):
+            return lambda path, *args, **kwargs: load(folder if path == HUB_ID else path, *args, **kwargs)
+
+        for name in ("load_dataset", "load_dataset_builder"):
+            monkeypatch.setattr(datasets, name, from_the_folder(getattr(datasets, name)))
+        data = HUB_ID
+    refused(lm(data, tmp_path / "out", *extra), capsys, where, "text column 'text' holds NoneType None")
+
+
+@pytest.mark.parametrize(
+    "values, needle",
+    [([1, 2, 3], "a text column 'text' of int64 values, not strings"), ([None, None], "is null in every row")],
+)
+def test_a_shard_whose_text_column_holds_no_strings_is_refused_naming_it(tmp_path, capsys, values, needle):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    repo = _null_in_the_second_shard(tmp_path, "parquet repository")
+    pq.write_table(pa.table({"text": values}), repo / "data" / "train-00001-of-00002.parquet")  # footer: int64, null
+    refused(lm(repo, tmp_path / "out"), capsys, "train-00001-of-00002.parquet", needle)
+
+
+def test_a_csv_file_whose_text_column_holds_numbers_is_refused_naming_it(tmp_path, capsys, own_datasets_cache):
+    path = tmp_path / "numbers.csv"
+    path.write_text("title,text\na,12\nb,34\n")  # read as a column of integers
+    refused(lm(path, tmp_path / "out"), capsys, "numbers.csv", "the text column 'text' holds int64 values")
+
+
 def test_corrupt_image_is_refused_naming_the_file(tmp_path, capsys):
     from PIL import Image
 

@@ -245,15 +245,16 @@ def prepare_lm_training(
                 setattr(config, name, getattr(tokenizer, name))
     add_eos = source.documents and tokenizer.eos_token_id is not None
 
-    def pack(split, desc: str):
+    def pack(split: str, desc: str):  # split: "train", "validation" or "test"
         text_column, workers = data_args.text_column, data_args.preprocessing_num_workers
-        return tokenize_and_pack(split, tokenizer, block_size, text_column, add_eos, workers, desc)
+        data, origin = getattr(source, split), source.origins.get(split)
+        return tokenize_and_pack(data, tokenizer, block_size, text_column, add_eos, workers, desc, origin=origin)
 
     with training_args.main_process_first(desc="tokenization"):
-        train = pack(source.train, "training text")
-        validation = pack(source.validation, "validation text") if source.validation is not None else None
+        train = pack("train", "training text")
+        validation = pack("validation", "validation text") if source.validation is not None else None
     if source.test is not None:
-        run.test = lambda: pack(source.test, "test text")
+        run.test = lambda: pack("test", "test text")
     if data_args.max_train_samples is not None:
         train = (
             train.take(data_args.max_train_samples)

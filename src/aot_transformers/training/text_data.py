@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ TEXT_BUILDERS = {
     ".csv": "csv",
 }
 EMBEDDED_CORPUS = "pydoc-topics"
+STRING_DTYPES = ("string", "large_string", "string_view")  # `datasets.Value` dtypes of text
 TOKENIZE_BATCH = 8  # documents tokenized at once: books are large, a few at a time keeps each process's memory flat
 
 
@@ -65,6 +66,72 @@ class TextDataArguments:
     preprocessing_num_workers: int | None = arg(None, "Processes for tokenization.")
 
 
+@dataclass(frozen=True)
+class RowOrigin:
+    """Where the rows of a split were read from, so that a bad row can be named by its file and its row there.
+
+    The rows are those of `files` (`(datasets builder, file)` pairs, read in this order), or of the split `split` of
+    the dataset repository `repository` (a folder or Hub id, config `config`), whose files are only looked up when a
+    row must be named; the split begins `skipped` rows in (a stream's hold-out, a held-out end).
+    """
+
+    files: tuple[tuple[str, str], ...] = ()
+    repository: str | None = None
+    config: str | None = None
+    split: str = "train"
+    skipped: int = 0
+
+    def after(self, rows: int) -> RowOrigin:
+        """The origin of the same rows without their first `rows`."""
+        return replace(self, skipped=self.skipped + rows)
+
+    def locate(self, row: int) -> tuple[str, int] | None:
+        """`(file, row within it, from 0)` of row `row` of the split, or None when that cannot be told. Only the
+        files before the row's are counted, a parquet file by its footer: meant for the one row an error names."""
+        row += self.skipped
+        try:
+            for file, count in self._row_counts():
+                if row < count:
+                    return file, row
+                row -= count
+        except Exception:  # noqa: BLE001 - naming the file is a courtesy: the error names the row all the same
+            logger.debug("Could not tell the file of row %d", row, exc_info=True)
+        return None
+
+    def _row_counts(self):
+        import datasets
+
+        if self.repository is None:
+            for builder, file in self.files:
+                yield file, _rows_of(file, builder)
+            return
+        builder = datasets.load_dataset_builder(self.repository, self.config)
+        for file in builder.config.data_files[self.split]:
+            if builder.name == "parquet":
+                yield file, _rows_of(file, "parquet")
+            else:  # read as the repository's card says (its builder and options), one file alone
+                rows = datasets.load_dataset(
+                    self.repository, self.config, data_files={self.split: [file]}, split=self.split, streaming=True
+                )
+                yield file, sum(1 for _ in rows)
+
+
+def _rows_of(file: str, builder: str) -> int:
+    """The rows `datasets` reads from `file` with `builder`: a parquet file's from its footer, a text file's one
+    (a document, `sample_by="document"`), others by reading the file."""
+    import datasets
+
+    if builder == "parquet":
+        import fsspec
+        import pyarrow.parquet as pq
+
+        with fsspec.open(file, "rb") as handle:  # a local path or a Hub URL (hf://...): the footer alone is read
+            return pq.ParquetFile(handle).metadata.num_rows
+    if builder == "text":
+        return 1
+    return sum(1 for _ in datasets.load_dataset(builder, data_files=[file], split="train", streaming=True))
+
+
 @dataclass
 class TextSource:
     """Loaded raw text splits and how to describe them in the model card."""
@@ -76,6 +143,7 @@ class TextSource:
     documents: bool  # examples are whole documents, separated by EOS when packed: always, whatever the source
     name: str = "custom"  # the dataset's name in the model card's model-index
     test: Any = None  # a repository's test split: never trained or validated on, evaluated once at the end
+    origins: dict[str, RowOrigin] = field(default_factory=dict)  # "train", "validation", "test": where rows come from
 
 
 def _looks_local(name: str) -> bool:
@@ -133,7 +201,8 @@ def check_text_file(path: str | os.PathLike, text_column: str = "text", what: st
     """Read a local text, JSON Lines or CSV file once and refuse what `datasets` would choke on, naming the file and
     the line: an empty file, bytes that are not UTF-8 (latin-1, UTF-16, binary data), a JSON line that is not a JSON
     object, or a record whose `text_column` is missing, null or not a string. Of a parquet file only the footer is
-    read: a damaged or truncated file, one without `text_column`, or one with no rows is refused. Raises
+    read: a damaged or truncated file, one without `text_column`, one whose `text_column` does not hold strings, or
+    one with no rows is refused (a null in a row is found when the row is tokenized, by `RowOrigin`). Raises
     `TrainingSetupError` for the first problem found (exit code 2, before anything is tokenized).
     """
     path = Path(path)
@@ -145,18 +214,29 @@ def check_text_file(path: str | os.PathLike, text_column: str = "text", what: st
     if path.stat().st_size == 0:
         raise refuse("is empty.")
     if builder == "parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
             metadata = pq.ParquetFile(path).metadata  # the footer alone: a truncated file has none
         except Exception as error:
             raise refuse(f"is not a readable parquet file ({error}): damaged or truncated.") from None
-        if text_column not in (columns := metadata.schema.to_arrow_schema().names):
+        schema = metadata.schema.to_arrow_schema()
+        if text_column not in schema.names:
             raise refuse(
-                f"has no text column {text_column!r} (columns: {columns[:10]}); choose it with --text_column."
+                f"has no text column {text_column!r} (columns: {schema.names[:10]}); choose it with --text_column."
             )
         if metadata.num_rows == 0:
             raise refuse("holds no rows.")
+        kind = schema.field(text_column).type
+        kind = kind.value_type if pa.types.is_dictionary(kind) else kind  # categorical text is text
+        if pa.types.is_null(kind):
+            raise refuse(f"holds no text: its text column {text_column!r} is null in every row.")
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+            raise refuse(
+                f"has a text column {text_column!r} of {kind} values, not strings; choose the column of text with "
+                "--text_column."
+            )
         return
     if builder not in ("text", "json", "csv"):
         return
@@ -209,15 +289,17 @@ def check_text_file(path: str | os.PathLike, text_column: str = "text", what: st
         raise refuse("holds only whitespace: no text to train on.")
 
 
-def _load_local(paths: list[str], text_column: str, streaming: bool, what: str):
-    """The documents of local files, in their order: a text file is one document (read whole, as a parquet row
-    holds a book), a row of any other file is one. Consecutive files of one kind are read by one `datasets` builder."""
+def _load_local(paths: list[str], text_column: str, streaming: bool, what: str) -> tuple[Any, RowOrigin]:
+    """The documents of local files, in their order, and where they come from: a text file is one document (read
+    whole, as a parquet row holds a book), a row of any other file is one. Consecutive files of one kind are read by
+    one `datasets` builder."""
     import itertools
 
     import datasets
 
+    ordered = collect_files(paths, what)
     parts = []
-    for builder, run in itertools.groupby(collect_files(paths, what), key=lambda pair: pair[0]):
+    for builder, run in itertools.groupby(ordered, key=lambda pair: pair[0]):
         files = [file for _, file in run]
         for file in files:
             check_text_file(file, text_column, what)
@@ -227,7 +309,7 @@ def _load_local(paths: list[str], text_column: str, streaming: bool, what: str):
         part = datasets.load_dataset(builder, data_files=files, split="train", streaming=streaming, **kwargs)
         check_text_column(part, text_column, f"{what} files {files[:3]}{'…' if len(files) > 3 else ''}")
         parts.append(part.select_columns([text_column]))
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts), RowOrigin(tuple(ordered))
 
 
 def embedded_corpus() -> list[str]:
@@ -244,12 +326,23 @@ def column_names(dataset) -> list[str]:
 
 
 def check_text_column(dataset, text_column: str, where: str) -> None:
-    """Raise `TrainingSetupError` when `dataset` has no `text_column`."""
+    """Raise `TrainingSetupError` when `dataset` has no `text_column`, or one whose values (when its features are
+    known) are not strings: a column of numbers (as a CSV's is read), or of nulls only."""
+    import datasets
+
     names = column_names(dataset)
     if text_column not in names:
         raise TrainingSetupError(
             f"{where} has no text column {text_column!r} (columns: {names}); choose one with --text_column."
         )
+    feature = (getattr(dataset, "features", None) or {}).get(text_column)
+    if feature is None or isinstance(feature, datasets.Value) and feature.dtype in STRING_DTYPES:
+        return
+    kind = feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
+    raise TrainingSetupError(
+        f"{where}: the text column {text_column!r} holds {kind} values, not strings; choose the column of text with "
+        "--text_column."
+    )
 
 
 def load_text_source(args: TextDataArguments) -> TextSource:
@@ -268,6 +361,7 @@ def load_text_source(args: TextDataArguments) -> TextSource:
     name = args.dataset_name or (None if args.train_file else EMBEDDED_CORPUS)
     hub_ids: list[str] = []
     validation = test = None
+    origins: dict[str, RowOrigin] = {}
     if name == EMBEDDED_CORPUS:
         train = datasets.Dataset.from_dict({args.text_column: embedded_corpus()})
         description = "Python's `pydoc_data.topics` documentation text (PSF license)"
@@ -285,6 +379,11 @@ def load_text_source(args: TextDataArguments) -> TextSource:
             loaded[split].select_columns([args.text_column]) if split in loaded else None
             for split in (args.train_split, args.validation_split, args.test_split)
         )
+        splits = {"train": args.train_split, "validation": args.validation_split, "test": args.test_split}
+        origins = {
+            key: RowOrigin(repository=name, config=args.dataset_config_name, split=split)
+            for key, split in splits.items()
+        }
         if args.streaming:  # only the training split is streamed; the held-out ones are read once, as a whole
             validation, test = (
                 datasets.Dataset.from_list(list(split)) if split is not None else None for split in (validation, test)
@@ -296,20 +395,24 @@ def load_text_source(args: TextDataArguments) -> TextSource:
             description = f"[{name}](https://huggingface.co/datasets/{name})"
     else:
         paths = [name] if name else list(args.train_file)
-        train = _load_local(paths, args.text_column, args.streaming, "training")
+        train, origins["train"] = _load_local(paths, args.text_column, args.streaming, "training")
         description = "local files " + ", ".join(Path(p).name for p in paths)
     if args.validation_file:
-        validation = _load_local(list(args.validation_file), args.text_column, False, "validation")
+        validation, origins["validation"] = _load_local(
+            list(args.validation_file), args.text_column, False, "validation"
+        )
     if validation is None:
-        train, validation = _split_validation(train, args)
+        whole = origins.get("train", RowOrigin())
+        train, validation, (train_start, validation_start) = _split_validation(train, args)
+        origins["train"], origins["validation"] = whole.after(train_start), whole.after(validation_start)
     label = hub_ids[0] if hub_ids else Path(name or args.train_file[0]).name  # the embedded corpus: its own name
-    return TextSource(train, validation, description, hub_ids, True, label, test)
+    return TextSource(train, validation, description, hub_ids, True, label, test, origins)
 
 
 def _split_validation(train, args: TextDataArguments):
-    """`(train, validation)` of a source without validation data: a file's (or a small stream's) text loses its end
-    (`hold_out_the_end`); a larger stream, which has no end to hold out, its first `streaming_validation_examples`
-    examples."""
+    """`(train, validation, (train start, validation start))` of a source without validation data: a file's (or a
+    small stream's) text loses its end (`hold_out_the_end`); a larger stream, which has no end to hold out, its first
+    `streaming_validation_examples` examples. The starts are the rows of the source where each split begins."""
     import datasets
 
     share = args.validation_split_percentage
@@ -323,12 +426,14 @@ def _split_validation(train, args: TextDataArguments):
                 len(head), held, share or 5.0,
             )  # fmt: skip
             train, validation = hold_out_the_end(datasets.Dataset.from_list(head), share or 5.0, args.text_column)
-            return train.to_iterable_dataset(), validation
+            return train.to_iterable_dataset(), validation, (0, len(head) - len(validation))
         validation = datasets.Dataset.from_list(head[:held]) if held else None
-        return train.skip(held), validation
+        return train.skip(held), validation, (held, 0)
     if share == 0:
-        return train, None
-    return hold_out_the_end(train, share, args.text_column)
+        return train, None, (0, 0)
+    rows = len(train)
+    train, validation = hold_out_the_end(train, share, args.text_column)
+    return train, validation, (0, rows - len(validation))  # validation begins inside the last training document
 
 
 def hold_out_the_end(documents, share: float, text_column: str = "text"):
@@ -374,7 +479,14 @@ def hold_out_the_end(documents, share: float, text_column: str = "text"):
 
 
 def tokenize_and_pack(
-    dataset, tokenizer, block_size: int, text_column: str, add_eos: bool, num_proc: int | None = None, desc: str = ""
+    dataset,
+    tokenizer,
+    block_size: int,
+    text_column: str,
+    add_eos: bool,
+    num_proc: int | None = None,
+    desc: str = "",
+    origin: RowOrigin | None = None,
 ):
     """Tokenize `dataset[text_column]` and pack the tokens into blocks of `block_size` (`input_ids`, `labels`).
 
@@ -386,6 +498,9 @@ def tokenize_and_pack(
     second run on the same data memory-maps them at once. A stream (`IterableDataset`) is tokenized and packed on the
     fly into the same blocks, one stream of one shard (splitting it between data-loader workers would pack each
     worker's documents apart).
+
+    A row whose text is not a string (a null) is refused with a `TrainingSetupError` naming the column and the row,
+    and, with `origin` (where the rows of `dataset` were read from), the file and the row within it.
     """
     import datasets
     import pyarrow as pa
@@ -396,8 +511,10 @@ def tokenize_and_pack(
         texts = batch[text_column]
         for index, text in zip(indices, texts, strict=True):
             if not isinstance(text, str):
+                found = origin.locate(index) if origin is not None else None
+                where = f"{found[0]}, row {found[1]} (counting from 0)" if found else f"row {index}"
                 raise TrainingSetupError(
-                    f"{desc or 'the data'}: row {index} of the text column {text_column!r} holds "
+                    f"{desc or 'the data'}: {where} of the text column {text_column!r} holds "
                     f"{type(text).__name__} {text!r:.40}, not a string."
                 )
         ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
