@@ -56,7 +56,10 @@ def image(data: Path | str, output: Path, *extra: str) -> list[str]:
 
 
 def refused(argv: list[str], capsys, *needles: str) -> str:
-    """Run `aot …`; it must exit 2 with exactly one error line holding every needle, and train nothing."""
+    """Run `aot …`; it must exit 2 with exactly one error line holding every needle, and leave no trace: an output
+    folder that was not there is not there afterwards."""
+    output = Path(argv[argv.index("--output_dir") + 1]) if "--output_dir" in argv else None
+    new = output is not None and not output.exists()
     code = main(argv)
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if ": error: " in line]
@@ -64,8 +67,9 @@ def refused(argv: list[str], capsys, *needles: str) -> str:
     assert len(errors) == 1 and "Traceback" not in err, err
     for needle in needles:
         assert needle in errors[0], errors[0]
-    if "--output_dir" in argv:
-        assert not list(Path(argv[argv.index("--output_dir") + 1]).glob("checkpoint-*"))
+    if output is not None:
+        assert not list(output.glob("checkpoint-*"))
+        assert not (new and output.exists()), sorted(p.name for p in output.iterdir())
     return errors[0]
 
 

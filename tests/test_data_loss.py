@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -283,6 +284,111 @@ def test_unwritable_output_dir_is_refused_even_for_root(corpus, tmp_path, monkey
     monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == folder else real_access(path, mode))
     code, err = run(tiny(corpus, folder), capsys)
     assert code == 2 and "--output_dir" in err and "not writable" in err
+
+
+# A run refused before its first step leaves no trace: no folder where there was none, a used one byte for byte.
+
+
+def _null_text(folder: Path) -> Path:
+    """A parquet file whose second text is null: refused as it is tokenized, after the run took its output folder."""
+    import datasets
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "null.parquet"
+    datasets.Dataset.from_dict({"text": ["alpha beta gamma " * 30, None, "delta " * 30]}).to_parquet(str(path))
+    return path
+
+
+def _images_with_one_broken(folder: Path) -> Path:
+    """Two classes of tiny images and a file that is no image: refused as the images are read."""
+    from PIL import Image
+
+    for label in ("cat", "dog"):
+        (folder / label).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(folder / label / f"{i}.png")
+    (folder / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    return folder
+
+
+def _image_run(data: Path | str, output: Path, *extra: str) -> list[str]:
+    return ["train", "image", "--dataset_name", str(data), "--output_dir", str(output), "--use_cpu", "--report_to",
+            "none", "--max_steps", "1", *extra]  # fmt: skip
+
+
+def _char_tokenizer(folder: Path) -> str:
+    from support import char_tokenizer
+
+    char_tokenizer().save_pretrained(folder)  # 98 tokens
+    return str(folder)
+
+
+SMALL_VOCABULARY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,vocab_size=64"
+REFUSED_BEFORE_TRAINING = [
+    "lm: a null text",
+    "lm: a tokenizer larger than the model's vocabulary",
+    "lm: a tokenizer to train larger than the model's vocabulary",
+    "lm: a misspelt config override",
+    "image: a file that is no image",
+    "image: a misspelt config override",
+]
+
+
+def _refused_run(case: str, corpus: Path, scratch: Path, output: Path) -> tuple[list[str], str]:
+    """The command of a `REFUSED_BEFORE_TRAINING` case into `output` (its data made in `scratch`), and a needle of
+    its error line."""
+    if case == "lm: a null text":
+        return tiny(_null_text(scratch), output), "null.parquet, row 1"
+    if case == "lm: a tokenizer larger than the model's vocabulary":
+        tokenizer = ["--tokenizer_name_or_path", _char_tokenizer(scratch / "chars")]
+        argv = tiny(corpus, output, *tokenizer, "--config_overrides", SMALL_VOCABULARY)
+        return argv, "The tokenizer has 98 tokens but the model's vocab_size is 64"
+    if case == "lm: a tokenizer to train larger than the model's vocabulary":
+        argv = tiny(corpus, output, "--config_overrides", SMALL_VOCABULARY)
+        return argv, "--tokenizer_vocab_size 300 is larger than the model's vocab_size 64"
+    if case == "lm: a misspelt config override":
+        return tiny(corpus, output, "--config_overrides", "hiden_size=32"), "did you mean 'hidden_size'"
+    if case == "image: a file that is no image":
+        return _image_run(_images_with_one_broken(scratch / "images"), output), "broken.png"
+    assert case == "image: a misspelt config override"
+    return _image_run("sklearn-digits", output, "--config_overrides", "hiden_size=32"), "did you mean 'hidden_size'"
+
+
+@pytest.mark.parametrize("case", REFUSED_BEFORE_TRAINING)
+def test_a_run_refused_before_training_leaves_no_output_folder(corpus, tmp_path, capsys, case):
+    output = tmp_path / "runs" / "a"  # neither folder is there yet
+    argv, needle = _refused_run(case, corpus, tmp_path, output)
+    code, err = run(argv, capsys)
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert code == 2 and len(errors) == 1 and needle in errors[0] and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def _contents(folder: Path) -> dict[str, bytes | None]:
+    """Every file's bytes and every folder (None) under `folder`, the lock file included."""
+    return {p.relative_to(folder).as_posix(): None if p.is_dir() else p.read_bytes() for p in folder.rglob("*")}
+
+
+def test_a_run_refused_before_training_leaves_a_used_output_folder_byte_for_byte(corpus, tmp_path, capsys):
+    output = tmp_path / "a"
+    assert run(tiny(corpus, output, "--max_steps", "1"), capsys)[0] == 0
+    (output / "notes.txt").write_text("the user's own")
+    before = _contents(output)
+    assert "checkpoint-1/model.safetensors" in before and LOCK_FILE in before and RUN_RECORD in before
+    for case in REFUSED_BEFORE_TRAINING:
+        if case.startswith("lm:"):  # other data or another model: refused, at the latest as a different run's
+            argv, _ = _refused_run(case, corpus, tmp_path / case.replace(" ", "-"), output)
+            code, err = run(argv, capsys)
+            assert code == 2 and err.count("error:") == 1, (case, err)
+            assert _contents(output) == before, case
+    # A folder holding no run's work (another run's record, a user's file) is taken, then given back as it was.
+    for folder in [*output.glob("checkpoint-*"), output / "model", output / "tokenizer"]:
+        shutil.rmtree(folder)
+    (output / RUN_RECORD).write_text('{"seed": 99}\n')
+    before = _contents(output)
+    code, err = run(tiny(_null_text(tmp_path / "null"), output), capsys)
+    assert code == 2 and "null.parquet, row 1" in err
+    assert _contents(output) == before  # the record it rewrote restored, the tokenizer it trained removed
 
 
 # Markers a kill or a power loss can break.

@@ -57,6 +57,12 @@ class RunError(RuntimeError):
     """A run that started and then failed (a push refused by the server, a diverged loss, …): exit code 1."""
 
 
+def is_refusal(error: BaseException) -> bool:
+    """Whether `error` refuses bad input (exit code 2) rather than reports a failed run: what a run refused before
+    its first step undoes (`aot_transformers.training.run_state.OutputFolderClaim`)."""
+    return isinstance(error, (UsageError, ValueError, TypeError))
+
+
 def debug_enabled() -> bool:
     """Whether tracebacks go to the terminal: `aot --debug` sets `AOT_DEBUG=1` for the command and its workers."""
     return os.environ.get(DEBUG_ENV, "").lower() in ("1", "true", "yes")
@@ -87,7 +93,7 @@ def report_error(error: BaseException, prog: str = "aot") -> int:
         return EXIT_INTERRUPTED
     if debug_enabled():
         traceback.print_exception(error)
-    if isinstance(error, (UsageError, ValueError, TypeError)):
+    if is_refusal(error):
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
         return EXIT_USAGE
     message = one_line(error) if isinstance(error, RunError) else f"{type(error).__name__}: {one_line(error)}"
@@ -118,6 +124,7 @@ __all__ = [
     "RunError",
     "UsageError",
     "debug_enabled",
+    "is_refusal",
     "report_error",
     "run_command",
 ]

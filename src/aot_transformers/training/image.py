@@ -79,9 +79,18 @@ def prepare_image_training(
 ) -> TrainingRun:
     """Check every input, load the images, build the model, processor and `Trainer`. Nothing is trained yet.
     `publish_args`, `callbacks`, `lora` and `optim` follow, as in `TrainingRun.begin`."""
+    run = TrainingRun.begin("image-classification", "accuracy", model_args, data_args, training_args, *more, **options)
+    with run.refusals_undone():  # a refusal leaves the output folder as the run found it
+        _prepare_image(run, model_args, data_args, training_args)
+    return run
+
+
+def _prepare_image(
+    run: TrainingRun, model_args: ImageModelArguments, data_args: ImageDataArguments, training_args
+) -> None:
+    """The preparation of `prepare_image_training`, once its run has begun."""
     from transformers import AutoModelForImageClassification
 
-    run = TrainingRun.begin("image-classification", "accuracy", model_args, data_args, training_args, *more, **options)
     if data_args.augment not in ("auto", "yes", "no"):
         raise TrainingSetupError(f"--augment must be 'auto', 'yes' or 'no', got {data_args.augment!r}.")
     if isinstance(data_args.crop_padding, bool) or data_args.crop_padding < 0:
@@ -149,7 +158,6 @@ def prepare_image_training(
     trainer.train_data_collator = ImageBatchCollator(
         processor, augment=augment, crop_padding=data_args.crop_padding, rand_augment=rand_augment
     )
-    return run
 
 
 def _rand_augment(data_args: ImageDataArguments) -> RandAugment | None:

@@ -213,10 +213,17 @@ def prepare_lm_training(
 ) -> TrainingRun:
     """Check every input, load and pack the data, build the model and the `Trainer`. Nothing is trained yet.
     `publish_args`, `callbacks`, `lora` and `optim` follow, as in `TrainingRun.begin`."""
+    run = TrainingRun.begin("text-generation", "perplexity", model_args, data_args, training_args, *more, **options)
+    with run.refusals_undone():  # a refusal leaves the output folder as the run found it
+        _prepare_lm(run, model_args, data_args, training_args)
+    return run
+
+
+def _prepare_lm(run: TrainingRun, model_args: LMModelArguments, data_args: TextDataArguments, training_args) -> None:
+    """The preparation of `prepare_lm_training`, once its run has begun."""
     import torch
     from transformers import AutoModelForCausalLM, default_data_collator
 
-    run = TrainingRun.begin("text-generation", "perplexity", model_args, data_args, training_args, *more, **options)
     config = run.build_config(AutoModelForCausalLM, DEFAULT_LM_PRESET)
     block_size = data_args.block_size or min(512, config.max_position_embeddings)
     if not 2 <= block_size <= config.max_position_embeddings:
@@ -283,7 +290,6 @@ def prepare_lm_training(
     run.make_trainer(
         _perplexity_trainer_class(), model, train, validation, tokenizer, data_collator=default_data_collator
     )
-    return run
 
 
 run_lm_training = run_training  # train, evaluate, write the final hub-ready folder (and push it if asked)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._io import load_pretrained
-from ..errors import run_command
+from ..errors import is_refusal, run_command
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
 from .lora import LoraArguments
@@ -55,6 +55,7 @@ class TrainingRun:
     identity: dict[str, Any] | None = None  # what the run's checkpoints are made from (`run_state.run_identity`)
     distributed: Any = None  # transformers' `DistributedConfig` of a tensor-parallel run
     lock: Any = None  # the output folder's lock, held until the run ends
+    claim: Any = None  # what the run found in its output folder (`run_state.OutputFolderClaim`), main process only
     resume: str | None = None  # the checkpoint training resumes from
     trainer: Any = None
     model_cls: type | None = None  # the class of the model trained: AoT's, or a baseline's (`--model_type`)
@@ -125,8 +126,27 @@ class TrainingRun:
             raise TrainingSetupError(message, argument="--streaming")
         settings.update(base_model=self.model_args.model_name_or_path, lora=self.lora.lora_r if self.lora else None)
         self.identity = run_identity(self.training_args, config, data, **settings)
-        self.lock, self.resume = start_run(self.training_args, self.publish_args, self.identity)
+        self.lock, self.resume, self.claim = start_run(self.training_args, self.publish_args, self.identity)
         set_seed(self.training_args.seed)
+
+    @contextmanager
+    def refusals_undone(self):
+        """A block of the run's preparation: if it raises, the output folder's lock is released, and a refusal (bad
+        input, exit code 2) leaves the folder as the run found it (`run_state.OutputFolderClaim`)."""
+        try:
+            yield
+        except BaseException as error:
+            self.end(error)
+            raise
+
+    def end(self, error: BaseException | None = None) -> None:
+        """Release the output folder's lock; before that, after a refusal `error` that came before the first training
+        step, undo what the run wrote there."""
+        if error is not None and is_refusal(error) and self.claim is not None:
+            self.claim.undo()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def load_model(self, config, note: str = "", **from_pretrained: Any):
         """The checkpoint's model (fine-tuning) or a new one, with the training attention backend and, with LoRA,
@@ -189,7 +209,7 @@ class TrainingRun:
             eval_dataset=validation,
             processing_class=processor,
             optimizer_cls_and_kwargs=self.optimizer,
-            callbacks=[*self.callbacks, *run_state_callbacks(), *([hub_callback] if hub_callback else [])],
+            callbacks=[*self.callbacks, *run_state_callbacks(self.claim), *([hub_callback] if hub_callback else [])],
             **kwargs,
         )
         self.trainer.run_record = self.identity
@@ -222,11 +242,14 @@ def enable_fsdp_on_cpu(trainer) -> bool:
 
 def run_training(run: TrainingRun) -> dict[str, Any]:
     """Train, evaluate (validation, and the test split when there is one), write the final hub-ready folder and
-    push it if asked. Returns the metrics. The output folder's lock is released at the end, whatever happens."""
-    try:
+    push it if asked. Returns the metrics. The output folder's lock is released at the end, whatever happens; a run
+    refused before its first step leaves the folder as it found it."""
+    with run.refusals_undone():
         trainer = run.trainer
         with trackers_open_until_evaluated(trainer):
             metrics = train_unless_finished(trainer, run.resume)
+            if run.claim is not None:  # trained (or already had): the folder's files are the run's
+                run.claim.keep()
             trainer.save_state()  # <output_dir>/trainer_state.json: the whole log history, as transformers' examples
             results, name = [], run.source.name
             evaluations = [("validation", "eval", None)] if trainer.eval_dataset is not None else []
@@ -240,10 +263,9 @@ def run_training(run: TrainingRun) -> dict[str, Any]:
         metrics.update(run.extra_metrics)
         if run.task == "text-generation":
             trainer.accelerator.unwrap_model(trainer.model).config.use_cache = True
-        return finish_run(run, metrics, results, training_summary(run.training_args, trainer, run.summary))
-    finally:
-        if run.lock is not None:
-            run.lock.release()
+        metrics = finish_run(run, metrics, results, training_summary(run.training_args, trainer, run.summary))
+    run.end()
+    return metrics
 
 
 @contextmanager

@@ -1,7 +1,9 @@
 """What keeps a training run from losing or mixing up files: checked before the first step, guarded during training.
 
 - **The output folder** must be a writable folder, and only one run may use it at a time: the main process holds an
-  exclusive lock on `<output_dir>/.aot.lock` for the whole run, so a second run on the same folder stops at once.
+  exclusive lock on `<output_dir>/.aot.lock` for the whole run, so a second run on the same folder stops at once. A
+  run refused before its first training step leaves the folder as it found it (`OutputFolderClaim`): no folder
+  where there was none, nothing added to one that was there, nothing removed from it.
 - **The final folder** (`--final_model_dir`, default `<output_dir>/model`) may only replace an earlier export of this
   package, never the output folder or a parent of it, nor a folder of other files (`hub.check_replaceable`) — checked
   before training, so a long run never dies at its end on a folder it must not touch.
@@ -25,10 +27,19 @@ import logging
 import math
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
-from .._io import LOCK_FILE, FolderLockedError, lock_folder, read_json, remove_stale_temporaries, write_json
+from .._io import (
+    LOCK_FILE,
+    FolderLockedError,
+    atomic_write_text,
+    lock_folder,
+    read_json,
+    remove_stale_temporaries,
+    write_json,
+)
 from ..errors import RunError
 from .arguments import TrainingSetupError
 
@@ -164,6 +175,68 @@ def check_resume_identity(resume: str | None, identity: dict[str, Any]) -> None:
         )
 
 
+class OutputFolderClaim:
+    """The output folder as a run found it, so that the run, refused before its first training step, can leave it so
+    (`undo`): a folder it created goes, with the parents it created; from a folder that was there, what the run added
+    at its top goes (the lock file, the run record, a trained tokenizer) and a run record it rewrote gets its bytes
+    back. Nothing that was there before is removed.
+
+    Made before the folder is created and completed once its lock is held (`locked`): a folder that another process
+    filled in between is then one that was there. `keep()` (at the end of the first training step) makes `undo` a
+    no-op.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike):
+        self.folder = Path(output_dir).absolute()
+        missing = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
+        self.created: Path | None = missing[-1] if missing else None  # the topmost folder this run creates
+        self.entries: set[str] = set(os.listdir(self.folder)) if self.folder.is_dir() else set()
+        self.record = None if missing else _text_or_none(self.folder / RUN_RECORD)
+        self.kept = False
+
+    def locked(self) -> None:
+        """The lock is held: the folders this run created must hold nothing but the run's (the next folder down, the
+        lock file); one that does counts as found from there on, with what it holds then."""
+        if self.created is None:
+            return
+        top = current = self.created
+        for part in self.folder.relative_to(self.created).parts:
+            if set(os.listdir(current)) != {part}:  # another process wrote here too: removable only below
+                top = current / part
+            current = current / part
+        found = set(os.listdir(self.folder)) - {LOCK_FILE}
+        if found:
+            self.created, self.entries, self.record = None, found, _text_or_none(self.folder / RUN_RECORD)
+        else:
+            self.created = top
+
+    def keep(self) -> None:
+        """Training has begun: what the run wrote is its own from now on."""
+        self.kept = True
+
+    def undo(self) -> None:
+        """Leave the folder as the run found it (call it holding the lock); a no-op once `keep` was called."""
+        if self.kept:
+            return
+        self.kept = True  # once
+        if self.created is not None:
+            shutil.rmtree(self.created, ignore_errors=True)
+            return
+        for name in sorted(set(os.listdir(self.folder)) - self.entries) if self.folder.is_dir() else []:
+            path = self.folder / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if self.record is not None and _text_or_none(self.folder / RUN_RECORD) != self.record:
+            atomic_write_text(self.folder / RUN_RECORD, self.record)
+
+
+def _text_or_none(path: Path) -> str | None:
+    """The UTF-8 text of the file `path`, or None (no such file, or not UTF-8: unreadable as a record anyway)."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def claim_output_dir(output_dir: str | os.PathLike, identity: dict[str, Any], write: bool = True) -> None:
     """Refuse, before anything is written, a run into a folder that holds the checkpoints or final export
     (`<output_dir>/model`) of a different run (as its own and its checkpoints' `RUN_RECORD` name it), or of no recorded
@@ -198,7 +271,7 @@ def claim_output_dir(output_dir: str | os.PathLike, identity: dict[str, Any], wr
                 )
     for folder in [root, *checkpoints]:
         remove_stale_temporaries(folder / RUN_RECORD)
-    if write:
+    if write and read_json(root / RUN_RECORD) != json.loads(json.dumps(identity)):  # an equal one is kept as it is
         write_json(root / RUN_RECORD, identity)
 
 
@@ -217,10 +290,17 @@ class RecordRunTrainerMixin:
                 write_json(folder / RUN_RECORD, self.run_record)
 
 
-def run_state_callbacks() -> list:
-    """The callbacks that stop a diverged run (the checkpoints' records: `RecordRunTrainerMixin`)."""
+def run_state_callbacks(claim: OutputFolderClaim | None = None) -> list:
+    """The callbacks that stop a diverged run and (with `claim`) keep what the run wrote once its first step is done
+    (the checkpoints' records: `RecordRunTrainerMixin`)."""
     import torch
     from transformers import TrainerCallback
+
+    class KeepOutputFolderCallback(TrainerCallback):
+        """At the end of the first training step, what the run wrote in its output folder becomes its own."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            claim.keep()
 
     class StopOnNonFiniteCallback(TrainerCallback):
         """After every optimizer step (before that step's logging, saving or evaluation), stop the run if any weight
@@ -256,11 +336,12 @@ def run_state_callbacks() -> list:
                     f"checkpoints already in {args.output_dir} are kept"
                 )
 
-    return [StopOnNonFiniteCallback()]
+    return [StopOnNonFiniteCallback(), *([KeepOutputFolderCallback()] if claim is not None else [])]
 
 
 __all__ = [
     "RUN_RECORD",
+    "OutputFolderClaim",
     "RecordRunTrainerMixin",
     "check_resume_identity",
     "claim_output_dir",
@@ -301,8 +382,9 @@ def start_run(training_args, publish_args, identity: dict[str, Any]):
     that holds no other run's work (`claim_output_dir`).
 
     Returns:
-        `(lock, resume)`: the held lock (hold it for the whole run; None off the main process) and the checkpoint to
-        resume from or None. `training_args.resume_from_checkpoint` is set to the latter.
+        `(lock, resume, claim)`: the held lock (hold it for the whole run; None off the main process), the checkpoint
+        to resume from or None, and the `OutputFolderClaim` that undoes the run's writes if it is refused before its
+        first step (None off the main process). `training_args.resume_from_checkpoint` is set to the checkpoint.
     """
     from .._io import writable_folder
     from ..errors import UsageError
@@ -311,25 +393,30 @@ def start_run(training_args, publish_args, identity: dict[str, Any]):
 
     check_training_arguments(training_args)  # again for runs started from Python, not the command line
     output_dir = training_args.output_dir
-    writable_folder(output_dir, "--output_dir", TrainingSetupError)  # created if needed
+    main_process = training_args.process_index == 0
     try:
         check_replaceable(publish_args.final_dir(training_args), protected=(output_dir,))
     except UsageError as error:
         raise TrainingSetupError(str(error).replace("final model folder", "--final_model_dir", 1)) from None
-    main_process = training_args.process_index == 0
+    claim = OutputFolderClaim(output_dir) if main_process else None  # before anything is created
+    writable_folder(output_dir, "--output_dir", TrainingSetupError)  # created if needed
     try:  # held by the main process for the whole run (the other ranks of the run share it)
         lock = lock_folder(Path(output_dir) / LOCK_FILE) if main_process else None
-    except FolderLockedError as error:
+    except FolderLockedError as error:  # the folder is another run's: nothing of it is undone
         raise TrainingSetupError(
             f"{error}; wait for it to finish or choose another folder", argument="--output_dir", value=output_dir
         ) from None
     try:
+        if claim is not None:
+            claim.locked()
         resume = resolve_resume(training_args.resume_from_checkpoint, output_dir)
         check_resume_identity(resume, identity)
         claim_output_dir(output_dir, identity, write=main_process)
     except BaseException:
+        if claim is not None:
+            claim.undo()
         if lock is not None:
             lock.release()
         raise
     training_args.resume_from_checkpoint = resume
-    return lock, resume
+    return lock, resume, claim
