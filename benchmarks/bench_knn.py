@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 from torch._C._profiler import _EventType
 
-from aot_transformers.attention_aot import knn_attention_forward
+from aot_transformers.knn import knn_attention_forward
 
 from ._common import (
     RESULTS_DIR,

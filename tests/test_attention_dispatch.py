@@ -1,7 +1,8 @@
-"""How a model picks its attention kernel: each model runs its own file's kernels (two folders saved by different
-releases never run each other's), k-NN attention is an allow-list (with `knn_k` set no dense backend is accepted, and
-the k-NN backend needs a k), and MSSA's tied output projection goes through the projection module (a merged LoRA
-adapter computes what the adapter did)."""
+"""How a model picks its attention kernel: from transformers' registry, where the package registers its chunked "knn"
+kernel, else from its own file (two folders saved by different releases never run each other's kernels), k-NN
+attention is an allow-list (with `knn_k` set no dense backend is accepted, and the k-NN backend needs a k), and
+MSSA's tied output projection goes through the projection module (a merged LoRA adapter computes what the adapter
+did)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import sys
 
 import pytest
 import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from aot_transformers import AoTForCausalLM
+from aot_transformers import AoTForCausalLM, knn
 from support import tiny_config
 
 
@@ -35,13 +37,13 @@ def test_two_folders_loaded_in_one_process_each_run_their_own_kernel(tmp_path):
     model.save_pretrained(second)
     # Release B's k-NN kernel is a different one: it doubles every attention output.
     source = (second / "attention_aot.py").read_text()
-    marker = "    return output.transpose(1, 2).contiguous(), None\n\n\ndef eager_attention_forward"
-    assert marker in source
-    (second / "attention_aot.py").write_text(
-        source.replace(marker, marker.replace("output.transpose(1, 2)", "(2 * output).transpose(1, 2)"))
-    )
+    call = "eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, is_causal, knn_k)"
+    assert f"    return {call}\n" in source
+    doubled = f"    output, weights = {call}\n    return 2 * output, weights\n"
+    (second / "attention_aot.py").write_text(source.replace(f"    return {call}\n", doubled))
     _rehash(second, "attention_aot.py")
-    # A process without aot-transformers imported, as a Hub user's: both folders run as remote code, B imported last.
+    # A process without aot-transformers imported, as a Hub user's: both folders run as remote code, B imported last,
+    # each with its own one-piece k-NN attention (no "knn" kernel is registered in transformers there).
     script = f"""
 import torch
 from transformers import AutoModelForCausalLM
@@ -56,7 +58,7 @@ with torch.no_grad():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     difference_a, difference_b = map(float, result.stdout.split()[-2:])
-    assert difference_a < 1e-6  # A still runs A's kernel
+    assert difference_a < 1e-6  # A still runs A's kernel (which equals the package's chunked one to float rounding)
     assert difference_b > 1e-2  # and B its own
 
 
@@ -68,6 +70,34 @@ def test_knn_k_refuses_every_backend_that_is_not_k_nn(backend):
     with pytest.raises(ValueError, match="knn_k=3"):
         model.set_attn_implementation(backend)
     assert model.config._attn_implementation == "knn"
+
+
+def test_knn_runs_the_kernel_transformers_registry_holds_under_that_name():
+    """Importing the package registers its chunked kernel as "knn"; an AoT model runs what the registry holds (a
+    folder loaded without the package, where it holds none, runs its own one-piece kernel: the test above)."""
+    assert ALL_ATTENTION_FUNCTIONS["knn"] is knn.knn_attention_forward
+    model, calls = AoTForCausalLM(tiny_config(knn_k=3)).eval(), []
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return knn.knn_attention_forward(*args, **kwargs)
+
+    ALL_ATTENTION_FUNCTIONS["knn"] = spy  # this registry's own entry, deleted below
+    try:
+        with torch.no_grad():
+            model(torch.randint(0, 97, (2, 9)))
+    finally:
+        del ALL_ATTENTION_FUNCTIONS["knn"]
+    assert len(calls) == model.config.num_hidden_layers
+
+
+def test_a_dense_backend_that_skipped_transformers_checks_is_refused_at_the_forward():
+    """transformers sets a Hub kernel ("org/name") without `get_correct_attn_implementation`; with `knn_k` the
+    dispatch refuses any dense backend it meets instead of attending to every key."""
+    model = AoTForCausalLM(tiny_config(knn_k=3))
+    model.config._attn_implementation = "sdpa"  # as a Hub kernel would be set
+    with pytest.raises(ValueError, match=r"knn_k=3.*attn_implementation='knn'"):
+        model(torch.randint(0, 97, (1, 5)))
 
 
 def test_the_knn_backend_without_knn_k_is_refused():

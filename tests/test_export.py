@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from aot_transformers import AoTForCausalLM, AoTForImageClassification, export_model
+from aot_transformers import AoTForCausalLM, AoTForImageClassification, attention_aot, export_model
 from support import tiny_config
 
 CODE_FILES = {"configuration_aot.py", "attention_aot.py", "modeling_aot.py"}
@@ -127,8 +128,17 @@ def test_fresh_process_without_package_loads_image_classifier(tmp_path):
     export_model(model, folder)
     pixels = torch.randn(2, 3, 16, 16)
     out = _run_fresh(tmp_path, str(folder), {"pixel_values": pixels}, "image")
+    # Without the package the folder runs its own one-piece k-NN attention (`attention_aot`): bit for bit what that
+    # kernel gives here. The package's chunked kernel, registered as "knn", sums in another order: float rounding.
+    ALL_ATTENTION_FUNCTIONS["knn"] = attention_aot.knn_attention_forward  # this registry's own entry, deleted below
+    try:
+        with torch.no_grad():
+            unit_logits = model(pixels).logits
+    finally:
+        del ALL_ATTENTION_FUNCTIONS["knn"]
+    torch.testing.assert_close(out["logits"], unit_logits, rtol=0, atol=0)
     with torch.no_grad():
-        torch.testing.assert_close(out["logits"], model(pixels).logits, rtol=0, atol=0)
+        torch.testing.assert_close(out["logits"], model(pixels).logits, rtol=0, atol=1e-6)
 
 
 def test_the_tokenizer_of_a_saved_folder_loads_without_running_or_asking_about_its_code(tmp_path):

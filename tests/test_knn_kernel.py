@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch.export import Dim
 
-from aot_transformers import AoTForCausalLM, attention_aot
-from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward, resolve_knn_k
+from aot_transformers import AoTForCausalLM, attention_aot, knn
+from aot_transformers.attention_aot import eager_attention_forward, resolve_knn_k
+from aot_transformers.knn import knn_attention_forward
 from knn_reference import knn_attention_reference
 from support import tiny_config
 
@@ -52,6 +53,31 @@ def test_chunked_knn_equals_reference_values_and_gradients(knn_k, length, maskin
     upstream = torch.randn_like(out)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     for got, want in zip(_grads(out, (q, k, v), upstream), _grads(ref, (q, k, v), upstream), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("knn_k", [1, 3, 0.5, 100])
+@pytest.mark.parametrize("masking", ["none", "causal", "padding", "additive", "cache", "static"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_the_units_one_piece_knn_equals_the_chunked_kernel_values_and_gradients(knn_k, masking, ties):
+    """What a folder loaded without the package runs (`attention_aot.knn_attention_forward`, one piece): the keys,
+    values, weights and gradients of the reference, and of the package's chunked kernel."""
+    q_len = 5 if masking in ("cache", "static") else 19
+    q, k, v = _qkv(q_len=q_len, k_len=19)
+    if ties:  # scores from a few integer values (and a power-of-two scaling, so exact): many keys tie
+        q, k = (torch.randint(-1, 2, t.shape).double().requires_grad_() for t in (q, k))
+    mask, is_causal = _mask("padding" if masking == "additive" else masking, 2, q_len, 19)
+    if masking == "additive":  # eager's mask function: 0 where a query may attend, the lowest float elsewhere
+        mask = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, torch.finfo(torch.float64).min)
+    kwargs = dict(is_causal=is_causal, knn_k=knn_k)
+    unit, weights = attention_aot.knn_attention_forward(None, q, k, v, mask, 0.5, **kwargs)
+    ref, ref_weights = knn_attention_reference(None, q, k, v, mask, 0.5, **kwargs)
+    chunked, _ = knn_attention_forward(None, q, k, v, mask, 0.5, knn_chunk_size=CHUNK, **kwargs)
+    torch.testing.assert_close(unit, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(unit, chunked, rtol=0, atol=1e-12)
+    torch.testing.assert_close(weights, ref_weights, rtol=0, atol=1e-12)
+    upstream = torch.randn_like(unit)
+    for got, want in zip(_grads(unit, (q, k, v), upstream), _grads(chunked, (q, k, v), upstream), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
@@ -320,7 +346,7 @@ def backward_mode(request, monkeypatch):
     recomputed scores, whatever `_saves_kept_keys` would choose."""
     saved = request.param == "saved"
     monkeypatch.setattr(
-        attention_aot,
+        knn,
         "_saves_kept_keys",
         lambda knn_k, max_k, head_dim, softcap, dropout: saved and softcap is None and dropout == 0.0,
     )
@@ -431,7 +457,7 @@ def test_chunk_temporaries_stay_within_the_memory_budget_and_knn_chunk_size_caps
 
     peaks = {}
     for budget in (0, 2**16, 2**18):  # one query per chunk; 4 and 16 queries
-        monkeypatch.setattr(attention_aot, "_KNN_CHUNK_BUDGET", budget)
+        monkeypatch.setattr(knn, "_KNN_CHUNK_BUDGET", budget)
         peaks[budget] = _peak_tensor_bytes(step)
     assert peaks[2**16] - peaks[0] <= 2**16
     assert peaks[2**18] - peaks[0] <= 2**18

@@ -7,7 +7,8 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward as _sdpa
 
 from aot_transformers import AoTForCausalLM
-from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward
+from aot_transformers.attention_aot import eager_attention_forward
+from aot_transformers.knn import knn_attention_forward
 from support import tiny_config
 
 

@@ -145,7 +145,7 @@ def vision_rows(plan) -> list[Row]:
 def _peer_knn_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention signature around the package's exact, chunked k-NN kernel; `knn_k` comes from the
     peer's config and causality from the attention module (GPT-2: causal, ViT: not)."""
-    from aot_transformers.attention_aot import knn_attention_forward
+    from aot_transformers.knn import knn_attention_forward
 
     kwargs.pop("is_causal", None)
     if scaling is None:

@@ -8,10 +8,11 @@ Importing the package registers `AoTConfig` and the model classes with transform
 
 import transformers
 
-from . import peft_defaults, shared_projection  # noqa: F401  (shared_projection registers MSSA's CPU training backend)
-from .attention_aot import knn_attention_forward
+# shared_projection registers MSSA's CPU training backend, knn the chunked k-NN kernel (`attn_implementation="knn"`)
+from . import peft_defaults, shared_projection  # noqa: F401
 from .configuration_aot import AoTConfig
 from .hub import export_model
+from .knn import knn_attention_forward
 from .modeling_aot import (
     AoTForCausalLM,
     AoTForImageClassification,

@@ -4,8 +4,8 @@ Every layer is `x + η · attention(LayerNorm(x))` with no MLP (Wang et al., "At
 Subspace Denoising", ICML 2025, https://arxiv.org/abs/2506.03790), the attention MSSA (one projection per head is
 query, key and value) or MHSA; k-NN attention is the config's `knn_k`, MLP blocks only the ablations' (`mlp_layers`),
 ISTA blocks in their place CRATE's (`mlp_type="ista"`).
-Part of the remote-code unit: imports only torch, safetensors, transformers and its two sibling files (and
-`aot-transformers`, if installed, for the model card on `push_to_hub`).
+Part of the remote-code unit: imports only torch, transformers and its two sibling files (and `aot-transformers`,
+if installed, for the model card on `push_to_hub`).
 
 Shapes: B batch, T tokens, d = H·D width (H heads of D), C channels, P patch side, N patches, L labels, V vocabulary.
 """
@@ -41,7 +41,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.output_capturing import capture_outputs
 
-from .attention_aot import ATTENTION_FUNCTIONS, eager_attention_forward
+from .attention_aot import eager_attention_forward, knn_attention_forward
 from .configuration_aot import REQUIRED_TRANSFORMERS, AoTConfig, check_knn_k
 
 
@@ -104,6 +104,31 @@ def _transposed(linear: nn.Module, outputs: torch.Tensor) -> torch.Tensor:
     with torch.enable_grad():
         probe.requires_grad_(True)
         return torch.autograd.grad(linear(probe), probe, outputs, create_graph=create_graph)[0]
+
+
+def _check_backend(implementation: str | None, knn_k: int | float | None) -> None:
+    """With `knn_k` only a k-NN backend is accepted (another would silently attend to every key), and a k-NN backend
+    only with `knn_k`."""
+    if knn_k is not None and implementation not in KNN_BACKENDS:
+        raise ValueError(
+            f"`attn_implementation={implementation!r}` attends to every key, but the config sets `knn_k={knn_k!r}` "
+            f"(k-NN attention, which only the {', '.join(map(repr, KNN_BACKENDS))} backend computes; continuous "
+            "batching's paged kernels are dense too). Use attn_implementation='knn', or set `config.knn_k = None` "
+            "for dense attention."
+        )
+    if implementation in KNN_BACKENDS:
+        check_knn_k(knn_k)  # raises without knn_k: a k-NN backend needs a k
+
+
+def _attention_function(config: AoTConfig):
+    """The kernel of `config._attn_implementation`, from transformers' registry as Llama picks it; "knn" is the one
+    registered there (`aot_transformers.knn`'s chunked kernel), else this unit's one-piece reference. A Hub kernel
+    skips `get_correct_attn_implementation`: `_check_backend` runs here too, so `knn_k` never meets a dense kernel."""
+    implementation = config._attn_implementation
+    _check_backend(implementation, config.knn_k)
+    if implementation == "knn" and "knn" not in ALL_ATTENTION_FUNCTIONS:
+        return knn_attention_forward
+    return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 
 
 class AoTMLP(nn.Module):
@@ -174,10 +199,7 @@ class AoTAttention(nn.Module):
             value = key if once else value
         if self.config.normalize_query:
             query = F.normalize(query, dim=-1)
-        implementation = self.config._attn_implementation
-        attention_interface = ATTENTION_FUNCTIONS.get(implementation) or ALL_ATTENTION_FUNCTIONS.get_interface(
-            implementation, eager_attention_forward
-        )
+        attention_interface = _attention_function(self.config)
         dropout = self.config.attention_dropout if self.training else 0.0
         attn_output, attn_weights = attention_interface(
             self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
@@ -269,7 +291,7 @@ class AoTVisionEmbeddings(nn.Module):
 
 
 class AoTPreTrainedModel(PreTrainedModel):
-    """Weight initialisation, capability flags, attention-backend choice and safe saving/loading for AoT models."""
+    """Weight initialisation, capability flags, attention-backend choice, saving and the pushed card of AoT models."""
 
     config_class = AoTConfig
     config: AoTConfig
@@ -286,30 +308,14 @@ class AoTPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """The attention backend: by default `"knn"` if `config.knn_k` is set, else `"sdpa"`. With `knn_k` only a k-NN
-        backend is accepted (another would silently attend to every key), and a k-NN backend only with `knn_k`."""
+        """The attention backend: by default `"knn"` if `config.knn_k` is set, else `"sdpa"`; checked by
+        `_check_backend`. "knn" is this unit's own name, registered in transformers' `AttentionInterface` or not."""
         knn_k = self.config.knn_k
         requested = "knn" if requested_attention is None and knn_k is not None else requested_attention
-        if knn_k is not None and requested not in KNN_BACKENDS:
-            raise ValueError(
-                f"`attn_implementation={requested!r}` attends to every key, but the config sets `knn_k={knn_k!r}` "
-                f"(k-NN attention, which only the {', '.join(map(repr, KNN_BACKENDS))} backend computes; continuous "
-                "batching's paged kernels are dense too). Use attn_implementation='knn', or set "
-                "`config.knn_k = None` for dense attention."
-            )
+        _check_backend(requested, knn_k)
         if requested in KNN_BACKENDS:
-            check_knn_k(knn_k)  # raises without knn_k: a k-NN backend needs a k
-        if requested in ATTENTION_FUNCTIONS:
             return requested
         return super().get_correct_attn_implementation(requested, is_init_check)
-
-    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs) -> str:
-        # transformers' own check strips "paged|" first and skips `get_correct_attn_implementation` for Hub kernels,
-        # so a dense paged or Hub kernel would run where `knn_k` asks for k-NN: the override is pinned by
-        # tests/test_attention_dispatch.py::test_knn_k_refuses_every_backend_that_is_not_k_nn ("paged|eager").
-        if self.config.knn_k is not None or attn_implementation in KNN_BACKENDS:
-            return self.get_correct_attn_implementation(attn_implementation, is_init_check)
-        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save weights (safetensors only), config and the three code files, with the checkpoint's `auto_map`, each

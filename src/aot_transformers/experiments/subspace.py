@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..attention_aot import _knn_threshold, resolve_knn_k
+from ..knn import _knn_threshold, resolve_knn_k
 
 
 def _apply_phi(
