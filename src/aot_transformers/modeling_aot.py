@@ -57,12 +57,6 @@ CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
 KNN_BACKENDS = ("knn",)  # the backends that honour `knn_k`; with `knn_k` set, no other is accepted
 
 
-def code_file_hashes(folder: Path) -> dict[str, str | None]:
-    """SHA-256 of each remote-code file in `folder` (missing files map to None)."""
-    paths = {name: Path(folder) / name for name in CODE_FILES}
-    return {name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for name, p in paths.items()}
-
-
 class AoTInputError(ValueError, RuntimeError):
     """A bad input value (an id outside the vocabulary, a NaN pixel, a label out of range): a `ValueError`, as
     transformers users catch bad input, and a `RuntimeError`, as torch's device-side asserts raise."""
@@ -321,7 +315,8 @@ class AoTPreTrainedModel(PreTrainedModel):
         """Save weights (safetensors only), config and the three code files, with the checkpoint's `auto_map`, each
         code file's SHA-256 (`code_sha256`, read by `aot verify`) and the transformers versions needed."""
         self.config.auto_map = dict(VISION_AUTO_MAP if self.main_input_name == "pixel_values" else TEXT_AUTO_MAP)
-        self.config.code_sha256 = code_file_hashes(Path(__file__).parent)
+        code = {name: Path(__file__).with_name(name).read_bytes() for name in CODE_FILES}
+        self.config.code_sha256 = {name: hashlib.sha256(text).hexdigest() for name, text in code.items()}
         self.config.required_transformers = REQUIRED_TRANSFORMERS
         return super().save_pretrained(save_directory, *args, **kwargs)
 

@@ -32,7 +32,13 @@ from typing import Any
 from . import __version__
 from ._io import is_pickle_name, load_json, looks_like_path, read_weights
 from .errors import UsageError
-from .modeling_aot import CODE_FILES, code_file_hashes
+from .modeling_aot import CODE_FILES
+
+
+def code_file_hashes(folder: Path) -> dict[str, str | None]:
+    """SHA-256 of each remote-code file in `folder` (missing files map to None)."""
+    paths = {name: Path(folder) / name for name in CODE_FILES}
+    return {name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for name, p in paths.items()}
 
 
 def pickle_note(name: str) -> str:
