@@ -13,8 +13,6 @@ attention (memory O(Tq · Tk)): it is the "knn" kernel of a model loaded without
 (an integration, as transformers keeps flash attention out of its model files). Part of the remote-code unit.
 """
 
-from __future__ import annotations
-
 import math
 from fractions import Fraction
 

@@ -101,8 +101,7 @@ def _transposed(linear: nn.Module, outputs: torch.Tensor) -> torch.Tensor:
 
 
 def _check_backend(implementation: str | None, knn_k: int | float | None) -> None:
-    """With `knn_k` only a k-NN backend is accepted (another would silently attend to every key), and a k-NN backend
-    only with `knn_k`."""
+    """With `knn_k` only a k-NN backend is accepted (a dense one attends to every key); a k-NN one needs `knn_k`."""
     if knn_k is not None and implementation not in KNN_BACKENDS:
         raise ValueError(
             f"`attn_implementation={implementation!r}` attends to every key, but the config sets `knn_k={knn_k!r}` "
@@ -115,9 +114,8 @@ def _check_backend(implementation: str | None, knn_k: int | float | None) -> Non
 
 
 def _attention_function(config: AoTConfig):
-    """The kernel of `config._attn_implementation`, from transformers' registry as Llama picks it; "knn" is the one
-    registered there (`aot_transformers.knn`'s chunked kernel), else this unit's one-piece reference. A Hub kernel
-    skips `get_correct_attn_implementation`: `_check_backend` runs here too, so `knn_k` never meets a dense kernel."""
+    """The kernel of `config._attn_implementation` from transformers' registry, as Llama picks it ("knn": the package's
+    chunked kernel where registered, else this unit's), checked as transformers does not check Hub kernels."""
     implementation = config._attn_implementation
     _check_backend(implementation, config.knn_k)
     if implementation == "knn" and "knn" not in ALL_ATTENTION_FUNCTIONS:
