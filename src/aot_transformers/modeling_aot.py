@@ -10,8 +10,10 @@ if installed, for the model card on `push_to_hub`).
 Shapes: B batch, T tokens, d = H·D width (H heads of D), C channels, P patch side, N patches, L labels, V vocabulary.
 """
 
+import filecmp
 import hashlib
 import math
+import shutil
 from pathlib import Path
 
 import torch
@@ -55,6 +57,7 @@ TEXT_AUTO_MAP = _auto_map("AoTModel", "AoTForCausalLM", "AoTForSequenceClassific
 VISION_AUTO_MAP = _auto_map("AoTVisionModel", "AoTForImageClassification")
 CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
 KNN_BACKENDS = ("knn",)  # the backends that honour `knn_k`; with `knn_k` set, no other is accepted
+TEMPLATE_CARD = "This model card has been automatically generated."  # in transformers' blank card on `push_to_hub`
 
 
 class AoTInputError(ValueError, RuntimeError):
@@ -319,17 +322,25 @@ class AoTPreTrainedModel(PreTrainedModel):
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     def _upload_modified_files(self, working_dir, *args, **kwargs):
-        """`push_to_hub` publishes the AoT model card (rendered by the `aot-transformers` package, when installed) in
-        place of transformers' blank template; a card the repository already has is kept. transformers writes its
-        template after `save_pretrained`, so only this hook can replace it (tests/test_push_card.py)."""
-        readme = Path(working_dir) / "README.md"  # transformers writes its template card where the repository has none
-        if readme.is_file() and "This model card has been automatically generated." in readme.read_text("utf-8"):
-            try:  # transformers' remote-code import check skips only imports inside try/except ImportError
-                from aot_transformers.model_card import card_for_folder
-            except ImportError:  # the folder's code without the package: transformers' own card stays
-                pass
+        """`push_to_hub` publishes the AoT card, not transformers' blank template (a card the repository has is kept):
+        the card of the folder the model was loaded from (`aot export` writes one) while the weights are that folder's,
+        with or without the package, else one the installed `aot-transformers` renders. transformers writes its
+        template after `save_pretrained`, so only this private hook can replace it (tests/test_push_card.py:
+        test_model_push_to_hub_publishes_the_aot_card, test_a_folder_loaded_without_the_package_pushes_its_card)."""
+        readme, card = Path(working_dir) / "README.md", Path(self.config.name_or_path or working_dir) / "README.md"
+        if readme.is_file() and TEMPLATE_CARD in readme.read_text("utf-8"):
+            # The folder's card only with the folder's weights: its metrics describe them, not a fine-tuned model's.
+            weights = [(path, card.with_name(path.name)) for path in Path(working_dir).glob("*.safetensors")]
+            same = all(saved.is_file() and filecmp.cmp(path, saved, shallow=False) for path, saved in weights)
+            if same and card.is_file() and TEMPLATE_CARD not in card.read_text("utf-8"):
+                shutil.copyfile(card, readme)
             else:
-                card_for_folder(working_dir, args[0] if args else kwargs.get("repo_id")).save(readme)
+                try:  # transformers' remote-code import check skips only imports inside try/except ImportError
+                    from aot_transformers.model_card import card_for_folder
+                except ImportError:  # the folder's code without the package, and no card: transformers' stays
+                    pass
+                else:
+                    card_for_folder(working_dir, args[0] if args else kwargs.get("repo_id")).save(readme)
         return super()._upload_modified_files(working_dir, *args, **kwargs)
 
     @torch.no_grad()
