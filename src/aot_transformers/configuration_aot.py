@@ -182,7 +182,7 @@ class AoTConfig(PretrainedConfig):
         if self.num_labels < 1:  # a head with no outputs
             raise ValueError(f"`num_labels` must be an int >= 1, got {self.num_labels}.")
         maps = self._output_attentions
-        if maps and self._attn_implementation == "knn":  # transformers accepts only "eager"; "knn" returns maps too
+        if maps and self._attn_implementation == "knn":  # transformers' check accepts only "eager": see the setter
             self._output_attentions = False
         try:
             super().validate()
@@ -198,7 +198,8 @@ class AoTConfig(PretrainedConfig):
             output["architectures"] = [*architectures, "AoTVisionModel"]
         return output
 
-    # transformers allows `output_attentions` only with "eager", which a k-NN config refuses: "knn" returns maps too.
+    # transformers allows `output_attentions` only with "eager", which a k-NN config refuses, though "knn" returns maps
+    # too (tests/test_transformers_conformance.py::test_output_attentions_on_a_knn_config_selects_the_knn_backend).
     @PretrainedConfig.output_attentions.setter
     def output_attentions(self, value: bool) -> None:
         maps_backend = "knn" if getattr(self, "knn_k", None) is not None else "eager"
