@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -442,3 +444,17 @@ def test_sampling_from_a_nan_model_and_allocating_a_huge_one_fail_as_gpt2_does()
         GPT2LMHeadModel(GPT2Config(vocab_size=10**12, n_embd=32, n_head=2, n_layer=1))
     with pytest.raises(RuntimeError, match="can't allocate memory"):
         AoTForCausalLM(tiny_config(vocab_size=10**12))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_dynamically_quantised_model_gives_logits_close_to_the_float_model(tied):
+    """`torch.ao` dynamic quantisation replaces each Linear by one without an autograd kernel; a tied MSSA output
+    projection (the subspace projection's transpose) reads the quantised weight, with gradients enabled or not."""
+    model = AoTForCausalLM(tiny_config(attention_type="mssa", tie_output_projection=tied)).eval()
+    quantised = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+    ids = torch.randint(0, 97, (2, 9))
+    expected = model(ids).logits.detach()
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            logits = quantised(ids).logits
+        assert (logits - expected).abs().max() < 0.05 * expected.abs().max()

@@ -183,14 +183,7 @@ def test_knn_model_export_path_has_no_length_specialisation(dense_topk_backend, 
 @pytest.mark.parametrize(
     "attention_type",
     [
-        pytest.param(
-            "mssa",
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason="the recipe pre-allocates a StaticCache value slot of head_dim; MSSA stores its key = value "
-                "tensor once (an empty value slot), so the shapes disagree",
-            ),
-        ),
+        "mssa",
         "mhsa",
     ],
 )

@@ -89,6 +89,8 @@ def _check_labels(labels: torch.Tensor, num_classes: int, field: str) -> None:
 def _transposed(linear: nn.Module, outputs: torch.Tensor) -> torch.Tensor:
     """`outputs @ W` for the weight W that `linear` applies (x ↦ x Wᵀ + b), as the vector-Jacobian product of the
     module itself: a LoRA adapter, a quantised weight or a tensor-parallel shard is seen as the projection sees it."""
+    if callable(getattr(linear, "weight", None)):  # `torch.ao`'s dynamically quantised Linear: no autograd kernel
+        return outputs @ linear.weight().dequantize()
     probe = outputs.new_zeros(*outputs.shape[:-1], linear.in_features)
     if torch.compiler.is_compiling():  # dynamo traces torch.func, not torch.autograd.grad
         return torch.func.vjp(linear, probe)[1](outputs)[0]
@@ -101,6 +103,15 @@ def _transposed(linear: nn.Module, outputs: torch.Tensor) -> torch.Tensor:
     with torch.enable_grad():
         probe.requires_grad_(True)
         return torch.autograd.grad(linear(probe), probe, outputs, create_graph=create_graph)[0]
+
+
+def _holds_values(cache: Cache, layer_idx: int) -> bool:
+    """Whether `cache` keeps full-width values for layer `layer_idx`: the paged cache of continuous batching (no
+    `layers`; its kernels read both) and a static cache allocated ahead of time (transformers' ExecuTorch export)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or layer_idx >= len(layers):
+        return layers is None
+    return layers[layer_idx].is_initialized and layers[layer_idx].values.shape[-1] > 0
 
 
 def _check_backend(implementation: str | None, knn_k: int | float | None) -> None:
@@ -187,9 +198,9 @@ class AoTAttention(nn.Module):
         else:
             query, key, value = heads(self.q_proj), heads(self.k_proj), heads(self.v_proj)
         if cache is not None:
-            # MSSA stores its key = value tensor once (the value slot holds an empty (B, H, T, 0) view), except in the
-            # paged cache of continuous batching, whose kernels read both.
-            once = mssa and not isinstance(cache, PagedAttentionCache)
+            # MSSA stores its key = value tensor once (the value slot holds an empty (B, H, T, 0) view), unless the
+            # cache holds full-width values.
+            once = mssa and not _holds_values(cache, self.layer_idx)
             key, value = cache.update(key, value[..., :0] if once else value, self.layer_idx, kwargs=kwargs)
             value = key if once else value
         if self.config.normalize_query:
