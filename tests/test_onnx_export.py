@@ -207,7 +207,7 @@ def test_export_onnx_of_a_knn_model_matches_onnxruntime(tmp_path):
 def _readme_export_blocks() -> list[tuple[str, str]]:
     """(language, code) of every code block in the README's "Export (torch.export, ONNX)" subsection."""
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split("### Export (torch.export, ONNX)", 1)[1].split("\n## ", 1)[0]
+    section = re.split(r"\n##+ ", text.split("### Export (torch.export, ONNX)", 1)[1], maxsplit=1)[0]
     return re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
 
 
