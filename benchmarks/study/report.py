@@ -89,8 +89,9 @@ def seed_noise(groups, key=lambda r: r["final"]["eval_loss"]) -> float | None:
 
 
 def power_law(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """Least-squares fit of loss = a · C^(−b) in log-log space; (a, b), or None with fewer than two points."""
-    if len(points) < 2:
+    """Least-squares fit of loss = a · C^(−b) in log-log space; (a, b), or None with fewer than two distinct
+    compute values (the seeds of one size share theirs)."""
+    if len({c for c, _ in points}) < 2:
         return None
     xs, ys = [math.log(c) for c, _ in points], [math.log(loss) for _, loss in points]
     mx, my = _mean(xs), _mean(ys)
