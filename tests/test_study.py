@@ -5,6 +5,7 @@ records, skips finished runs, resumes an unfinished one from its committed check
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -184,3 +185,11 @@ def test_the_readme_summary_is_rendered_from_the_committed_records():
     assert shown == summary_block(study_plan.STUDY, study_plan.VISION, RECORDS), (
         "README.md's study summary is not the committed records': run `python -m benchmarks.study --only report`"
     )
+
+
+def test_power_law_fits_an_exact_law_and_needs_two_compute_values():
+    from benchmarks.study.report import power_law
+
+    a, b = power_law([(c, 7.0 * c**-0.2) for c in (1e12, 1e13, 1e14)])
+    assert math.isclose(a, 7.0, rel_tol=1e-9) and math.isclose(b, 0.2, rel_tol=1e-9)
+    assert power_law([(1e12, 5.145), (1e12, 5.160)]) is None  # two seeds of one size: no slope to fit
