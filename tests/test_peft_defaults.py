@@ -1,5 +1,6 @@
 """PEFT's default LoRA targets for AoT: `LoraConfig(task_type=...)` with no `target_modules` adapts the attention
-projections of MSSA and MHSA models once `aot_transformers` is imported; the package imports without peft."""
+projections of MSSA and MHSA models built once peft is imported, from the package or from a saved folder alone; the
+package imports without peft, and does not import it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from aot_transformers import AoTConfig, AoTForCausalLM, AoTForSequenceClassification
-from support import REPO_ROOT
+from support import REPO_ROOT, char_tokenizer, save_model, tiny_aot
 
 peft = pytest.importorskip("peft")
 
@@ -52,15 +53,41 @@ def test_sequence_classification_too():
     assert _adapted(model) == EXPECTED["mhsa", False]
 
 
-def test_the_package_imports_without_peft():
-    code = "import sys; sys.modules['peft'] = None; import aot_transformers; print('ok')"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+def _run(code: str, *args: str, **env: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), **env}
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()
+
+
+def test_the_package_imports_without_peft_and_does_not_import_it():
+    assert _run("import sys; sys.modules['peft'] = None; import aot_transformers; print('ok')") == "ok"
+    assert _run("import sys, aot_transformers; print('peft' in sys.modules)") == "False"
+
+
+# A fresh interpreter where `import aot_transformers` fails: the saved folder's own code meets PEFT.
+LORA_WITHOUT_PACKAGE = """
+import sys
+sys.modules["aot_transformers"] = None  # as where the package is not installed
+import peft
+from transformers import AutoModelForCausalLM
+
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+model = peft.get_peft_model(model, peft.LoraConfig(task_type="CAUSAL_LM", r=4))
+print(sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}))
+"""
+
+
+@pytest.mark.parametrize("attention_type", ["mssa", "mhsa"])
+def test_peft_finds_the_targets_of_a_folder_loaded_without_the_package(tmp_path, attention_type):
+    folder = save_model(tiny_aot(attention_type=attention_type), char_tokenizer(), tmp_path / "model")
+    adapted = _run(LORA_WITHOUT_PACKAGE, str(folder), HF_MODULES_CACHE=str(tmp_path / "modules"))
+    assert adapted == str(sorted(EXPECTED[attention_type, False]))
 
 
 def test_the_union_is_the_training_defaults():
-    from aot_transformers.peft_defaults import LORA_TARGET_MODULES
+    from aot_transformers.modeling_aot import LORA_TARGET_MODULES
 
     lora = pytest.importorskip("aot_transformers.training.lora")
     assert set(LORA_TARGET_MODULES) == {name for names in lora.DEFAULT_TARGETS.values() for name in names}

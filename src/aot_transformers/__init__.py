@@ -9,7 +9,7 @@ Importing the package registers `AoTConfig` and the model classes with transform
 import transformers
 
 # shared_projection registers MSSA's CPU training backend, knn the chunked k-NN kernel (`attn_implementation="knn"`)
-from . import peft_defaults, shared_projection  # noqa: F401
+from . import shared_projection  # noqa: F401
 from .configuration_aot import AoTConfig
 from .hub import export_model
 from .knn import knn_attention_forward
@@ -41,9 +41,6 @@ for _auto, _classes in (
     for _cls in _classes:
         _cls.register_for_auto_class(_auto)
 
-
-# PEFT's default LoRA targets for model_type "aot" (`LoraConfig(task_type=...)` without `target_modules`).
-peft_defaults.register()
 
 __all__ = [
     "AoTConfig",

@@ -7,10 +7,9 @@ Tq > 1, else every key.
 
 k-NN attention (KVT, https://arxiv.org/abs/2106.00515) keeps, for each query, the k highest-scoring keys it may see:
 exactly min(k, visible) keys — with a fractional k, min(ceil(k · visible), visible), at least 1 — the lowest key
-indices among keys tied at the k-th score. This file computes it in one piece, as eager attention computes dense
-attention (memory O(Tq · Tk)): it is the "knn" kernel of a model loaded without the `aot-transformers` package, whose
-`aot_transformers.knn` registers a chunked kernel with the same values and gradients and memory linear in the length
-(an integration, as transformers keeps flash attention out of its model files). Part of the remote-code unit.
+indices among keys tied at the k-th score. Computed here in one piece, as eager attention (memory O(Tq · Tk)), for a
+model loaded without the package, whose `aot_transformers.knn` registers a chunked kernel with the same values and
+memory linear in the length (as transformers keeps flash attention out of its model files). Remote-code unit.
 """
 
 import math

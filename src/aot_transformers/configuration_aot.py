@@ -139,9 +139,8 @@ class AoTConfig(PretrainedConfig):
         self.validate()
 
     def validate(self) -> None:
-        """Check every field (numbers are stored as Python ints and floats, which serialise), then transformers' own
-        checks. Runs when the config is built, when a model is built from it and when it is saved: a field changed
-        after construction, `config.knn_k = 0`, never reaches a kernel."""
+        """Check every field (numbers stored as Python ints and floats), then transformers' checks; run when the config
+        or a model is built and when saved, so a field changed later (`config.knn_k = 0`) never reaches a kernel."""
         for name in INT_FIELDS:
             setattr(self, name, check_number(name, getattr(self, name)))
         if self.hidden_size % self.num_attention_heads != 0:
@@ -214,9 +213,8 @@ class AoTConfig(PretrainedConfig):
 
     @property
     def base_model_tp_plan(self) -> dict[str, str]:
-        """transformers' tensor parallelism (`from_pretrained(..., tp_plan="auto")`): heads split across ranks (the
-        MSSA projection, MHSA's query, key and value, and the MLP's first layer column-wise), the projections back into
-        the residual stream row-wise. A tied MSSA output goes through the column-wise projection's transpose."""
+        """transformers' tensor parallelism (`tp_plan="auto"`): the projections into heads and the MLP's first layer
+        split column-wise, those back into the residual stream row-wise (a tied MSSA output: the column-wise one's)."""
         attention = ("subspace_proj",) if self.attention_type == "mssa" else ("q_proj", "k_proj", "v_proj")
         plan = {f"layers.*.attention.{name}": "colwise" for name in attention}
         if not self.tie_output_projection:
@@ -244,14 +242,11 @@ class AoTConfig(PretrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AoTConfig:
-        """Build the config of a named preset (see `aot_transformers.list_presets()`), with fields overridden; needs
-        the `aot-transformers` package (the preset table is not part of the remote-code files)."""
-        try:
+        """A named preset's config (`aot_transformers.list_presets()`) with fields overridden; needs the package."""
+        try:  # the preset table is not part of the remote-code files
             from aot_transformers.presets import preset_kwargs
         except ImportError as error:  # pragma: no cover - only in a bare remote-code environment
-            raise ImportError(
-                "AoTConfig.from_preset needs the aot-transformers package: `pip install aot-transformers`."
-            ) from error
+            raise ImportError("AoTConfig.from_preset needs the package: pip install aot-transformers") from error
         return cls(**{**preset_kwargs(name), **overrides})
 
 

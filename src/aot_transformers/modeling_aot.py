@@ -3,9 +3,8 @@
 Every layer is `x + η · attention(LayerNorm(x))` with no MLP (Wang et al., "Attention-Only Transformers via Unrolled
 Subspace Denoising", ICML 2025, https://arxiv.org/abs/2506.03790), the attention MSSA (one projection per head is
 query, key and value) or MHSA; k-NN attention is the config's `knn_k`, MLP blocks only the ablations' (`mlp_layers`),
-ISTA blocks in their place CRATE's (`mlp_type="ista"`).
-Part of the remote-code unit: imports only torch, transformers and its two sibling files (and `aot-transformers`,
-if installed, for the model card on `push_to_hub`).
+ISTA blocks in their place CRATE's (`mlp_type="ista"`). Part of the remote-code unit: imports only torch, transformers
+and its two sibling files (and `aot-transformers`, if installed, for the model card on `push_to_hub`).
 
 Shapes: B batch, T tokens, d = H·D width (H heads of D), C channels, P patch side, N patches, L labels, V vocabulary.
 """
@@ -14,6 +13,7 @@ import filecmp
 import hashlib
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -58,16 +58,18 @@ VISION_AUTO_MAP = _auto_map("AoTVisionModel", "AoTForImageClassification")
 CODE_FILES = ("configuration_aot.py", "attention_aot.py", "modeling_aot.py")
 KNN_BACKENDS = ("knn",)  # the backends that honour `knn_k`; with `knn_k` set, no other is accepted
 TEMPLATE_CARD = "This model card has been automatically generated."  # in transformers' blank card on `push_to_hub`
+# PEFT's default LoRA targets for model type "aot": MSSA's, then MHSA's (a name that matches no module is skipped).
+LORA_TARGET_MODULES = ["subspace_proj", "q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 class AoTInputError(ValueError, RuntimeError):
-    """A bad input value (an id outside the vocabulary, a NaN pixel, a label out of range): a `ValueError`, as
-    transformers users catch bad input, and a `RuntimeError`, as torch's device-side asserts raise."""
+    """A bad input value (an id outside the vocabulary, a NaN pixel): a `ValueError`, and a `RuntimeError` as torch's
+    device asserts are."""
 
 
 def _check_values(condition: torch.Tensor, message: str) -> None:
-    """A check of tensor values that never waits for the device: on CPU it raises at once (`AoTInputError` with
-    `message`), on an accelerator the device raises (a RuntimeError) when it gets there; skipped while compiling."""
+    """A check of tensor values that never waits for the device: `AoTInputError(message)` at once on CPU, a device
+    assert (RuntimeError) on an accelerator; skipped while compiling."""
     if not torch.compiler.is_compiling():
         try:
             torch._assert_async(condition.all(), message)
@@ -118,10 +120,8 @@ def _check_backend(implementation: str | None, knn_k: int | float | None) -> Non
     """With `knn_k` only a k-NN backend is accepted (a dense one attends to every key); a k-NN one needs `knn_k`."""
     if knn_k is not None and implementation not in KNN_BACKENDS:
         raise ValueError(
-            f"`attn_implementation={implementation!r}` attends to every key, but the config sets `knn_k={knn_k!r}` "
-            f"(k-NN attention, which only the {', '.join(map(repr, KNN_BACKENDS))} backend computes; continuous "
-            "batching's paged kernels are dense too). Use attn_implementation='knn', or set `config.knn_k = None` "
-            "for dense attention."
+            f"`attn_implementation={implementation!r}` attends to every key (as continuous batching's kernels do) but "
+            f"the config sets `knn_k={knn_k!r}`: use attn_implementation='knn', or `config.knn_k = None` (dense)."
         )
     if implementation in KNN_BACKENDS:
         check_knn_k(knn_k)  # raises without knn_k: a k-NN backend needs a k
@@ -270,7 +270,6 @@ class AoTVisionEmbeddings(nn.Module):
 
     def __init__(self, config: AoTConfig):
         super().__init__()
-        self.patch_size = config.patch_size
         self.patch_embeddings = AoTPatchEmbeddings(config)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
         self.position_embeddings = nn.Parameter(torch.zeros(1, config.num_patches + 1, config.hidden_size))
@@ -282,7 +281,7 @@ class AoTVisionEmbeddings(nn.Module):
         patch_positions = self.position_embeddings[:, 1:]  # (1, N, d)
         side = int(math.isqrt(patch_positions.shape[1]))
         grid = patch_positions.reshape(1, side, side, -1).permute(0, 3, 1, 2)  # (1, d, n, n)
-        size = (height // self.patch_size, width // self.patch_size)
+        size = (height // self.patch_embeddings.patch_size, width // self.patch_embeddings.patch_size)
         grid = F.interpolate(grid, size=size, mode="bicubic", align_corners=False)
         patch_positions = grid.permute(0, 2, 3, 1).flatten(1, 2)  # (1, N', d)
         return torch.cat([self.position_embeddings[:, :1], patch_positions], dim=1)
@@ -312,10 +311,12 @@ class AoTPreTrainedModel(PreTrainedModel):
     def __init__(self, config: AoTConfig, *inputs, **kwargs):
         config.validate()  # fields may have been changed since the config was built
         super().__init__(config, *inputs, **kwargs)
+        # PEFT's table, keyed by model type, is its one source of default LoRA targets: filled if peft is imported.
+        if (peft := sys.modules.get("peft.utils.constants")) is not None:
+            peft.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.setdefault("aot", list(LORA_TARGET_MODULES))
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """The attention backend: by default `"knn"` if `config.knn_k` is set, else `"sdpa"`; checked by
-        `_check_backend`. "knn" is this unit's own name, registered in transformers' `AttentionInterface` or not."""
+        """The attention backend, `"knn"` by default if `config.knn_k` is set (registered or not), else `"sdpa"`."""
         knn_k = self.config.knn_k
         requested = "knn" if requested_attention is None and knn_k is not None else requested_attention
         _check_backend(requested, knn_k)
@@ -333,10 +334,9 @@ class AoTPreTrainedModel(PreTrainedModel):
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     def _upload_modified_files(self, working_dir, *args, **kwargs):
-        """`push_to_hub` publishes the AoT card, not transformers' blank template (a card the repository has is kept):
-        the card of the folder the model was loaded from (`aot export` writes one) while the weights are that folder's,
-        with or without the package, else one the installed `aot-transformers` renders. transformers writes its
-        template after `save_pretrained`, so only this private hook can replace it (tests/test_push_card.py:
+        """`push_to_hub` publishes the AoT card in place of transformers' blank one (a repository's own card stays):
+        the loaded folder's card while the weights are that folder's, else one the installed package renders. Only this
+        private hook runs after transformers writes its card (tests/test_push_card.py:
         test_model_push_to_hub_publishes_the_aot_card, test_a_folder_loaded_without_the_package_pushes_its_card)."""
         readme, card = Path(working_dir) / "README.md", Path(self.config.name_or_path or working_dir) / "README.md"
         if readme.is_file() and TEMPLATE_CARD in readme.read_text("utf-8"):
@@ -356,8 +356,7 @@ class AoTPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """GPT-2's initialisation (transformers' default for linear, embedding and norm layers), with the residual
-        output projections scaled by 1/sqrt(number of residual branches); loaded weights are left untouched."""
+        """GPT-2's (transformers' default) initialisation, residual output projections scaled by 1/sqrt(branches)."""
         super()._init_weights(module)
         std = self.config.initializer_range
         projection = getattr(module, "o_proj" if isinstance(module, AoTAttention) else "fc_out", None)
@@ -434,10 +433,9 @@ class AoTModel(AoTPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPast:
-        """Run the backbone, as transformers' decoders do. `attention_mask` is a 2-D padding mask (B, cached + new
-        tokens) or a prepared 4-D mask used as given; `position_ids` default to counting from each sequence's first
-        real token (left padding), and positions that restart at 0 inside a row mark packed sequences; the cache
-        (dynamic, static, offloaded or paged) comes as `cache` (`past_key_values`, deprecated, as Llama's)."""
+        """The backbone. `attention_mask`: a 2-D padding mask (B, cached + new tokens) or a prepared 4-D mask;
+        `position_ids` count from each row's first real token by default (restarts at 0 inside a row mark packed
+        sequences); the cache (dynamic, static, offloaded or paged) is `cache` (`past_key_values`, deprecated)."""
         # A cache only serves decoding; building one in training would copy every layer's keys for nothing.
         use_cache = self.config.use_cache and not self.training if use_cache is None else use_cache
         use_cache = use_cache and not (self.gradient_checkpointing and self.training)
@@ -448,8 +446,7 @@ class AoTModel(AoTPreTrainedModel):
         self._check_inputs(input_ids, inputs_embeds, attention_mask, position_ids, past_length)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d)
-        # Packed sequences are signalled by the caller's positions (restarting at 0 inside a row); positions made
-        # below never are, and withholding them keeps the plain causal mask skippable under torch.compile too.
+        # Caller positions may mark packing; made ones never do, so they are withheld (the mask stays skippable).
         mask = create_causal_mask(self.config, inputs_embeds, attention_mask, cache=cache, position_ids=position_ids)
         if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -inputs_embeds.shape[1] :]
@@ -488,9 +485,8 @@ class AoTForCausalLM(AoTPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
-        """Next-token logits, and the loss when `labels` (B, T) are given (shifted inside; -100 is ignored).
-        `logits_to_keep`: an int keeps the last that many positions (0 keeps all), a 1-D tensor those positions. Extra
-        keyword arguments (e.g. `Trainer`'s `num_items_in_batch`) reach the loss."""
+        """Next-token logits, and the loss for `labels` (B, T; shifted inside, -100 ignored; extra keyword arguments
+        such as `num_items_in_batch` reach it). `logits_to_keep`: the last n positions (0: all) or a 1-D index."""
         outputs = self.model(
             input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, return_dict=True, **kwargs
         )  # fmt: skip
