@@ -201,7 +201,7 @@ def own_datasets_cache(tmp_path, monkeypatch):
     [
         ("parquet repository", [], "train-00001-of-00002.parquet, row 1 (counting from 0)"),
         ("parquet repository", ["--streaming"], "train-00001-of-00002.parquet, row 1 (counting from 0)"),
-        ("jsonl repository", [], "train-00001-of-00002.jsonl, row 1 (counting from 0)"),
+        ("jsonl repository", [], "train-00001-of-00002.jsonl line 2"),  # read line by line before loading
         ("Hub id", [], "train-00001-of-00002.parquet, row 1 (counting from 0)"),
         ("Hub id", ["--streaming"], "train-00001-of-00002.parquet, row 1 (counting from 0)"),
         ("parquet files", [], "part-1.parquet, row 1 (counting from 0)"),
@@ -224,6 +224,34 @@ def test_a_null_text_is_refused_naming_its_file_and_row(
             monkeypatch.setattr(datasets, name, from_the_folder(getattr(datasets, name)))
         data = HUB_ID
     refused(lm(data, tmp_path / "out", *extra), capsys, where, "text column 'text' holds NoneType None")
+
+
+# Rows of JSON Lines shards whose texts are strings in some rows and not in others: `datasets` cast a number or an
+# object after strings to a string and trained on it, and failed on a string after a number (or on a list after a
+# string) with a DatasetGenerationError that named neither the file nor the row.
+MIXED = {
+    "a number before strings": ([[3, BOOK], [BOOK]], "train-00000-of-00002.jsonl line 1", "holds int 3"),
+    "a number after strings": ([[BOOK, BOOK], [BOOK, 3]], "train-00001-of-00002.jsonl line 2", "holds int 3"),
+    "a list after strings": ([[BOOK], [BOOK, ["a", "b"]]], "train-00001-of-00002.jsonl line 2", "holds list ['a'"),
+    "an object after strings": ([[BOOK], [{"a": 1}]], "train-00001-of-00002.jsonl line 1", "holds dict {'a': 1}"),
+}
+
+
+@pytest.mark.parametrize("flag", ["--dataset_name", "--train_file"])
+@pytest.mark.parametrize("mix", sorted(MIXED))
+def test_a_text_that_is_not_a_string_amid_strings_in_json_lines_is_refused_naming_its_file_and_line(
+    tmp_path, capsys, own_datasets_cache, mix, flag
+):
+    shards, where, holds = MIXED[mix]
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    for i, texts in enumerate([*shards, [BOOK, BOOK]]):
+        name = f"train-{i:05d}-of-00002.jsonl" if i < 2 else "validation-00000-of-00001.jsonl"
+        (repo / "data" / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    _card(repo, "jsonl")
+    argv = lm(repo if flag == "--dataset_name" else repo / "data", tmp_path / "out")
+    argv[argv.index("--dataset_name")] = flag
+    refused(argv, capsys, where, f"the text column 'text' {holds}")
 
 
 @pytest.mark.parametrize(

@@ -481,14 +481,19 @@ def test_cpu_training_uses_the_shared_projection_backend_for_mssa_only():
 # --------------------------------------------------------------------------------------------------------------
 
 
-def write_dataset_repository(root: Path, splits: dict[str, list[str]]) -> Path:
-    """A folder laid out as a Hub dataset repository: a card declaring `configs` and one parquet shard per split."""
+def write_dataset_repository(root: Path, splits: dict[str, list[str]], suffix: str = "parquet") -> Path:
+    """A folder laid out as a Hub dataset repository: a card declaring `configs` and one shard per split (parquet or
+    jsonl), written over what the folder holds."""
     import datasets
 
-    (root / "data").mkdir(parents=True)
+    (root / "data").mkdir(parents=True, exist_ok=True)
     for split, texts in splits.items():
-        datasets.Dataset.from_dict({"text": texts}).to_parquet(str(root / "data" / f"{split}-00000-of-00001.parquet"))
-    files = "".join(f"  - split: {split}\n    path: data/{split}-*.parquet\n" for split in splits)
+        shard = root / "data" / f"{split}-00000-of-00001.{suffix}"
+        if suffix == "jsonl":
+            shard.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+        else:
+            datasets.Dataset.from_dict({"text": texts}).to_parquet(str(shard))
+    files = "".join(f"  - split: {split}\n    path: data/{split}-*.{suffix}\n" for split in splits)
     (root / "README.md").write_text(f"---\nconfigs:\n- config_name: default\n  data_files:\n{files}---\n# A card\n")
     return root
 
@@ -504,6 +509,24 @@ def test_a_dataset_repository_folder_trains_validates_and_tests_on_its_own_split
     streamed = load_text_source(TextDataArguments(dataset_name=str(tmp_path / "repo"), streaming=True))
     assert [row["text"] for row in streamed.train] == splits["train"]  # streamed, and nothing held out of it
     assert streamed.validation["text"] == splits["validation"] and streamed.test["text"] == splits["test"]
+
+
+def test_a_repository_folder_whose_card_reads_json_documents_by_a_field_is_not_refused_as_json_lines(
+    tmp_path, monkeypatch
+):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    docs = embedded_corpus()
+    (tmp_path / "repo" / "data").mkdir(parents=True)
+    for split, texts in (("train", docs[:5]), ("validation", docs[5:7])):
+        rows = json.dumps({"rows": [{"text": text} for text in texts]}, indent=1)  # one document, many lines
+        (tmp_path / "repo" / "data" / f"{split}.json").write_text(rows)
+    files = "".join(f"  - split: {split}\n    path: data/{split}.json\n" for split in ("train", "validation"))
+    card = f"---\nconfigs:\n- config_name: default\n  field: rows\n  data_files:\n{files}---\n"
+    (tmp_path / "repo" / "README.md").write_text(card)
+    source = load_text_source(TextDataArguments(dataset_name=str(tmp_path / "repo")))
+    assert source.train["text"] == docs[:5] and source.validation["text"] == docs[5:7]
 
 
 def _blocks_by_hand(tokenizer, texts: list[str], block_size: int) -> list[list[int]]:
@@ -529,6 +552,23 @@ def test_packing_is_one_stream_of_the_documents_whatever_the_workers_or_the_cach
     # A second run reads the cached blocks without tokenizing anything.
     monkeypatch.setattr(type(tokenizer), "__call__", lambda *a, **k: pytest.fail("tokenized again"))
     assert tokenize_and_pack(file_backed, tokenizer, 64, "text", add_eos=True)["input_ids"] == expected
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "jsonl"])
+def test_a_rewritten_shard_of_a_repository_folder_gives_its_new_rows_and_their_blocks(tmp_path, monkeypatch, suffix):
+    """`datasets` (5.2) caches a repository folder by its name and card alone: a second load after a shard was
+    rewritten gave the old rows without a word, and the blocks packed of them."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    tokenizer = train_bpe_tokenizer(corpus_lines(), vocab_size=300, show_progress=False)
+    docs = embedded_corpus()
+    for train in (docs[:10], docs[10:25]):  # the same folder, the same card: only the training shard changes
+        repo = write_dataset_repository(tmp_path / "repo", {"train": train, "validation": docs[30:32]}, suffix)
+        source = load_text_source(TextDataArguments(dataset_name=str(repo)))
+        assert source.train["text"] == train
+        packed = tokenize_and_pack(source.train, tokenizer, 64, "text", add_eos=True)
+        assert packed["input_ids"] == _blocks_by_hand(tokenizer, train, 64)
 
 
 def test_a_text_that_is_not_a_string_is_named_by_column_and_row():

@@ -3,6 +3,7 @@ packing of token blocks."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -368,11 +369,18 @@ def load_text_source(args: TextDataArguments) -> TextSource:
         if args.streaming:
             train = train.to_iterable_dataset()
     elif name is not None and (is_dataset_repository(name) or not _looks_local(name)):
-        local = Path(name).is_dir()
-        for shard in sorted(Path(name).rglob("*.parquet")) if local else ():  # `datasets` would not name the file
-            check_text_file(shard, args.text_column, "training")
+        local, config = Path(name).is_dir(), None
+        # A folder is read from its files as resolved here: `datasets` (5.2) caches them by their mtimes, but the
+        # folder by its name and card alone (an edited shard was read from the cache). What fails here fails again,
+        # and is reported, in `load_hub_dataset`.
+        with contextlib.suppress(Exception):
+            config = datasets.load_dataset_builder(name, args.dataset_config_name).config if local else None
+        files = getattr(config, "data_files", None)
+        by_line = getattr(config, "field", None) is None  # JSON as `check_text_file` reads it, not one document
+        for shard in (file for split in (files or {}).values() for file in split if by_line):  # `datasets` would
+            check_text_file(shard, args.text_column, "training")  # name neither the file nor the row of a bad text
         loaded = load_hub_dataset(
-            name, args, "data pass a path (a file or folder that exists)", streaming=args.streaming
+            name, args, "data pass a path (a file or folder that exists)", streaming=args.streaming, data_files=files
         )
         check_text_column(loaded[args.train_split], args.text_column, f"Dataset {name!r}")
         train, validation, test = (
