@@ -16,6 +16,9 @@ from pathlib import Path
 
 import torch
 
+from aot_transformers import _io
+from aot_transformers._io import PROVENANCE_KEYS, library_versions  # noqa: F401  (library_versions: benchmarks.study)
+
 # The aten operators of dense matmuls, as torch.profiler names them (`aten::linear` dispatches to `addmm`/`mm`).
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear")
 
@@ -105,11 +108,6 @@ def machine() -> dict:
     }
 
 
-# The keys every results file starts with (`provenance`); `provenance_note` says what a file does not record.
-PROVENANCE_KEYS = ("command", "git_revision", "versions", "host", "date", "provenance_note")
-LIBRARIES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "aot-transformers")
-
-
 def invocation(module: str | None = None, argv: list[str] | None = None) -> str:
     """The command line that ran this process, as typed: `python -m benchmarks.X args` (a torchrun rank: the
     torchrun line), with `OMP_NUM_THREADS=N` in front when it is set. `module` and `argv` name the module and its
@@ -128,50 +126,16 @@ def invocation(module: str | None = None, argv: list[str] | None = None) -> str:
     return " ".join([*environment, launcher, target, *map(shlex.quote, argv)])
 
 
-def git_revision() -> str:
-    """The commit the benchmark ran at (with `+dirty` when tracked files differ from it)."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
-
-    revision = git("rev-parse", "HEAD") or "unknown"
-    return revision + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def library_versions() -> dict[str, str]:
-    """Python's and the libraries' versions, as installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {"python": platform.python_version()}
-    for name in LIBRARIES:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "missing"
-    return found
-
-
-def host() -> dict:
-    """The machine: CPU, the cores this process may use, torch's threads, the platform and the load averages."""
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "load_average": [round(load, 2) for load in os.getloadavg()],
-    }
+def git_revision() -> str | None:
+    """The commit of this checkout (with `+dirty` when tracked files differ from it)."""
+    return _io.git_revision(REPO_ROOT)
 
 
 def provenance(command: str | None = None) -> dict:
-    """What a results file records about how it was made: the command that regenerates it (default: this
-    process's, `invocation()`), the git revision, the library versions, the host and the date."""
-    return {
-        "command": command or invocation(),
-        "git_revision": git_revision(),
-        "versions": library_versions(),
-        "host": host(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    """What a results file records about how it was made (`aot_transformers._io.provenance`, the one implementation,
+    which `aot experiment` writes too): the command (default: this process's, `invocation()`), this checkout's git
+    revision, the library versions, the host and the date."""
+    return _io.provenance(command or invocation(), REPO_ROOT)
 
 
 def updating_command(earlier: dict, command: str | None = None) -> str:
@@ -185,11 +149,9 @@ def updating_command(earlier: dict, command: str | None = None) -> str:
 def write_results(target: str | Path, results: dict, command: str | None = None, indent: int = 2) -> Path:
     """Write `results` with their `provenance(command)` in front, atomically, as JSON: to
     benchmarks/results/<target>.json for a name, or to `target` for a path. The one writer of results files."""
-    from aot_transformers._io import atomic_write_text
-
     path = RESULTS_DIR / f"{target}.json" if isinstance(target, str) else Path(target)
     record = {**provenance(command), **{k: v for k, v in results.items() if k not in PROVENANCE_KEYS}}
-    atomic_write_text(path, json.dumps(record, indent=indent) + "\n")
+    _io.atomic_write_text(path, json.dumps(record, indent=indent) + "\n")
     return path
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -19,6 +20,23 @@ from aot_transformers import AoTConfig, AoTForCausalLM
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("AOT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "eval"  # the evaluation tests' small task files
+
+
+# What a complete results file records (`aot_transformers._io.provenance`): these versions and host fields.
+VERSIONS = ("python", "torch", "transformers", "accelerate", "datasets")
+HOST = ("cpu", "threads", "platform")
+
+
+def provenance_problems(record: dict) -> list[str]:
+    """What a results file's record lacks of its provenance (empty when complete): a command, a git revision that is
+    a commit and, unless its `provenance_note` says what it does not record, every version and the host."""
+    problems = [f"no {key}" for key in ("command", "git_revision") if not record.get(key)]
+    if record.get("git_revision") and not re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", record["git_revision"]):
+        problems.append(f"git_revision {record['git_revision']!r} is not a commit")
+    if "provenance_note" not in record:  # a complete record: every library and the host
+        problems += [f"no versions.{name}" for name in VERSIONS if name not in record.get("versions", {})]
+        problems += [f"no host.{name}" for name in HOST if name not in record.get("host", {})]
+    return problems
 
 
 def tiny_config(**overrides) -> AoTConfig:

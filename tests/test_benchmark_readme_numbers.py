@@ -17,7 +17,7 @@ import re
 import pytest
 from benchmarks.render import CITATION, TABLE, evaluate, load, readme_paths, render
 
-from support import REPO_ROOT
+from support import HOST, REPO_ROOT, VERSIONS, provenance_problems
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
 # Every number must be tied in these; elsewhere only the numbers of a paragraph that names a results file.
@@ -242,8 +242,9 @@ def test_a_random_or_drifted_number_fails():
     assert render(changed) != changed
 
 
-# Every results file records how it was made (`benchmarks._common.write_results`); the files committed before that
-# carry what they stated plus a backfilled command and revision, and say so in `provenance_note`.
+# Every results file records how it was made (`aot_transformers._io.provenance`, written by
+# `benchmarks._common.write_results` and `aot experiment`); the files committed before that carry what they stated plus
+# a backfilled command and revision, and say so in `provenance_note` (`support.provenance_problems` checks a record).
 PROVENANCE_FILES = (
     "results/*.json",
     "results/experiments/*/results.json",
@@ -251,21 +252,6 @@ PROVENANCE_FILES = (
     "training/results/*.json",
     "eval/results/*.json",
 )
-VERSIONS = ("python", "torch", "transformers", "accelerate", "datasets")
-HOST = ("cpu", "threads", "platform")
-
-
-def provenance_problems(record: dict) -> list[str]:
-    """What a results file's record lacks of its provenance (empty when complete)."""
-    import re as _re
-
-    problems = [f"no {key}" for key in ("command", "git_revision") if not record.get(key)]
-    if record.get("git_revision") and not _re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", record["git_revision"]):
-        problems.append(f"git_revision {record['git_revision']!r} is not a commit")
-    if "provenance_note" not in record:  # a complete record: every library and the host
-        problems += [f"no versions.{name}" for name in VERSIONS if name not in record.get("versions", {})]
-        problems += [f"no host.{name}" for name in HOST if name not in record.get("host", {})]
-    return problems
 
 
 def test_every_committed_results_file_records_its_command_revision_versions_and_host():

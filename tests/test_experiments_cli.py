@@ -12,6 +12,7 @@ import pytest
 from aot_transformers import AoTForCausalLM
 from aot_transformers.cli import main
 from aot_transformers.experiments import STUDIES, run_experiment
+from support import provenance_problems
 
 
 def _claims(folder):
@@ -104,6 +105,27 @@ def test_knn_command(tmp_path):
         == 0
     )
     assert (tmp_path / "noise_distillation.png").exists()
+
+
+def test_an_experiment_records_its_provenance(tmp_path):
+    """results.json starts with what every file under benchmarks/results/ records (so a rerun into
+    benchmarks/results/experiments/ passes the committed-results test): the command that regenerates it, with its
+    `--out`, the git revision (None outside a git checkout), the library versions, the host and the date."""
+    from aot_transformers import _io
+    from aot_transformers.cli import build_parser
+    from aot_transformers.experiments.cli import study_options
+
+    out = tmp_path / "knn run"
+    options = ["--noise-ratios", "0", "--num-tokens", "16", "--num-trials", "2", "--skip-training"]
+    assert main(["experiment", "knn", "--out", str(out), *options]) == 0
+    record = json.loads((out / "results.json").read_text())
+    in_checkout = _io.git_revision() is not None  # this package's source is a git checkout's
+    assert provenance_problems(record) == ([] if in_checkout else ["no git_revision"])
+    assert list(record)[:6] == ["command", "git_revision", "versions", "host", "date", "study"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["date"])
+    args = build_parser().parse_args(shlex.split(record["command"].removeprefix("aot ")))
+    assert study_options(args) == {**record["options"], "out": str(out)}
+    assert _io.git_revision(tmp_path) is None  # a folder outside any checkout
 
 
 def test_attention_maps_and_inspect_commands(tmp_path, shared_data):

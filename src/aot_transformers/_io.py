@@ -1,6 +1,6 @@
-"""The plumbing every wing shares: atomic writes, the folder lock, the fields of command-line options, and what names a
-Hub repository, a pickle or a code file. Defined once here; `training/`, `evaluation/`, `experiments/` and `hub.py`
-import it and nothing of each other.
+"""The plumbing every wing shares: atomic writes, the folder lock, the fields of command-line options, what names a
+Hub repository, a pickle or a code file, and the provenance a results file records. Defined once here; `training/`,
+`evaluation/`, `experiments/` and `hub.py` import it and nothing of each other (and benchmarks/ its provenance).
 
 Atomic means a kill or a power loss leaves the old file (folder) or the new one, never a mix: write beside the target,
 fsync, rename over it, fsync the folder. Temporary names carry their writer's host and pid, so whatever a killed writer
@@ -12,10 +12,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+import platform
 import re
 import shutil
 import socket
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import field
@@ -28,6 +31,9 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # files t
 EVAL_RESULTS_DIR = ".eval_results"  # the Hub's folder of evaluation results, the one hidden folder a push uploads
 LOCK_FILE = ".aot.lock"
 STAGING_MARKER = ".aot_staging"  # inside a staging folder while it is written: the pid and host writing it
+# The keys a results file starts with (`provenance`); `provenance_note` says what an older file does not record.
+PROVENANCE_KEYS = ("command", "git_revision", "versions", "host", "date", "provenance_note")
+LIBRARIES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "aot-transformers")
 
 
 def arg(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
@@ -100,6 +106,53 @@ def adapter_of(folder: str | os.PathLike) -> str | None:
         f"PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(base)!r}, trust_remote_code=True), "
         f"{str(folder)!r}), or train with --merge_lora to write a model folder with the adapter merged in"
     )
+
+
+def git_revision(folder: str | os.PathLike | None = None) -> str | None:
+    """The commit checked out at `folder` (default: this package's source), with `+dirty` when tracked files differ
+    from it; None when `folder` holds no file a git checkout tracks (an installed package) or git is missing."""
+
+    def git(*args: str) -> str:
+        try:
+            found = subprocess.run(["git", *args], cwd=folder or Path(__file__).parent, capture_output=True, text=True)
+        except OSError:
+            return ""
+        return found.stdout.strip() if found.returncode == 0 else ""
+
+    if not git("ls-files", "--", ".") or not (revision := git("rev-parse", "HEAD")):
+        return None
+    return revision + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def library_versions() -> dict[str, str]:
+    """Python's and the libraries' (`LIBRARIES`) versions, as installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "missing"
+    return found
+
+
+def provenance(command: str, folder: str | os.PathLike | None = None) -> dict[str, Any]:
+    """What a results file records about how it was made (`PROVENANCE_KEYS`): the `command` that regenerates it,
+    the git revision of `folder` (`git_revision`), the library versions, the host (CPU, the cores this process may
+    use, torch's threads, the platform, the load averages) and the date (UTC)."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    host = {"cpu": platform.processor() or platform.machine(), "cpus": cores, "threads": torch.get_num_threads()}
+    host |= {"platform": platform.platform(), "load_average": [round(load, 2) for load in os.getloadavg()]}
+    return {
+        "command": command,
+        "git_revision": git_revision(folder),
+        "versions": library_versions(),
+        "host": host,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def is_pickle_name(name: str) -> bool:

@@ -9,6 +9,7 @@ numbers to the record, and returns `study.finish()`, which writes `results.json`
 from __future__ import annotations
 
 import math
+import shlex
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -242,16 +243,19 @@ class Study:
         self.notes.append(text)
 
     def finish(self) -> dict[str, Any]:
-        """Write the PNGs, results.json (every number, the options and the claims) and summary.md, a table that puts
-        each measured value beside the paper's claim; return the results."""
+        """Write the PNGs, results.json (its provenance as benchmarks/results files record it: the command with its
+        `--out`, git revision, versions, host and date; then every number, the options and the claims) and summary.md,
+        a table that puts each measured value beside the paper's claim; return the results."""
         for fig, filename in self._drawn:
             fig.savefig(self.folder / filename, dpi=120)
         options = {} if self.options is None else {"options": asdict(self.options)}
         results = {"study": self.name, **options, **self.results, "seconds": time.perf_counter() - self.start}
         results["claims"] = [asdict(claim) for claim in self.claims]
-        _io.write_json(self.folder / "results.json", _jsonable(results), indent=2, sort_keys=False)
+        command = self.command or self.options.command(self.name)
+        provenance = _io.provenance(command + ("" if self.out is None else f" --out {shlex.quote(str(self.out))}"))
+        _io.write_json(self.folder / "results.json", _jsonable({**provenance, **results}), indent=2, sort_keys=False)
         verdicts = {True: "yes", False: "**no**", None: "—"}
-        lines = [f"# {self.title}", "", f"Command: `{self.command or self.options.command(self.name)}`", ""]
+        lines = [f"# {self.title}", "", f"Command: `{command}`", ""]
         lines += ["| quantity | measured | paper | matches |", "|---|---|---|---|"]
         lines += [f"| {c.quantity} | {c.measured} | {c.paper} | {verdicts[c.holds]} |" for c in self.claims]
         if self.figures:
