@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
+import importlib
+import io
 import json
 import os
 import resource
 import subprocess
 import sys
+import tarfile
 import tempfile
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -134,25 +137,44 @@ def minor_faults(fn: Callable[[], None]) -> int:
 
 
 def previous_kernel(rev: str) -> Callable | None:
-    """`knn_attention_forward` as of git revision `rev`, or None where git or the revision is unavailable."""
+    """`knn_attention_forward` as of git revision `rev`, or None where git or the revision is unavailable.
+
+    The chunked kernel lives in `knn.py`, before it moved there in `attention_aot.py` (which now holds a one-piece
+    eager k-NN under the same name): `knn.py` is read first. The revision's package folder is imported as a package of
+    its own, `aot_transformers_<commit>` (its `__init__` not run), so that the relative imports of its files
+    (`from .attention_aot import ...`) read that revision too, not this one. Its modules register their k-NN backend
+    in transformers' attention interfaces on import; the backends registered before are put back."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
     root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, check=True).stdout
+
     try:
-        source = subprocess.run(
-            ["git", "show", f"{rev}:src/aot_transformers/attention_aot.py"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        commit = git("rev-parse", "--verify", f"{rev}^{{commit}}").decode().strip()
+        archive = git("archive", commit, "src/aot_transformers")
     except (OSError, subprocess.CalledProcessError):
         return None
-    path = Path(tempfile.mkdtemp()) / "previous_attention_aot.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("previous_attention_aot", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.knn_attention_forward
+    folder = Path(tempfile.mkdtemp())
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    name = f"aot_transformers_{commit}"
+    package = sys.modules.setdefault(name, types.ModuleType(name))
+    package.__path__ = [str(folder / "src" / "aot_transformers")]
+    registered = {interface: dict(interface()) for interface in (AttentionInterface, AttentionMaskInterface)}
+    try:
+        for module in ("knn", "attention_aot"):
+            if (Path(package.__path__[0]) / f"{module}.py").is_file():
+                kernel = getattr(importlib.import_module(f"{name}.{module}"), "knn_attention_forward", None)
+                if kernel is not None:
+                    return kernel
+        return None
+    finally:
+        for interface, backends in registered.items():
+            for key, backend in backends.items():
+                interface.register(key, backend)
 
 
 def timing(rounds: int, previous_rev: str | None) -> dict:

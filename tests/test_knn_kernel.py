@@ -463,3 +463,31 @@ def test_chunk_temporaries_stay_within_the_memory_budget_and_knn_chunk_size_caps
     assert peaks[2**18] - peaks[0] <= 2**18
     assert peaks[2**18] > peaks[2**16] > peaks[0]  # the budget is what bounds them
     assert _peak_tensor_bytes(lambda: step(chunk_size=1)) == peaks[0]  # knn_chunk_size=1 caps at one query
+
+
+@pytest.mark.parametrize("rev", ["HEAD", "previous"])  # the kernel in knn.py; in attention_aot.py (before the move)
+def test_the_benchmarks_previous_kernel_is_the_chunked_kernel_of_that_revision(rev):
+    """benchmarks/bench_knn.py times this kernel against the one of an earlier revision, loaded from git: from knn.py,
+    or attention_aot.py before the kernel moved (never the one-piece eager k-NN that attention_aot.py holds now), with
+    the revision's own relative imports, and without changing the backends transformers runs for `"knn"`."""
+    from benchmarks.bench_knn import PREVIOUS_KERNEL_REV, previous_kernel
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    backends = lambda: (AttentionInterface()["knn"], AttentionMaskInterface()["knn"])
+    registered = backends()
+    kernel = previous_kernel("HEAD" if rev == "HEAD" else PREVIOUS_KERNEL_REV)
+    if kernel is None:
+        pytest.skip("not a git checkout with that revision")
+    assert kernel.__module__.endswith(".knn" if rev == "HEAD" else ".attention_aot")
+    assert kernel is not knn_attention_forward and backends() == registered
+    torch.manual_seed(0)
+    query, key, value = _qkv(batch=1, heads=2, q_len=9, k_len=9, dim=4, dtype=torch.float32)
+    upstream = torch.randn(1, 9, 2, 4)
+    for knn_k in (3, 0.5):
+        got, _ = kernel(None, query, key, value, None, 0.5, knn_k=knn_k, knn_chunk_size=4)
+        want, _ = knn_attention_forward(None, query, key, value, None, 0.5, knn_k=knn_k, knn_chunk_size=4)
+        torch.testing.assert_close(got, want)
+        inputs = (query, key, value)
+        for a, b in zip(_grads(got, inputs, upstream), _grads(want, inputs, upstream), strict=True):
+            torch.testing.assert_close(a, b)
