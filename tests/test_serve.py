@@ -3,12 +3,16 @@
 Three servers start together (their start-ups overlap) and are always stopped: `aot serve` on a dense folder, the
 same module run as a lone file in a process where `aot_transformers` cannot be imported (the folder's own code,
 `--trust-remote-code`, under `--continuous-batching`), and `aot serve` on a k-NN folder without a chat template.
-One more app is built in this process, to see that building and serving it leaves transformers' modules as they were.
+One more app is built in this process, to see that building and serving it leaves transformers' modules as they were,
+and one beside `Serve.__init__`'s own, to see that `build_app` mirrors it: every `transformers serve` option is read
+or knowingly left, and transformers' classes get the arguments `Serve` gives them (a later transformers adding one
+fails here).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import json
@@ -369,3 +373,101 @@ def test_building_the_app_and_serving_requests_change_no_attribute_of_transforme
     missing = object()
     changed = [key for key in before.keys() | after.keys() if before.get(key, missing) is not after.get(key, missing)]
     assert sorted(".".join(key) for key in changed) == []
+
+
+def test_build_app_reads_or_knowingly_leaves_every_transformers_serve_option():
+    """`aot serve` accepts every `transformers serve` option (typer reads `Serve`'s signature), so an option a later
+    transformers adds would be accepted and silently ignored unless `build_app` reads it: each option is read by name
+    (`SERVE_OPTIONS`), handed to `ModelManager` by name, or a `cb_*` field of `ContinuousBatchingConfig`."""
+    from transformers import ContinuousBatchingConfig
+    from transformers.cli.serve import Serve
+    from transformers.cli.serving.model_manager import ModelManager
+
+    from aot_transformers.serving import SERVE_OPTIONS
+
+    options = set(inspect.signature(Serve.__init__).parameters) - {"self"}
+    manager = set(inspect.signature(ModelManager).parameters)
+    batching = {name for name in options if name.startswith("cb_")}
+    new = sorted(options - SERVE_OPTIONS - manager - batching)
+    assert not new, f"`transformers serve` options that build_app neither reads nor leaves knowingly: {new}"
+    assert not (gone := sorted((SERVE_OPTIONS | manager) - options)), f"build_app reads options Serve lacks: {gone}"
+    fields = set(inspect.signature(ContinuousBatchingConfig).parameters)
+    unknown = sorted(name for name in batching if name[3:] not in fields)
+    assert not unknown, f"`cb_*` options that are no ContinuousBatchingConfig field: {unknown}"
+
+
+# What `Serve.__init__` builds its app from: (module of transformers.cli.serving or None for transformers, name).
+COMPOSED = [
+    ("model_manager", "ModelManager"),
+    ("chat_completion", "ChatCompletionHandler"),
+    ("completion", "CompletionHandler"),
+    ("response", "ResponseHandler"),
+    ("transcription", "TranscriptionHandler"),
+    ("systemone", "SystemOneHandler"),
+    ("server", "build_server"),
+    ("utils", "GenerationState"),
+    ("utils", "set_torch_seed"),
+    (None, "ContinuousBatchingConfig"),
+]
+
+
+def _plain(name: str, value):
+    """An argument as the comparison sees it: plain data as is, objects (handlers, managers) by kind only."""
+    return value if name != "force_model" and isinstance(value, (str, int, float, bool, dict, type(None))) else "…"
+
+
+def test_build_app_composes_transformers_classes_with_the_arguments_serve_gives_them(folders, monkeypatch):
+    """The same options through `Serve.__init__` (its server not run, no model preloaded) and through `build_app`:
+    each transformers callable `Serve` composes (`COMPOSED`) is called by both, with the same positional count and
+    keyword names and the same plain values. An argument a later `Serve` passes (a new handler parameter) fails here,
+    and so does a transformers.cli.serving class or function it calls that `COMPOSED` does not list."""
+    import transformers
+    import transformers.cli.serve
+    import transformers.cli.serving
+    import uvicorn
+    from transformers.cli.serve import Serve
+
+    from aot_transformers.serving import build_app
+
+    serving = [
+        importlib.import_module(m.name)
+        for m in pkgutil.iter_modules(transformers.cli.serving.__path__, "transformers.cli.serving.")
+    ]
+    called = {
+        name
+        for name in Serve.__init__.__code__.co_names
+        for module in serving
+        if getattr(getattr(module, name, None), "__module__", "").startswith("transformers.cli.serving")
+    }
+    unlisted = sorted(called - {name for _, name in COMPOSED})
+    assert not unlisted, f"Serve.__init__ calls transformers.cli.serving names COMPOSED does not list: {unlisted}"
+    calls = []
+
+    def recorder(name, original, method: bool):
+        @functools.wraps(original)  # its signature stays the original's (build_app reads ModelManager's)
+        def record(*args, **kwargs):
+            keywords = sorted((key, _plain(key, value)) for key, value in kwargs.items())
+            calls.append((name, len(args) - method, keywords))
+            return original(*args, **kwargs)
+
+        return record
+
+    for module, name in COMPOSED:
+        owner = transformers if module is None else importlib.import_module(f"transformers.cli.serving.{module}")
+        target = getattr(owner, name)
+        if inspect.isclass(target):
+            monkeypatch.setattr(target, "__init__", recorder(name, target.__init__, True))
+        else:
+            monkeypatch.setattr(owner, name, recorder(name, target, False))
+            if hasattr(transformers.cli.serve, name):  # imported by name into serve.py
+                monkeypatch.setattr(transformers.cli.serve, name, getattr(owner, name))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)
+    options = {name: p.default for name, p in inspect.signature(Serve.__init__).parameters.items() if name != "self"}
+    options |= {"reasoning": "off", "chat_template_kwargs": '{"style": "short"}', "default_seed": 0}
+    options |= {"enable_cors": True, "cb_num_blocks": 8, "cb_block_size": 16, "model_timeout": 60}
+    Serve(**{**options, "force_model": None})
+    by_serve = sorted(calls, key=repr)
+    calls.clear()
+    build_app({**options, "force_model": str(folders["dense"])})
+    assert [call[0] for call in by_serve] == sorted(name for _, name in COMPOSED)
+    assert sorted(calls, key=repr) == by_serve

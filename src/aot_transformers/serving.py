@@ -35,6 +35,10 @@ except ImportError:
             super().__init__(f"{argument}: {message}" if argument else message)
 
 
+# `Serve`'s options `build_app` (`serve`: host, port) reads besides those it hands on by name (ModelManager's, `cb_*`),
+# and `non_blocking`, a test hook it leaves (`aot serve` runs in the foreground); tests/test_serve.py names a new one.
+SERVE_OPTIONS = {*"force_model continuous_batching trust_remote_code compile reasoning chat_template_kwargs".split()}
+SERVE_OPTIONS |= {*"decision_config enable_cors log_level default_seed host port non_blocking".split()}
 SERVE_HELP = (
     "serve a model folder or Hub id with transformers' OpenAI-compatible server (`transformers serve`); every "
     "`transformers serve` option is accepted after the model (`aot serve MODEL --help` lists them)"
@@ -63,12 +67,8 @@ def _field(body: dict, field: str, ok, allowed: str) -> Any:
     return value
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _is_number(value: Any, kind: type | tuple[type, ...] = (int, float)) -> bool:  # a bool is not one
+    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def check_common_fields(body: dict, served: str) -> None:
@@ -81,13 +81,13 @@ def check_common_fields(body: dict, served: str) -> None:
     _field(body, "temperature", lambda v: _is_number(v) and 0.0 <= v <= 2.0, "a number in [0.0, 2.0]")
     _field(body, "top_p", lambda v: _is_number(v) and 0.0 < v <= 1.0, "a number in (0.0, 1.0]")
     _field(body, "stream", lambda v: isinstance(v, bool), "true or false")
-    _field(body, "seed", _is_int, "an integer")
+    _field(body, "seed", lambda v: _is_number(v, int), "an integer")
 
 
 def fit_to_context(body: dict, fields: tuple[str, ...], prompt_tokens: int, model, what: str) -> None:
     """Refuse a prompt or a token limit the model's context (`max_position_embeddings`) cannot hold; default the
     limit to what is left."""
-    limits = {field: _field(body, field, lambda v: _is_int(v) and v >= 1, "a positive integer") for field in fields}
+    limits = {f: _field(body, f, lambda v: _is_number(v, int) and v >= 1, "a positive integer") for f in fields}
     if prompt_tokens == 0:
         raise RequestError(400, what, f"{what}: empty (allowed: at least one token)")
     context = getattr(model.config, "max_position_embeddings", None)
@@ -233,7 +233,7 @@ def build_app(options: dict) -> FastAPI:
     from transformers.cli.serving.utils import GenerationState, set_torch_seed, split_revision
     from transformers.utils import logging
 
-    o = argparse.Namespace(**options)
+    o = argparse.Namespace(**{key: value for key, value in options.items() if key in SERVE_OPTIONS})
     name = o.force_model
     if o.default_seed is not None:
         set_torch_seed(o.default_seed)
@@ -296,8 +296,7 @@ def serve(model: str, options: list[str]) -> int:
     except ImportError:
         from click import ClickException
 
-    def run(**arguments) -> int:
-        # in the foreground under --non-blocking too (transformers' test hook), which from a command line ends alike
+    def run(**arguments) -> int:  # in the foreground under --non-blocking too (`SERVE_OPTIONS`)
         config = uvicorn.Config(build_app(arguments), host=arguments["host"], port=arguments["port"], log_level="info")
         uvicorn.Server(config).run()
         return 0
