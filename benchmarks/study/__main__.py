@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = records / "tokenizer"
     paths = Paths(args.corpus, tokenizer, args.eval_dir, args.images, args.work_dir, records)
     sections = ("language", "vision") if args.only is None else (args.only,) if args.only != "report" else ()
-    runs = [run for run in (*study.runs(), *vision.runs()) if run.section in sections or args.save_progress]
+    runs = [run for run in study_plan.schedule(study, vision) if run.section in sections or args.save_progress]
     if args.runs:
         patterns = args.runs.split(",")
         runs = [run for run in runs if any(fnmatch.fnmatch(run.name, p) for p in patterns)]

@@ -208,3 +208,10 @@ VISION = VisionStudy()
 VISION_SMOKE = VisionStudy(
     hidden_size=16, num_attention_heads=2, num_hidden_layers=1, batch_size=4, extra={"steps": 2}
 )
+
+
+def schedule(study: Study, vision: VisionStudy) -> list[Run]:
+    """Every run in the order the study trains them: the language runs of every size but the largest, then vision,
+    then the largest size's main rows, which take most of the compute (so vision's claims are decided before them)."""
+    language, largest = study.runs(), study.sizes[-1].name
+    return [r for r in language if r.size != largest] + vision.runs() + [r for r in language if r.size == largest]

@@ -169,7 +169,7 @@ def summary_block(study: study_plan.Study, vision: study_plan.VisionStudy, recor
     """The README's summary of the study, from the records alone: each finished main row's validation, floor and test
     numbers, and the machine-hours the finished runs took."""
     records, images = load_records(records_dir), load_records(records_dir, "vision")
-    planned = study.runs() + vision.runs()
+    planned = study_plan.schedule(study, vision)
     hours = sum(r["wall_seconds"] for r in records + images) / 3600
     lines = [
         SUMMARY_START,
@@ -209,7 +209,7 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
     images = load_records(records_dir, "vision")
     groups = _grouped(records)
     report_dir.mkdir(parents=True, exist_ok=True)
-    planned = study.runs() + vision.runs()
+    planned = study_plan.schedule(study, vision)
     done = {r["run"] for r in records + images}
     lines = ["# The real-scale study: AoT against GPT-2, Llama, ViT and CRATE", ""]
     lines.append(
