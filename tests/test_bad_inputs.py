@@ -189,8 +189,7 @@ def _null_in_the_second_shard(root: Path, layout: str) -> Path:
 
 @pytest.fixture
 def own_datasets_cache(tmp_path, monkeypatch):
-    """This test's `datasets` cache: a repository folder is cached by its name and card alone (datasets 5.2), so a
-    folder of the same name from another test would be read in its place."""
+    """This test's own `datasets` cache, so that nothing of another test's folders (or the user's cache) is read."""
     import datasets
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
