@@ -146,6 +146,35 @@ def test_the_study_trains_records_skips_resumes_and_reports(tiny_study):
     assert json.loads((records / f"{name}.json").read_text())["final"] == record["final"]
 
 
+def test_two_runs_train_at_once_with_jobs_2_and_each_gets_its_record(tiny_study):
+    work, names = tiny_study["root"] / "jobs-work", ["S-gpt2-seed0", "S-llama-seed0"]
+    done = study(tiny_study, work, "--runs", ",".join(names), "--jobs", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in names:
+        record = json.loads((work / "records" / "language" / f"{name}.json").read_text())
+        assert record["run"] == name and record["final"]["eval_loss"] > 0
+        assert "OMP_NUM_THREADS" not in record["command"] and record["tokens"] == 2 * 2 * 16
+    report = (work / "REPORT.md").read_text()
+    assert "| S | GPT-2 |" in report and "| S | Llama |" in report
+
+
+def test_the_jobs_probe_cuts_the_study_command_to_a_few_steps_without_evaluations_or_checkpoints(tmp_path):
+    from benchmarks.study import jobs
+    from benchmarks.study.runner import Paths, command
+
+    paths = Paths(tmp_path / "text.txt", tmp_path / "tok", tmp_path, tmp_path, tmp_path, tmp_path)
+    run = next(r for r in study_plan.STUDY.runs() if r.name == "S-aot-mssa-seed0")
+    cut = jobs._arguments(run, paths, 7, tmp_path / "out")
+    value = lambda flag: cut[cut.index(flag) + 1]  # noqa: E731
+    assert cut[:2] == ["train", "lm"] and cut.count("--max_steps") == cut.count("--output_dir") == 1
+    assert value("--max_steps") == "7" and value("--output_dir") == str(tmp_path / "out")
+    assert value("--eval_strategy") == value("--save_strategy") == "no"
+    assert not {"--eval_steps", "--save_steps", "--resume_from_checkpoint"} & set(cut)
+    full = command(run, paths, study_plan.STUDY)
+    kept = ("--config_overrides", "--per_device_train_batch_size", "--block_size", "--learning_rate", "--seed")
+    assert all(full[full.index(flag) + 1] == cut[cut.index(flag) + 1] for flag in kept)
+
+
 def test_the_vision_study_trains_crate_and_records_its_accuracy(tiny_study):
     import io
     import tarfile

@@ -14,6 +14,8 @@ import argparse
 import fnmatch
 import os
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import plan as study_plan
@@ -51,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         "--records-dir", type=Path, help="records (default: benchmarks/results/study; smoke: work dir)"
     )
     parser.add_argument("--report-dir", type=Path, help="REPORT.md and figures (default: beside this file)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads, shared by the runs that train at once")
+    parser.add_argument("--jobs", type=int, default=1, help="runs that train at once (see jobs.py: is 2 faster?)")
     parser.add_argument("--no-commit", dest="commit", action="store_false", help="write records without committing")
     parser.add_argument("--save-progress", action="store_true", help="commit unfinished runs' newest checkpoints")
     args = parser.parse_args(argv)
@@ -83,10 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         write_summary(readme, summary_block(study, vision, records))
         return [readme]
 
-    for run in runs:
+    lock = threading.Lock()  # one run at a time redraws the summary and commits
+
+    def train(run) -> None:
         print(f"study: {run.name} ({run.steps} steps)", flush=True)
         section_plan = study if run.section == "language" else vision
-        execute(run, paths, section_plan, args.threads, commit_records, None if args.smoke else redraw_summary)
+        threads = max(1, args.threads // args.jobs)
+        execute(run, paths, section_plan, threads, commit_records, None if args.smoke else redraw_summary, lock)
+
+    with ThreadPoolExecutor(args.jobs) as pool:  # in plan order; the first failure stops what has not started
+        futures = [pool.submit(train, run) for run in runs]
+        for future in futures:
+            if future.exception() is not None:
+                pool.shutdown(cancel_futures=True)
+                raise future.exception()
     path = write_report(study, vision, records, report_dir)
     if not args.smoke:
         redraw_summary()

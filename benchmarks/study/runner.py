@@ -9,6 +9,7 @@ the host's load; it is written atomically and committed the moment the run ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -315,9 +316,10 @@ def commit(paths: list[Path], message: str) -> None:
         time.sleep(2 + attempt)
 
 
-def execute(run: study_plan.Run, paths: Paths, study, threads: int, commit_records: bool, redraw=None):
+def execute(run: study_plan.Run, paths: Paths, study, threads: int, commit_records: bool, redraw=None, lock=None):
     """Train (or resume) `run`, score it zero-shot, write its record; returns the record's path. `redraw()` (files
-    drawn from the records, e.g. the README's summary) is called once the record is written and committed with it."""
+    drawn from the records, e.g. the README's summary) is called once the record is written and committed with it,
+    holding `lock` (runs that train at once take turns)."""
     target = record_path(run, paths.records)
     if target.is_file():
         return target
@@ -335,6 +337,12 @@ def execute(run: study_plan.Run, paths: Paths, study, threads: int, commit_recor
     staging = target.with_suffix(".tmp")
     staging.write_text(json.dumps(record, indent=1) + "\n")
     staging.replace(target)
+    with lock or contextlib.nullcontext():
+        _commit_record(run, record, target, paths, commit_records, redraw)
+    return target
+
+
+def _commit_record(run: study_plan.Run, record: dict, target: Path, paths: Paths, commit_records: bool, redraw):
     if commit_records:
         progress = paths.records / PROGRESS / run.name
         shutil.rmtree(progress, ignore_errors=True)
@@ -351,4 +359,3 @@ def execute(run: study_plan.Run, paths: Paths, study, threads: int, commit_recor
             [target, progress, *drawn],
             f"study: {run.name} ({result}; {amount}, {record['wall_seconds'] / 60:.0f} min)",
         )
-    return target
