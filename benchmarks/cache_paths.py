@@ -18,7 +18,6 @@ and k-NN (k = 3 and k = 0.5), and three transformers families with the package's
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import re
 from collections.abc import Callable
@@ -161,10 +160,6 @@ def uncached_logits(model, ids: torch.Tensor) -> torch.Tensor:
     return model(ids, use_cache=False).logits
 
 
-def _accepts(model, name: str) -> bool:
-    return name in inspect.signature(model.forward).parameters
-
-
 @torch.no_grad()
 def _feed(model, ids, cache, chunks, attention_mask=None, decode=None) -> torch.Tensor:
     """Run `ids` (B, T) through the model chunk by chunk (sizes `chunks`) on `cache`, as generate's steps do, and
@@ -179,8 +174,6 @@ def _feed(model, ids, cache, chunks, attention_mask=None, decode=None) -> torch.
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask[:, :stop]
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:stop]
-        if _accepts(model, "cache_position"):  # transformers < 5.24 still reads it
-            kwargs["cache_position"] = torch.arange(start, stop)
         logits.append(forward(ids[:, start:stop], **kwargs).logits)
         start = stop
     assert start == ids.shape[1], (chunks, ids.shape)
