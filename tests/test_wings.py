@@ -4,6 +4,7 @@ what two of them share lives at package level (`_io.py`, `model_card.py`, ...)."
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 import aot_transformers
+from aot_transformers.modeling_aot import CODE_FILES
+from support import REPO_ROOT
 
 PACKAGE = Path(aot_transformers.__file__).parent
 WINGS = ("training", "evaluation", "experiments")
@@ -150,3 +153,10 @@ def test_the_patch_probe_sees_a_replaced_method_and_a_new_class_attribute(tmp_pa
     assert "transformers.modeling_utils.PreTrainedModel.save_pretrained" in changed
     assert "transformers.configuration_utils.PreTrainedConfig.knn_k" in changed
     assert all(name.endswith((".save_pretrained", ".knn_k")) for name in changed), changed  # and nothing else
+
+
+def test_the_remote_code_unit_is_at_most_1000_lines_and_its_size_record_counts_todays_files():
+    record = json.loads((REPO_ROOT / "benchmarks" / "results" / "unit_size.json").read_text(encoding="utf-8"))
+    lines = {name: len((PACKAGE / name).read_text(encoding="utf-8").splitlines()) for name in CODE_FILES}
+    assert lines == record["unit_lines"], "the unit changed: run `python -m benchmarks.unit_size`"
+    assert record["unit_total"] == sum(lines.values()) <= 1_000
