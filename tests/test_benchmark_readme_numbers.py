@@ -11,11 +11,13 @@ number anywhere is checked. A random number, or a quoted one that drifted from i
 
 from __future__ import annotations
 
+import ast
+import operator
 import random
 import re
 
 import pytest
-from benchmarks.render import CITATION, TABLE, evaluate, load, readme_paths, render
+from benchmarks.render import TABLE, load, readme_paths, render
 
 from support import HOST, REPO_ROOT, VERSIONS, provenance_problems
 
@@ -24,6 +26,15 @@ BENCHMARKS = REPO_ROOT / "benchmarks"
 ALL_NUMBERS = ("benchmarks/README.md", "benchmarks/training/README.md", "benchmarks/eval/README.md")
 EXPERIMENTS = "benchmarks/results/experiments/README.md"
 
+# A citation: FILE is a results file relative to the README's folder (or a benchmark module, `.py`, for a setting)
+# and KEY a key path in it: keys joined by dots, a key holding dots, spaces or colons in double quotes
+# (`modes."aot serve".seconds`), an integer for a list item; or arithmetic of such paths and numbers, with spaces
+# around each operator (`a / b * 100`); a path to a list or a mapping stands for its length (`memory.DDP.ranks`: the
+# number of ranks). The number must be the value at the precision printed.
+CITATION = re.compile(r"<!-- (?P<file>[\w./-]+\.(?:json|py)): (?P<key>.+?) -->")
+# A token of a citation's KEY: an operator, a number or a key path (quoted parts may hold spaces).
+TOKEN = re.compile(r'(?:"[^"]*"|[^\s"])+')
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 # A number as printed: thousands separators, decimals, an exponent (`2.4e−3`) or a k / M / B suffix (`84M`).
 NUMBER = re.compile(r"(?<![\w.\-/^⁻])\d+(?:,\d{3})*(?:\.\d+)?(?:(?:e|×10)[-−+]?\d+|[kMB])?(?![\w/]|\.\d)")
 SUFFIXES = {"k": 1e3, "M": 1e6, "B": 1e9}
@@ -51,6 +62,47 @@ EXEMPT = re.compile(
     r"<!-- no measurements.*?<!-- /no measurements -->|<!-- study summary.*?<!-- /study summary -->", re.S
 )
 RESULTS_NAMED = re.compile(r"results/[\w./-]*\.json|results/experiments/[\w-]+/")
+
+
+def lookup(record, path: str):
+    """The value at the key path `path` (see CITATION) of `record`."""
+    value = record
+    for part in re.findall(r'"[^"]*"|[^."]+', path):
+        key = part.strip('"')
+        if isinstance(value, dict):
+            value = value[key]
+        elif isinstance(value, (list, tuple)):
+            value = value[int(key)]
+        else:
+            value = getattr(value, key)
+    return value
+
+
+def evaluate(expression: str, record) -> float:
+    """The value of a citation's KEY: a key path, or arithmetic of key paths and numbers."""
+    names: dict[str, float] = {}
+    tokens = []
+    for token in TOKEN.findall(expression):
+        if token in ("+", "-", "*", "/", "(", ")") or re.fullmatch(r"\d+(?:\.\d+)?(?:e-?\d+)?", token):
+            tokens.append(token)
+        else:
+            found = lookup(record, token)
+            names[f"_{len(names)}"] = len(found) if isinstance(found, (list, tuple, dict)) else found
+            tokens.append(f"_{len(names) - 1}")
+    tree = ast.parse(" ".join(tokens), mode="eval")
+
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return value(node.body)
+        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+            return OPERATORS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.Name):
+            return names[node.id]
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        raise ValueError(f"not a key path or arithmetic: {expression!r}")
+
+    return value(tree)
 
 
 def blank(text: str, pattern: re.Pattern) -> str:

@@ -39,3 +39,24 @@ def test_tests_import_their_helpers_from_the_support_module_and_never_edit_sys_p
             if imports_conftest or edits_path:
                 offenders.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_what_the_tests_import_from_benchmarks_the_benchmarks_use_too():
+    # Code only the tests use belongs with them (tests/support.py or the test), not in benchmarks/.
+    used = set()
+    for path in (ROOT / "benchmarks").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                used.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                used.add(node.attr)
+            elif isinstance(node, ast.ImportFrom):
+                used |= {alias.name for alias in node.names}
+    only_tests = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks"):
+                module = ROOT.joinpath(*node.module.split("."))
+                if module.with_suffix(".py").is_file() or (module / "__init__.py").is_file():
+                    only_tests += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name not in used]
+    assert not only_tests, "\n".join(only_tests)
