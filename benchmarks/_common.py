@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from aot_transformers import _io
-from aot_transformers._io import PROVENANCE_KEYS, library_versions  # noqa: F401  (library_versions: benchmarks.study)
+from aot_transformers._io import PROVENANCE_KEYS
 
 # The aten operators of dense matmuls, as torch.profiler names them (`aten::linear` dispatches to `addmm`/`mm`).
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear")
@@ -124,11 +124,6 @@ def invocation(module: str | None = None, argv: list[str] | None = None) -> str:
     threads = os.environ.get("OMP_NUM_THREADS")
     environment = [f"OMP_NUM_THREADS={threads}"] if threads else []
     return " ".join([*environment, launcher, target, *map(shlex.quote, argv)])
-
-
-def git_revision() -> str | None:
-    """The commit of this checkout (with `+dirty` when tracked files differ from it)."""
-    return _io.git_revision(REPO_ROOT)
 
 
 def provenance(command: str | None = None) -> dict:

@@ -3,8 +3,9 @@
 A run trains in its own process (`aot train lm ... --resume_from_checkpoint auto`), so a killed run continues from
 its last checkpoint the next time; a run whose record exists is skipped. Between sessions, `save_progress` copies
 the newest checkpoint of each unfinished run next to the records (committed) and `restore_progress` puts it back.
-The record holds the curves, final metrics, tokens, FLOPs, wall time, command, git revision, library versions and
-the host's load; it is written atomically and committed the moment the run ends.
+The record holds the curves, final metrics, tokens, FLOPs, wall time and the provenance every results file records
+(command, git revision, library versions, host, with the host's load while the run trained); it is written atomically
+and committed the moment the run ends.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._common import git_revision, library_versions
+from .._common import provenance
 from . import plan as study_plan
 from .flops import image_training_flops, training_flops_per_token
 
@@ -191,8 +191,11 @@ def parameter_counts(model_dir: Path, section: str = "language") -> dict[str, in
     return {"total": total, "non_embedding": sum(p.numel() for p in model.parameters() if id(p) not in embeddings)}
 
 
-def build_record(run: study_plan.Run, paths: Paths, study, arguments: list[str], wall: float, load: dict) -> dict:
-    """The record of a finished run, from the files `aot train` (and, for language, `aot eval`) wrote."""
+def build_record(
+    run: study_plan.Run, paths: Paths, study, arguments: list[str], wall: float, load: dict, threads: int
+) -> dict:
+    """The record of a finished run, from the files `aot train` (and, for language, `aot eval`) wrote, with its
+    provenance (`benchmarks._common.provenance`); the host's threads are the run's (`threads`), with its load."""
     from transformers import AutoConfig
 
     import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
@@ -222,7 +225,7 @@ def build_record(run: study_plan.Run, paths: Paths, study, arguments: list[str],
         final = {"eval_accuracy": metrics["eval_accuracy"], "eval_loss": metrics["eval_loss"]}
         final["train_loss"] = losses[-1][1] if losses else None
         extra = {}
-    return {
+    record = {
         "run": run.name,
         "section": run.section,
         "arch": run.arch,
@@ -241,12 +244,10 @@ def build_record(run: study_plan.Run, paths: Paths, study, arguments: list[str],
         **extra,
         "wall_seconds": wall,  # over every invocation of the run (a resumed one included)
         "train_seconds": metrics.get("train_runtime"),
-        "command": "aot " + shlex.join(arguments),
-        "git_revision": git_revision(),
-        "versions": library_versions(),
-        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "load_1min": load},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **provenance("aot " + shlex.join(arguments)),  # command, git revision, versions, host, date
     }
+    record["host"] |= {"threads": threads, "load_1min": load}  # the run's OMP_NUM_THREADS, not this process's
+    return record
 
 
 def record_path(run: study_plan.Run, records: Path) -> Path:
@@ -332,7 +333,7 @@ def execute(run: study_plan.Run, paths: Paths, study, threads: int, commit_recor
         _aot(arguments, threads, log)
         if run.section == "language":
             _aot(zero_shot_command(output / "model", paths, output / "zero-shot"), threads, log)
-    record = build_record(run, paths, study, arguments, load.wall, load.summary())
+    record = build_record(run, paths, study, arguments, load.wall, load.summary(), threads)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_suffix(".tmp")
     staging.write_text(json.dumps(record, indent=1) + "\n")
