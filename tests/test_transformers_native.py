@@ -5,6 +5,7 @@ classification heads and pipelines, `interpolate_pos_encoding`, version and load
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -428,3 +429,11 @@ def test_remote_code_refuses_an_old_transformers_with_the_required_version(tmp_p
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "transformers>=5.24,<6" in result.stdout and "4.57.0" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_transformers_floor_is_the_tested_version_in_pyproject_and_the_saved_configs():
+    from aot_transformers.configuration_aot import REQUIRED_TRANSFORMERS
+
+    assert f'"transformers{REQUIRED_TRANSFORMERS}"' in (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    tested = re.search(r"^transformers==(\d+\.\d+)\.", (REPO_ROOT / "constraints.txt").read_text(), re.M)[1]
+    assert REQUIRED_TRANSFORMERS.startswith(f">={tested},"), (REQUIRED_TRANSFORMERS, tested)
