@@ -60,8 +60,7 @@ def _run(code: str, *args: str, **env: str) -> str:
     return result.stdout.strip()
 
 
-def test_the_package_imports_without_peft_and_does_not_import_it():
-    assert _run("import sys; sys.modules['peft'] = None; import aot_transformers; print('ok')") == "ok"
+def test_the_package_does_not_import_peft():  # so it imports without peft too
     assert _run("import sys, aot_transformers; print('peft' in sys.modules)") == "False"
 
 
