@@ -82,6 +82,23 @@ def _layers(key: str) -> str:
 # --- model package: training step, profile, attention kernel -----------------------------------------------------
 
 
+def bf16_row(tokens: dict, ratios: dict, probe: dict) -> list[str]:
+    """bench_train's bf16 row, or why it did not run (without native bf16 matmuls it would time torch's emulation)."""
+    label = (
+        f"LM, bf16 autocast vs fp32: AoT {_layers('aot-6')} / {_layers('aot-36')} layers (a bf16 matmul took "
+        f"{x(probe['bf16_over_fp32_time'])} the fp32 time; native bf16: {'yes' if probe['native_bf16'] else 'no'})"
+    )
+    if "bf16_vs_fp32 (aot-6)" not in ratios:
+        return [label, "not run: this CPU emulates bf16 matmuls", "—", "—"]
+    bf16_6, bf16_36 = ratios["bf16_vs_fp32 (aot-6)"], ratios["bf16_vs_fp32 (aot-36)"]
+    return [
+        label,
+        f"{n(tokens['aot-6-bf16'])} vs {n(tokens['aot-6'])} / {n(tokens['aot-36-bf16'])} vs {n(tokens['aot-36'])}",
+        f"{x(bf16_6)} / {x(bf16_36)}",
+        target("bf16", min(bf16_6, bf16_36)),
+    ]
+
+
 def train() -> str:
     """bench_train: one training step of AoT against GPT-2 and ViT, at the peer's shape and at equal parameters."""
     from . import bench_train
@@ -100,7 +117,6 @@ def train() -> str:
     compiled_ratios = r["lm_compiled_ratios"]
     c_ratio = compiled_ratios["equal_params compiled (aot-36c / gpt2-6c)"]
     c_eager = compiled_ratios["equal_params compiled vs eager GPT-2 (aot-36c / gpt2-6)"]
-    bf16_6, bf16_36 = ratios["bf16_vs_fp32 (aot-6)"], ratios["bf16_vs_fp32 (aot-36)"]
     probe = r["bf16_matmul_probe"]
     v_same = r["vision_ratios"]["same_width_depth (aot-v-6 / vit-6)"]
     v_equal = r["vision_ratios"]["equal_params (aot-v-36 / vit-6)"]
@@ -126,14 +142,7 @@ def train() -> str:
             x(c_ratio),
             target("lm_compiled", c_ratio),
         ],
-        [
-            f"LM, bf16 autocast vs fp32: AoT {_layers('aot-6')} / {_layers('aot-36')} layers (a bf16 matmul took "
-            f"{x(probe['bf16_over_fp32_time'])} the fp32 time; native bf16: "
-            f"{'yes' if probe['native_bf16'] else 'no'})",
-            f"{n(tokens['aot-6-bf16'])} vs {n(tokens['aot-6'])} / {n(tokens['aot-36-bf16'])} vs {n(tokens['aot-36'])}",
-            f"{x(bf16_6)} / {x(bf16_36)}",
-            target("bf16", min(bf16_6, bf16_36)),
-        ],
+        bf16_row(tokens, ratios, probe),
         [
             f"vision, same width and depth ({_layers('vit-6')} layers; {vision_shape}): AoT-MSSA vs ViT, images/s",
             f"{n(images['aot-v-6'])} vs {n(images['vit-6'])}",

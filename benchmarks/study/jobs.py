@@ -1,6 +1,6 @@
 """Do two study runs at once, one torch thread each, train more per hour than one run with both threads?
 
-    python -m benchmarks.study.jobs      # about twelve minutes, on a quiet machine (the study stopped)
+    python -m benchmarks.study.jobs      # about thirteen minutes, on a quiet machine (the study stopped)
 
 For a few rows of the plan (S's GPT-2 and AoT-MSSA, the vision study's ViT and AoT-MSSA), the study's own `aot
 train` command, cut to `--steps` steps with no evaluation along the way and no checkpoints, trains once alone with
@@ -76,8 +76,7 @@ def probe(run: study_plan.Run, paths: Paths, steps: int, work: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.study.jobs", description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=30, help="training steps of each language probe run")
-    parser.add_argument("--vision-steps", type=int, default=20, help="training steps of each vision probe run")
+    parser.add_argument("--steps", type=int, default=30, help="training steps of each probe run")
     parser.add_argument("--runs", default=",".join(PROBED), help="the study runs to probe")
     args = parser.parse_args(argv)
     text = SHARED / "text" / "tinyshakespeare" / "input.txt"
