@@ -304,10 +304,7 @@ def test_committed_report_is_redrawn_from_the_committed_records(tmp_path):
 
 # Replication records whose recorded thread count is not the one their command asks for, and why. Each must still
 # disagree: once the section is rerun with its command, its entry goes.
-THREADS_DISAGREE = {
-    "compute-6294b9699c27": "run while the compute section reset --threads to 2 (it honours --threads since); rerun "
-    "`python -m benchmarks.replicate --budget 0.25 --threads 1 --only compute` to make them agree",
-}
+THREADS_DISAGREE: dict[str, str] = {}
 
 
 def test_each_replication_section_ran_with_the_threads_its_command_asks_for():
