@@ -17,14 +17,13 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from .._common import write_results
 from . import plan as study_plan
-from .runner import RECORDS, ROOT, Paths, command
+from .runner import RECORDS, ROOT, Paths, aot_process, command
 
 SHARED = Path(os.environ.get("AOT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 PROBED = ("S-gpt2-seed0", "S-aot-mssa-seed0", "cifar10-vit-seed0", "cifar10-aot-mssa-seed0")
@@ -43,8 +42,7 @@ def _arguments(run: study_plan.Run, paths: Paths, steps: int, output: Path) -> l
 
 
 def _start(arguments: list[str], threads: int) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    program = [sys.executable, "-m", "aot_transformers.cli", *arguments]
+    env, program = aot_process(arguments, threads)  # as the study starts a run
     return subprocess.Popen(program, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

@@ -156,10 +156,15 @@ class LoadSampler:
         return {"mean": sum(values) / len(values), "max": max(values), "samples": len(values)}
 
 
+def aot_process(arguments: list[str], threads: int) -> tuple[dict[str, str], list[str]]:
+    """The environment (`threads` torch threads) and program line of `aot <arguments>` in a process of its own."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
+    return env, [sys.executable, "-m", "aot_transformers.cli", *arguments]
+
+
 def _aot(arguments: list[str], threads: int, log: Path) -> None:
     """Run `aot <arguments>` at low priority with `threads` torch threads, its output appended to `log`."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
-    program = [sys.executable, "-m", "aot_transformers.cli", *arguments]
+    env, program = aot_process(arguments, threads)
     with open(log, "a", encoding="utf-8") as handle:
         handle.write(f"\n$ aot {shlex.join(arguments)}\n")
         handle.flush()
