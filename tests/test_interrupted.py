@@ -1,14 +1,17 @@
-"""Training killed (SIGKILL) at random moments, several times, then resumed, ends where an uninterrupted run ends.
+"""Training killed (SIGKILL) at random moments, several times, then resumed, ends where an uninterrupted run ends;
+stopped by SIGTERM, it saves the step it was in and the same command continues from there.
 
-Slow (a few minutes): run it with `.venv/bin/python -m pytest -m slow tests/test_interrupted.py`.
-The kills land at random wall-clock times — mid-step, mid-checkpoint-write, during start-up — not at step
+The random-kill test is slow (a few minutes): `.venv/bin/python -m pytest -m slow tests/test_interrupted.py`. The kills
+land at random wall-clock times — mid-step, mid-checkpoint-write, during start-up — not at step
 boundaries. After every kill each checkpoint folder must be either complete and loadable or skipped on resume.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -93,3 +96,50 @@ def test_random_sigkills_then_resume_match_uninterrupted_run(tmp_path):
     for name, value in straight.items():
         torch.testing.assert_close(resumed[name], value, rtol=1e-5, atol=1e-6, msg=name)
     print(f"\nSIGKILLs injected: {kills}; every checkpoint left behind was complete or skipped; final model equal")
+
+
+def _train_until_sigterm(arguments: list[str], cwd: Path, logged_steps: int = 3) -> subprocess.CompletedProcess:
+    """Start `aot train lm`, send SIGTERM once it has logged `logged_steps` losses, and wait for it to stop."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aot_transformers.cli", "train", "lm", *arguments],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = 0
+    for line in process.stdout:  # Trainer prints each logged loss as a dict without tqdm
+        seen += "'loss'" in line
+        if seen >= logged_steps:
+            process.send_signal(signal.SIGTERM)
+            break
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def test_sigterm_with_jit_checkpoint_saves_the_step_under_way_and_the_same_command_continues(tmp_path):
+    lines = [line for text in embedded_corpus()[:20] for line in text.splitlines() if line.strip()][:400]
+    data = tmp_path / "train.txt"
+    data.write_text("\n".join(lines) + "\n")
+    run = tmp_path / "run"
+    arguments = _arguments(data, run)
+    arguments[arguments.index("--max_steps") + 1] = "100000"  # far more than a SIGTERM lets it reach
+    arguments[arguments.index("--save_steps") + 1] = "100000"  # no periodic checkpoint: only the SIGTERM's
+    arguments += ["--logging_steps", "1", "--enable_jit_checkpoint", "--resume_from_checkpoint", "auto"]
+
+    first = _train_until_sigterm(arguments, tmp_path)
+    assert first.returncode == 130, first.stderr[-3000:]
+    saved = last_complete_checkpoint(run)
+    assert saved is not None and f"saved in {saved}" in first.stderr.splitlines()[-1]
+    step = int(Path(saved).name.removeprefix("checkpoint-"))
+    assert 3 <= step < 100000 and not (run / "model").exists()  # stopped short: no final export
+    AutoModelForCausalLM.from_pretrained(saved)
+
+    second = _train_until_sigterm(arguments, tmp_path)  # the same command picks the run up at that step
+    assert second.returncode == 130, second.stderr[-3000:]
+    later = last_complete_checkpoint(run)
+    history = json.loads((Path(later) / "trainer_state.json").read_text())["log_history"]
+    logged = [entry["step"] for entry in history if "loss" in entry]
+    assert int(Path(later).name.removeprefix("checkpoint-")) > step
+    assert logged == sorted(set(logged)) and step in logged  # one history: the first stop's steps, then the rest

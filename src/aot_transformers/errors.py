@@ -6,7 +6,7 @@
 - **A failed run** (`RunError`, or any other exception): one line on stderr saying what failed; exit code 1. The
   traceback is printed only with `aot --debug …` (or `AOT_DEBUG=1`); otherwise it goes to a log file whose path the
   line names, so an unattended run keeps it without flooding the terminal.
-- `KeyboardInterrupt`: exit code 130, as a shell reports SIGINT.
+- `KeyboardInterrupt`: exit code 130, as a shell reports SIGINT (its message, if any, after `interrupted: `).
 
 `run_command(job)` applies the contract to a callable; `aot_transformers.cli.main` applies it to every subcommand,
 and the module entry points (`python -m aot_transformers.training.lm`) use it too. Library code raises the classes
@@ -89,7 +89,7 @@ def _write_traceback(error: BaseException) -> Path | None:
 def report_error(error: BaseException, prog: str = "aot") -> int:
     """Print `error` as the contract says and return its exit code."""
     if isinstance(error, KeyboardInterrupt):
-        print(f"{prog}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted" + (f": {error}" if str(error) else ""), file=sys.stderr)
         return EXIT_INTERRUPTED
     if debug_enabled():
         traceback.print_exception(error)

@@ -15,6 +15,9 @@
 - **What a checkpoint was made from** (`RUN_RECORD` in every checkpoint, written right after its weights and before
   Trainer's `trainer_state.json` marks it complete) is compared with the run that resumes from it: a mismatch is
   refused, naming the fields; a checkpoint without its record is incomplete and never resumed.
+- **A SIGTERM** (a preemption, a session's end) with `--enable_jit_checkpoint`: transformers saves the step under way
+  and stops; the run then ends as interrupted (exit code 130, the checkpoint named, no final export), and the same
+  command with `--resume_from_checkpoint latest` continues from that step.
 - **Divergence**: after every optimizer step the weights are checked; non-finite ones stop the run (exit code 1)
   before that step's checkpoint or any export is written, so the last checkpoint on disk is a good one.
 """
@@ -28,6 +31,7 @@ import math
 import os
 import re
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,7 @@ _VOLATILE_CONFIG_FIELDS = set(
     "_attn_implementation _attn_implementation_internal _name_or_path architectures auto_map code_sha256 dtype "
     "required_transformers torch_dtype transformers_version use_cache".split()
 )
+JIT_SENTINEL = "checkpoint-is-incomplete.txt"  # transformers' JIT checkpoint marks its folder so until it is written
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 RESUME_LATEST = ("latest", "last", "true", "True", "auto")
 _SAMPLE_BYTES = 1 << 20  # a data file is fingerprinted by its size and its first and last MiB
@@ -64,6 +69,8 @@ def is_complete_checkpoint(folder: Path) -> bool:
     for name in ("trainer_state.json", RUN_RECORD):
         if not isinstance(read_json(Path(folder) / name), dict):
             return False
+    if (Path(folder) / JIT_SENTINEL).exists():  # a SIGTERM's checkpoint that did not finish
+        return False
     return any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model_fsdp_*"))
 
 
@@ -373,7 +380,26 @@ def train_unless_finished(trainer, resume: str | None) -> dict[str, Any]:
             trainer._load_from_checkpoint(resume)
             trainer.state = TrainerState.load_from_json(str(state_file))
             return {"train_steps_this_run": 0}
-    return dict(trainer.train(resume_from_checkpoint=resume).metrics)
+    if not trainer.args.enable_jit_checkpoint:
+        return dict(trainer.train(resume_from_checkpoint=resume).metrics)
+    terminated, jit_handler = [], signal.getsignal(signal.SIGTERM)  # transformers' JIT checkpoint handler
+
+    def note_sigterm(signum, frame):
+        terminated.append(signum)
+        jit_handler(signum, frame)
+
+    signal.signal(signal.SIGTERM, note_sigterm)
+    try:
+        metrics = dict(trainer.train(resume_from_checkpoint=resume).metrics)
+    finally:
+        signal.signal(signal.SIGTERM, jit_handler)
+    if terminated and trainer.state.global_step < trainer.state.max_steps:  # stopped short by the JIT checkpoint
+        saved = last_complete_checkpoint(trainer.args.output_dir)
+        raise KeyboardInterrupt(
+            f"SIGTERM at step {trainer.state.global_step} of {trainer.state.max_steps}, saved in {saved}; the same "
+            "command with --resume_from_checkpoint latest continues from there"
+        )
+    return metrics
 
 
 def start_run(training_args, publish_args, identity: dict[str, Any]):
