@@ -206,9 +206,44 @@ def test_the_readme_summary_is_rendered_from_the_committed_records():
     )
 
 
+def test_the_committed_report_is_redrawn_from_the_committed_records(tmp_path):
+    from benchmarks.study.report import write_report
+    from benchmarks.study.runner import RECORDS
+
+    drawn = write_report(study_plan.STUDY, study_plan.VISION, RECORDS, tmp_path).read_text()
+    assert drawn == (REPO_ROOT / "benchmarks" / "study" / "REPORT.md").read_text(), (
+        "benchmarks/study/REPORT.md is not the committed records': run `python -m benchmarks.study --only report`"
+    )
+
+
 def test_power_law_fits_an_exact_law_and_needs_two_compute_values():
     from benchmarks.study.report import power_law
 
     a, b = power_law([(c, 7.0 * c**-0.2) for c in (1e12, 1e13, 1e14)])
     assert math.isclose(a, 7.0, rel_tol=1e-9) and math.isclose(b, 0.2, rel_tol=1e-9)
     assert power_law([(1e12, 5.145), (1e12, 5.160)]) is None  # two seeds of one size: no slope to fit
+
+
+def test_a_sigterm_stops_the_runs_in_progress_through_their_checkpoints_and_starts_no_other(tiny_study):
+    import signal
+    import time
+
+    work, names = tiny_study["root"] / "stopped", ["S-gpt2-seed0", "S-llama-seed0", "S-aot-mssa-seed0"]  # plan order
+    command = [sys.executable, "-m", "benchmarks.study", "--smoke", "--smoke-steps", "100000", "--work-dir", str(work)]
+    command += ["--corpus", str(tiny_study["corpus"]), "--eval-dir", str(tiny_study["eval"])]
+    process = subprocess.Popen([*command, "--runs", ",".join(names), "--jobs", "2"], cwd=REPO_ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.time() + 300
+    while not all(any((work / name).glob("checkpoint-*")) for name in names[:2]):  # both training, past a checkpoint
+        assert process.poll() is None and time.time() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "stopped by SIGTERM" in stdout
+    for name in names[:2]:  # each saved the step it was in, and that checkpoint waits for the next session
+        step = json.loads((work / "records" / "progress" / name / "trainer_state.json").read_text())["global_step"]
+        assert 0 < step < 100000
+        assert "interrupted: SIGTERM at step" in (work / name / "study.log").read_text()
+    assert not (work / names[2] / "study.log").exists()  # the third run never started
+    assert not (work / "records" / "language").exists()  # and no run has a record

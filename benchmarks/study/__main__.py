@@ -2,7 +2,8 @@
 
     nohup python -m benchmarks.study > study.log 2>&1 &   # hours: runs in the background, resumable, records committed
     python -m benchmarks.study --only report               # REPORT.md and its figures from the committed records
-    python -m benchmarks.study --save-progress             # before a session ends: commit unfinished runs' checkpoints
+    pkill -TERM -f "m benchmarks.study"                    # before a session ends: stop, commit unfinished checkpoints
+    python -m benchmarks.study --save-progress             # commit unfinished runs' checkpoints (a study not running)
     python -m benchmarks.study --smoke --work-dir W         # the tests: the same code, tiny shapes, two steps a run
 
 See README.md beside this file for what runs and why.
@@ -13,14 +14,16 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import signal
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from . import plan as study_plan
 from .report import summary_block, write_report, write_summary
-from .runner import RECORDS, ROOT, Paths, commit, execute, save_progress
+from .runner import RECORDS, ROOT, Paths, Stopped, commit, execute, save_progress, stop
 
 SHARED = Path(os.environ.get("AOT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
@@ -43,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--runs", help="comma-separated names or patterns (default: every run without a record)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, two steps a run (the tests)")
+    parser.add_argument("--smoke-steps", type=int, default=2, help="steps a run with --smoke")
     parser.add_argument("--corpus", type=Path, default=SHARED / "text" / "gutenberg", help="a dataset repository")
     parser.add_argument("--eval-dir", type=Path, default=SHARED / "eval-dev", help="PTB and LAMBADA dev files")
     parser.add_argument("--images", type=Path, default=SHARED / "vision" / "cifar10", help="CIFAR-10's archives")
@@ -58,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-commit", dest="commit", action="store_false", help="write records without committing")
     parser.add_argument("--save-progress", action="store_true", help="commit unfinished runs' newest checkpoints")
     args = parser.parse_args(argv)
-    study = study_plan.SMOKE if args.smoke else study_plan.STUDY
-    vision = study_plan.VISION_SMOKE if args.smoke else study_plan.VISION
+    smoke = {"extra": {"steps": args.smoke_steps}}
+    study = replace(study_plan.SMOKE, **smoke) if args.smoke else study_plan.STUDY
+    vision = replace(study_plan.VISION_SMOKE, **smoke) if args.smoke else study_plan.VISION
     records = args.records_dir or (args.work_dir / "records" if args.smoke else RECORDS)
     report_dir = args.report_dir or (args.work_dir if args.smoke else Path(__file__).resolve().parent)
     commit_records = args.commit and not args.smoke
@@ -70,11 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs:
         patterns = args.runs.split(",")
         runs = [run for run in runs if any(fnmatch.fnmatch(run.name, p) for p in patterns)]
-    if args.save_progress:
+
+    def save(runs) -> None:
         written = save_progress(runs, paths)
         if written and commit_records:
             commit(written, f"study: checkpoints of {len(written)} unfinished run(s), to resume in the next session")
         print("\n".join(map(str, written)) or "no unfinished run has a checkpoint")
+
+    if args.save_progress:
+        save(runs)
         return 0
     if "language" in sections and not (tokenizer / "tokenizer.json").is_file():
         train_tokenizer(args.corpus, tokenizer, study.vocab_size)
@@ -82,9 +91,13 @@ def main(argv: list[str] | None = None) -> int:
             commit([tokenizer], f"study: the corpus's byte-level BPE ({study.vocab_size} tokens)")
     readme = ROOT / "README.md"
 
-    def redraw_summary() -> list[Path]:  # the README's summary, from the same records, committed with each record
+    def redraw() -> list[Path]:  # REPORT.md, its figures and the README's summary, committed with each record
+        report = write_report(study, vision, records, report_dir)
+        drawn = [report, *(report.with_name(name) for name in ("compute.png", "curves.png"))]
+        if args.smoke:
+            return drawn
         write_summary(readme, summary_block(study, vision, records))
-        return [readme]
+        return [*drawn, readme]
 
     lock = threading.Lock()  # one run at a time redraws the summary and commits
 
@@ -92,20 +105,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"study: {run.name} ({run.steps} steps)", flush=True)
         section_plan = study if run.section == "language" else vision
         threads = max(1, args.threads // args.jobs)
-        execute(run, paths, section_plan, threads, commit_records, None if args.smoke else redraw_summary, lock)
+        execute(run, paths, section_plan, threads, commit_records, redraw, lock)
 
+    signal.signal(signal.SIGTERM, lambda *_: stop())  # the runs save their step; their checkpoints are committed
     with ThreadPoolExecutor(args.jobs) as pool:  # in plan order; the first failure stops what has not started
         futures = [pool.submit(train, run) for run in runs]
         for future in futures:
-            if future.exception() is not None:
+            if future.exception() is not None and not isinstance(future.exception(), Stopped):
                 pool.shutdown(cancel_futures=True)
                 raise future.exception()
-    path = write_report(study, vision, records, report_dir)
-    if not args.smoke:
-        redraw_summary()
+    if any(isinstance(future.exception(), Stopped) for future in futures):
+        save(runs)
+        print("study: stopped by SIGTERM; the same command resumes", flush=True)
+        return 130
+    drawn = redraw()
     if commit_records and args.only in (None, "report"):
-        commit([path.parent, readme], "study: report and README summary redrawn from the records")
-    print(f"study: report {path}")
+        commit(drawn, "study: report and README summary redrawn from the records")
+    print(f"study: report {drawn[0]}")
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+CHECKPOINT_STEPS = 100  # about this many steps between checkpoints (minutes at every size), so a kill costs little
 KNN_K = 0.5  # k = n/2 of the visible keys (KVT's rule of thumb)
 AOT_LAYERS_PER_GPT2_LAYER = {"aot-mssa": 6, "aot-mhsa": 3}  # 12d² / 2d² and 12d² / 4d²: equal parameters
 MAIN_ARCHS = ("gpt2", "llama", "aot-mssa", "aot-mhsa")
@@ -72,7 +73,7 @@ class Study:
     tokens_per_parameter: float = 20.0
     learning_rate: float = 2e-3
     warmup: float = 0.05  # of the steps, then cosine decay
-    evaluations: int = 10  # validation points along each curve (and checkpoints)
+    evaluations: int = 10  # validation points along each curve
     eval_blocks: int = 256  # validation blocks behind each point, spread over every validation book
     extra: dict = field(default_factory=dict)  # smoke: fewer steps
 

@@ -1,8 +1,10 @@
 """Run one study run with `aot train`, as a user would, and turn what it wrote into the run's record.
 
-A run trains in its own process (`aot train lm ... --resume_from_checkpoint auto`), so a killed run continues from
-its last checkpoint the next time; a run whose record exists is skipped. Between sessions, `save_progress` copies
-the newest checkpoint of each unfinished run next to the records (committed) and `restore_progress` puts it back.
+A run trains in its own process (`aot train lm ... --resume_from_checkpoint auto --enable_jit_checkpoint`), so a
+killed run continues from its last checkpoint (about every `plan.CHECKPOINT_STEPS` steps) the next time, and one
+stopped by SIGTERM (`stop`) from the step it was in; a run whose record exists is skipped. Between sessions,
+`save_progress` copies the newest checkpoint of each unfinished run next to the records (committed) and
+`restore_progress` puts it back.
 The record holds the curves, final metrics, tokens, FLOPs, wall time and the provenance every results file records
 (command, git revision, library versions, host, with the host's load while the run trained); it is written atomically
 and committed the moment the run ends.
@@ -54,6 +56,7 @@ def command(run: study_plan.Run, paths: Paths, study) -> list[str]:
         return image_command(run, paths, study)
     steps = run.steps
     every = max(1, steps // study.evaluations)
+    save = checkpoint_steps(every)
     return [
         "train",
         "lm",
@@ -76,11 +79,12 @@ def command(run: study_plan.Run, paths: Paths, study) -> list[str]:
         "--max_eval_samples", str(study.eval_blocks),
         "--logging_steps", str(max(1, every // 5)),
         "--save_strategy", "steps",
-        "--save_steps", str(every),
+        "--save_steps", str(save),
         "--save_total_limit", "1",
         "--seed", str(run.seed),
         "--output_dir", str(paths.work / run.name),
         "--resume_from_checkpoint", "auto",
+        "--enable_jit_checkpoint",
         "--report_to", "none",
         "--use_cpu",
         "--disable_tqdm", "true",
@@ -88,8 +92,14 @@ def command(run: study_plan.Run, paths: Paths, study) -> list[str]:
     ]  # fmt: skip
 
 
+def checkpoint_steps(every: int) -> int:
+    """Steps between checkpoints: `every` (the steps between evaluations) cut into equal parts of about
+    `plan.CHECKPOINT_STEPS`, so a kill costs minutes at every size and checkpoints still fall on evaluations."""
+    return every // max(1, round(every / study_plan.CHECKPOINT_STEPS))
+
+
 def image_command(run: study_plan.Run, paths: Paths, study: study_plan.VisionStudy) -> list[str]:
-    """The `aot train image` arguments of a vision run: evaluated and checkpointed ten times along the run."""
+    """The `aot train image` arguments of a vision run: evaluated ten times along the run."""
     every = max(1, run.steps // 10)
     extra = ["--max_train_samples", "16", "--max_eval_samples", "8"] if study.extra else []
     return [
@@ -100,8 +110,9 @@ def image_command(run: study_plan.Run, paths: Paths, study: study_plan.VisionStu
         "--lr_scheduler_type", "cosine", "--warmup_steps", str(max(1, round(study.warmup * run.steps))),
         "--weight_decay", str(study.weight_decay), "--max_grad_norm", "1.0",
         "--eval_strategy", "steps", "--eval_steps", str(every), "--logging_steps", str(max(1, every // 5)),
-        "--save_strategy", "steps", "--save_steps", str(every), "--save_total_limit", "1",
+        "--save_strategy", "steps", "--save_steps", str(checkpoint_steps(every)), "--save_total_limit", "1",
         "--seed", str(run.seed), "--output_dir", str(paths.work / run.name), "--resume_from_checkpoint", "auto",
+        "--enable_jit_checkpoint",
         "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--make_plots", "false",
     ]  # fmt: skip
 
@@ -162,15 +173,41 @@ def aot_process(arguments: list[str], threads: int) -> tuple[dict[str, str], lis
     return env, [sys.executable, "-m", "aot_transformers.cli", *arguments]
 
 
+STOPPING = threading.Event()  # set by `stop`: no run starts, the ones training save their step and end
+_RUNNING: set[subprocess.Popen] = set()
+
+
+class Stopped(RuntimeError):
+    """A run ended by `stop` (SIGTERM) before its end: its newest checkpoint holds the step it was in."""
+
+
+def stop() -> None:
+    """End the study gracefully: start no other run and pass SIGTERM to the `aot` processes running, which save the
+    step under way (`--enable_jit_checkpoint`) and exit."""
+    STOPPING.set()
+    for process in list(_RUNNING):
+        process.terminate()
+
+
 def _aot(arguments: list[str], threads: int, log: Path) -> None:
     """Run `aot <arguments>` at low priority with `threads` torch threads, its output appended to `log`."""
     env, program = aot_process(arguments, threads)
+    if STOPPING.is_set():
+        raise Stopped(f"`aot {' '.join(arguments[:2])}` not started: the study is stopping")
     with open(log, "a", encoding="utf-8") as handle:
         handle.write(f"\n$ aot {shlex.join(arguments)}\n")
         handle.flush()
-        done = subprocess.run(["nice", "-n", "10", *program], env=env, stdout=handle, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise RuntimeError(f"`aot {' '.join(arguments[:2])}` failed (exit {done.returncode}); see {log}")
+        process = subprocess.Popen(["nice", "-n", "10", *program], env=env, stdout=handle, stderr=subprocess.STDOUT)
+        _RUNNING.add(process)
+        if STOPPING.is_set():  # `stop` came between the check and the start
+            process.terminate()
+        try:
+            returncode = process.wait()
+        finally:
+            _RUNNING.discard(process)
+    if returncode != 0:
+        error = Stopped if STOPPING.is_set() else RuntimeError
+        raise error(f"`aot {' '.join(arguments[:2])}` failed (exit {returncode}); see {log}")
 
 
 def parameter_counts(model_dir: Path, section: str = "language") -> dict[str, int]:
@@ -329,6 +366,8 @@ def execute(run: study_plan.Run, paths: Paths, study, threads: int, commit_recor
     target = record_path(run, paths.records)
     if target.is_file():
         return target
+    if STOPPING.is_set():
+        raise Stopped(f"{run.name} not started: the study is stopping")
     restore_progress(run, paths)
     output = paths.work / run.name
     output.mkdir(parents=True, exist_ok=True)
