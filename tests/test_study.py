@@ -247,3 +247,42 @@ def test_a_sigterm_stops_the_runs_in_progress_through_their_checkpoints_and_star
         assert "interrupted: SIGTERM at step" in (work / name / "study.log").read_text()
     assert not (work / names[2] / "study.log").exists()  # the third run never started
     assert not (work / "records" / "language").exists()  # and no run has a record
+
+
+def _record(arch: str, seed: int, final: float, early: float, ptb: float = 8.0, main: bool = True) -> dict:
+    """A language record of size S with the fields the report reads."""
+    return {
+        "run": f"S-{arch}-seed{seed}", "section": "language", "arch": arch, "size": "S", "seed": seed, "main": main,
+        "shape": {"num_hidden_layers": 2, "hidden_size": 96, "num_attention_heads": 3},
+        "parameters": {"total": 1_000_000, "non_embedding": 221_184}, "tokens": 4_423_680, "steps": 1080,
+        "flops": 3e13, "flops_per_token": 7e6, "curves": {"train": [[1, 9.0]], "eval": [[108, early], [1080, final]]},
+        "final": {"eval_loss": final, "test_loss": final, "unigram_loss": 6.8, "below_unigram": 6.8 - final},
+        "zero_shot": {"ptb": {"loss": ptb}, "lambada": {"loss": 5.8}, "lambada_acc": {"acc": 0.0}},
+        "wall_seconds": 1800.0,
+    }  # fmt: skip
+
+
+def test_each_verdict_is_judged_against_the_seed_noise_of_the_number_it_compares(tmp_path):
+    from benchmarks.study.report import write_report
+
+    records = tmp_path / "records"
+    (records / "language").mkdir(parents=True)
+    # Seeds 0.01 apart at the end, 0.2 at the first evaluation, 0.4 on PTB: noises 0.005, 0.1 and 0.2.
+    rows = [_record(a, s, 5.0 + 0.01 * s, 6.0 + 0.2 * s, 8.0 + 0.4 * s) for a in ("gpt2", "aot-mssa") for s in (0, 1)]
+    rows += [
+        _record("aot-mssa+knn", 0, 4.98, 6.0, main=False),  # 0.025 ahead at the end (> 0.01), 0.1 early (< 0.2)
+        _record("gpt2+knn", 0, 5.0, 5.7, main=False),  # 0.4 ahead early (> 0.2), level at the end
+        _record("aot-mssa-hybrid", 0, 4.9, 5.95, ptb=7.7, main=False),  # early 0.15 (< 0.2); PTB 0.5 (> 0.4)
+        _record("aot-mssa-full", 0, 4.9, 5.5, ptb=7.9, main=False),  # early 0.6 (> 0.2); PTB 0.3 (< 0.4)
+    ]
+    for row in rows:
+        (records / "language" / f"{row['run']}.json").write_text(json.dumps(row))
+    text = write_report(study_plan.STUDY, study_plan.VISION, records, tmp_path / "report").read_text()
+    assert "0.005 nats at the end of a run, 0.100 at its first validation point; zero-shot PTB 0.200" in text
+    assert "AoT-MSSA: first evaluation -0.100 (not faster), final -0.025 nats (better)" in text
+    assert "GPT-2: first evaluation -0.400 (faster), final -0.005 nats (not better)" in text
+    assert "**Verdict: faster early mixed; ends better mixed.**" in text
+    assert "AoT-MSSA Hybrid: first evaluation -0.150 (not faster), PTB -0.500" in text and "better on ptb" in text
+    assert "AoT-MSSA Full MLP: first evaluation -0.600 (faster), PTB -0.300" in text
+    assert "**Verdict: faster mixed; no zero-shot gain mixed.**" in text
+    assert "- S: GPT-2 ahead, by 0.000 over AoT-MSSA (0x the noise)." in text

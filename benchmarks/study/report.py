@@ -259,7 +259,7 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
             f"{_mean([r['wall_seconds'] for r in runs]) / 3600:.2f}",
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    noise = seed_noise(groups)
+    noise = noises(groups)
     short = [r["run"] for r in records if r["main"] and r["final"]["below_unigram"] < 1]
     lines += [
         "",
@@ -270,13 +270,18 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
             else "all finished main runs do."
         ),
     ]
-    if noise is None:
+    if noise["final"] is None:
         lines += ["", "Until a row has two seeds the noise is unknown: the verdicts below count it as zero."]
-    measured = f"{noise:.3f} nats." if noise is not None else "not measured yet."
+    measured = (
+        f"{noise['final']:.3f} nats at the end of a run, {noise['early']:.3f} at its first validation point; "
+        f"zero-shot PTB {noise['ptb']:.3f}, LAMBADA {noise['lambada']:.3f}."
+        if noise["final"] is not None
+        else "not measured yet."
+    )
     lines += ["", f"Seed noise (half the range over seeds, mean over rows with two seeds): {measured}", ""]
     lines += verdicts(groups, noise)
     lines += knn_verdict(groups, noise, images)
-    lines += compute_section(groups, noise)
+    lines += compute_section(groups, noise["final"])
     lines += vision_section(images)
     if records:
         plot_compute(groups, report_dir / "compute.png")
@@ -287,56 +292,77 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
     return path
 
 
-def verdicts(groups, noise: float | None) -> list[str]:
+def noises(groups) -> dict[str, float | None]:
+    """The seed noise of each quantity a verdict compares: the final and the first validation loss, and the zero-shot
+    losses of each task (each claim is judged against the noise of the number it compares)."""
+    found = {"final": seed_noise(groups), "early": seed_noise(groups, key=lambda r: r["curves"]["eval"][0][1])}
+    for task in ("ptb", "lambada"):
+        found[task] = seed_noise(groups, key=lambda r, task=task: _zero_shot(r, task, "loss"))
+    return found
+
+
+def verdict(held: list[bool]) -> str:
+    """The one word a claim ends in: held on every row it was tested on, on none, or on some."""
+    if not held:
+        return "not run yet"
+    return "held" if all(held) else "not held" if not any(held) else "mixed"
+
+
+def verdicts_of(*parts: tuple[str, list[bool]]) -> str:
+    """`**Verdict: …**` for a claim in parts (`("faster", [...])` gives "faster held"), or "not run yet"."""
+    if not any(held for _, held in parts):
+        return "**Verdict: not run yet.**"
+    return "**Verdict: " + "; ".join(f"{name} {verdict(held)}" for name, held in parts) + ".**"
+
+
+def _claim(title: str, key: str) -> str:
+    source, sentence = CLAIMS[key]
+    return f"**{title}** > {sentence} ({source})."
+
+
+def verdicts(groups, noise: dict[str, float | None]) -> list[str]:
     """The claims' verdicts, from the records present; a claim whose rows have not run says so."""
     lines = ["## Verdicts", ""]
-    tolerance = 2 * (noise or 0.0)
+    bar = {name: 2 * (value or 0.0) for name, value in noise.items()}  # twice the seed noise of each quantity
 
     def loss(size, arch):
         runs = groups.get((size, arch))
         return _mean([r["final"]["eval_loss"] for r in runs]) if runs else None
 
     sizes = [s.name for s in study_plan.STUDY.sizes]
-    source, sentence = CLAIMS["close"]
-    lines.append(f"**AoT comes close to GPT-2.** > {sentence} ({source}).")
-    lines.append(
-        f"Rule: at each size, AoT's validation loss exceeds GPT-2's by at most the largest gap of the paper's Table 3 "
-        f"(AoT-MSSA-L Base against GPT-2 Base, mean of its three losses: {PAPER_GAP:.2f} nats) plus twice the seed "
-        "noise."
-    )
-    found = []
+    found, held = [], []
     for size in sizes:
         reference = loss(size, "gpt2")
         for arch in ("aot-mssa", "aot-mhsa"):
             value = loss(size, arch)
             if reference is None or value is None:
                 continue
-            gap = value - reference
-            found.append(
-                f"{size} {LABELS[arch]} {gap:+.3f} ({'held' if gap <= PAPER_GAP + tolerance else 'not held'})"
-            )
-    lines += ["", "Gaps to GPT-2: " + ("; ".join(found) if found else "not run yet") + ".", ""]
-    source, sentence = CLAIMS["mhsa"]
-    lines.append(f"**MHSA is closer to GPT-2 than MSSA.** > {sentence} ({source}).")
-    found = []
+            held.append(value - reference <= PAPER_GAP + bar["final"])
+            found.append(f"{size} {LABELS[arch]} {value - reference:+.3f} ({verdict(held[-1:])})")
+    lines += [
+        _claim("AoT comes close to GPT-2.", "close"),
+        f"Rule: at each size, AoT's validation loss exceeds GPT-2's by at most the largest gap of the paper's Table 3 "
+        f"(AoT-MSSA-L Base against GPT-2 Base, mean of its three losses: {PAPER_GAP:.2f} nats) plus twice the seed "
+        "noise.",
+        "",
+        "Gaps to GPT-2: " + ("; ".join(found) if found else "not run yet") + f". **Verdict: {verdict(held)}.**",
+        "",
+    ]
+    found, held = [], []
     for size in sizes:
         mssa, mhsa = loss(size, "aot-mssa"), loss(size, "aot-mhsa")
         if mssa is not None and mhsa is not None:
-            found.append(
-                f"{size}: MHSA − MSSA {mhsa - mssa:+.3f} ({'held' if mhsa < mssa - tolerance else 'not held'})"
-            )
+            held.append(mhsa < mssa - bar["final"])
+            found.append(f"{size}: MHSA − MSSA {mhsa - mssa:+.3f} ({verdict(held[-1:])})")
     lines += [
+        _claim("MHSA is closer to GPT-2 than MSSA.", "mhsa"),
         "",
         "Rule: MHSA's loss below MSSA's by more than twice the seed noise. "
         + ("; ".join(found) or "Not run yet")
-        + ".",
+        + f". **Verdict: {verdict(held)}.**",
         "",
     ]
-    source, sentence = CLAIMS["mlp"]
-    lines.append(
-        f"**MLPs speed up training but do not improve zero-shot (earlier version).** > {sentence} ({source})."
-    )
-    found = []
+    found, faster, no_gain = [], [], []
     base = groups.get(("S", "aot-mssa"))
     for arch in ("aot-mssa-hybrid", "aot-mssa-full"):
         runs = groups.get(("S", arch))
@@ -344,21 +370,44 @@ def verdicts(groups, noise: float | None) -> list[str]:
             continue
         early = _first_eval(runs) - _first_eval(base)
         gains = {task: _mean_zero_shot(runs, task) - _mean_zero_shot(base, task) for task in ("ptb", "lambada")}
-        faster = "faster" if early < -tolerance else "not faster"
-        better = [task for task, gain in gains.items() if gain < -tolerance]
+        faster.append(early < -bar["early"])
+        better = [task for task, gain in gains.items() if gain < -bar[task]]
+        no_gain.append(not better)
         found.append(
-            f"{LABELS[arch]}: first evaluation {early:+.3f} ({faster}), PTB {gains['ptb']:+.3f}, LAMBADA "
-            f"{gains['lambada']:+.3f} nats ({'better on ' + ', '.join(better) if better else 'no zero-shot gain'})"
+            f"{LABELS[arch]}: first evaluation {early:+.3f} ({'faster' if faster[-1] else 'not faster'}), PTB "
+            f"{gains['ptb']:+.3f}, LAMBADA {gains['lambada']:+.3f} nats "
+            f"({'better on ' + ', '.join(better) if better else 'no zero-shot gain'})"
         )
     lines += [
+        _claim("MLPs speed up training but do not improve zero-shot (earlier version).", "mlp"),
         "",
         "Rule: faster if the first validation point (a tenth of the run) is lower than AoT-MSSA's by more than twice "
-        "the seed noise; a zero-shot gain if the PTB or LAMBADA loss is lower by more than that. "
+        f"that point's seed noise ({bar['early']:.3f}); a zero-shot gain if the PTB or LAMBADA loss is lower by more "
+        f"than twice that task's seed noise ({bar['ptb']:.3f}, {bar['lambada']:.3f}). "
         + ("; ".join(found) or "Not run yet")
-        + ".",
+        + ". "
+        + verdicts_of(("faster", faster), ("no zero-shot gain", no_gain)),
         "",
     ]
-    return lines
+    return lines + equal_parameters(groups, noise["final"])
+
+
+def equal_parameters(groups, noise: float | None) -> list[str]:
+    """Who is ahead at each size (the same non-embedding parameters and tokens), by how much, in seed noises."""
+    lines = ["**Who is ahead at equal parameters.**", ""]
+    for size in (s.name for s in study_plan.STUDY.sizes):
+        losses = {a: _mean([r["final"]["eval_loss"] for r in groups[(size, a)]]) for a in study_plan.MAIN_ARCHS
+                  if (size, a) in groups}  # fmt: skip
+        if len(losses) < 2:
+            continue
+        ranked = sorted(losses, key=losses.get)
+        behind = [
+            f"{losses[a] - losses[ranked[0]]:.3f} over {LABELS[a]}"
+            + (f" ({(losses[a] - losses[ranked[0]]) / noise:.0f}x the noise)" if noise else "")
+            for a in ranked[1:]
+        ]
+        lines.append(f"- {size}: {LABELS[ranked[0]]} ahead, by " + ", ".join(behind) + ".")
+    return lines + ([""] if len(lines) > 2 else ["Not run yet.", ""])
 
 
 def _first_eval(runs: list[dict]) -> float:
@@ -369,36 +418,51 @@ def _mean_zero_shot(runs: list[dict], task: str) -> float:
     return _mean([_zero_shot(r, task, "loss") for r in runs])
 
 
-def knn_verdict(groups, noise: float | None, images: list[dict]) -> list[str]:
+def knn_verdict(groups, noise: dict[str, float | None], images: list[dict]) -> list[str]:
     """KVT's claim on every dense / k-NN pair that has run: language (loss, lower is better) and vision (accuracy)."""
-    source, sentence = CLAIMS["knn"]
-    lines = [f"**k-NN attention converges faster early and ends slightly better.** > {sentence} ({source}).", ""]
-    tolerance = 2 * (noise or 0.0)
-    found = []
+    early_bar, final_bar = 2 * (noise["early"] or 0.0), 2 * (noise["final"] or 0.0)
+    found, faster, better = [], [], []
     for dense in ("aot-mssa", "gpt2"):
         twin, base = groups.get(("S", dense + "+knn")), groups.get(("S", dense))
         if twin and base:
             early = _first_eval(twin) - _first_eval(base)
             final = twin[0]["final"]["eval_loss"] - _mean([r["final"]["eval_loss"] for r in base])
-            speed, end = (
-                "faster" if early < -tolerance else "not faster",
-                "better" if final < -tolerance else "not better",
+            faster.append(early < -early_bar)
+            better.append(final < -final_bar)
+            found.append(
+                f"{LABELS[dense]}: first evaluation {early:+.3f} ({'faster' if faster[-1] else 'not faster'}), "
+                f"final {final:+.3f} nats ({'better' if better[-1] else 'not better'})"
             )
-            found.append(f"{LABELS[dense]}: first evaluation {early:+.3f} ({speed}), final {final:+.3f} nats ({end})")
     by_arch: dict[str, list[dict]] = defaultdict(list)
     for record in images:
         by_arch[record["arch"]].append(record)
+    accuracy = {
+        "final": lambda r: 100 * r["final"]["eval_accuracy"],
+        "early": lambda r: 100 * r["curves"]["eval"][0][1],
+    }
+    vision_noise = {k: seed_noise({(a, a): runs for a, runs in by_arch.items()}, key=f) for k, f in accuracy.items()}
     for dense in ("vit", "aot-mssa"):
         twin, base = by_arch.get(dense + "+knn"), by_arch.get(dense)
         if twin and base:
             early = 100 * (_first_eval(twin) - _first_eval(base))
             final = 100 * (twin[0]["final"]["eval_accuracy"] - _mean([r["final"]["eval_accuracy"] for r in base]))
-            found.append(f"{LABELS[dense]} (CIFAR-10): first evaluation {early:+.1f}, final {final:+.1f} points")
-    return lines + [
+            faster.append(early > 2 * (vision_noise["early"] or 0.0))
+            better.append(final > 2 * (vision_noise["final"] or 0.0))
+            found.append(
+                f"{LABELS[dense]} (CIFAR-10): first evaluation {early:+.1f} "
+                f"({'faster' if faster[-1] else 'not faster'}), final {final:+.1f} points "
+                f"({'better' if better[-1] else 'not better'})"
+            )
+    return [
+        _claim("k-NN attention converges faster early and ends slightly better.", "knn"),
+        "",
         "Rule: faster early if the k-NN twin's first validation point (a tenth of the run) beats its dense twin's by "
-        "more than twice the seed noise; better if its final one does. "
+        f"more than twice that point's seed noise ({early_bar:.3f} nats); better if its final one does by more than "
+        f"twice the final noise ({final_bar:.3f}); for CIFAR-10 the same in accuracy points. "
         + ("; ".join(found) or "Not run yet")
-        + ". This study decides KVT's early convergence for the package: the miniature's README "
+        + ". "
+        + verdicts_of(("faster early", faster), ("ends better", better))
+        + " This study decides KVT's early convergence for the package: the miniature's README "
         "(`benchmarks/replicate/`) and the `knn-training` experiment's README say so.",
         "",
     ]
