@@ -198,3 +198,63 @@ def test_a_stream_smaller_than_its_hold_out_is_split_and_packed_as_the_file_is(t
     streamed, streamed_source = _training_blocks(tmp_path / "streamed", books["tokenizer"], data, streaming=True)
     assert torch.equal(streamed, whole)
     assert list(streamed_source.validation["text"]) == list(whole_source.validation["text"])
+
+
+def test_the_blocks_cache_is_keyed_by_the_text_alone(tmp_path, books, hub):
+    """A copy of the corpus made anew (new paths and times, as every session gets the shared data), the same rows in
+    other files, a selection of them or another string type: one key; another text, tokenizer or block size: another.
+    """
+    import shutil
+
+    import datasets
+    import pyarrow as pa
+    from transformers import AutoTokenizer
+
+    from aot_transformers.training.text_data import _blocks_cache_file
+
+    tokenizer = AutoTokenizer.from_pretrained(books["tokenizer"])
+    copy = shutil.copytree(books["root"] / "repository", tmp_path / "copy")
+
+    def key(dataset, tokenizer=tokenizer, block_size=BLOCK_SIZE):
+        return _blocks_cache_file(dataset, tokenizer, block_size, "text", [0])
+
+    repository = datasets.load_dataset(str(books["root"] / "repository"), split="train")
+    one_file = datasets.load_dataset("parquet", data_files=_parquet(tmp_path / "one.parquet", BOOKS), split="train")
+    longer = datasets.load_dataset("parquet", data_files=_parquet(tmp_path / "more.parquet", [*BOOKS, "x"]))["train"]
+    large = one_file.cast(datasets.Features({"text": datasets.Value("large_string")}))
+    assert pa.types.is_large_string(large.data.column("text").type)
+    same = [datasets.load_dataset(str(copy), split="train"), one_file, longer.select(range(len(BOOKS))), large]
+    assert {key(dataset) for dataset in same} == {key(repository)}
+    other_tokenizer = train_bpe_tokenizer(BOOKS, vocab_size=280, show_progress=False)
+    others = [key(longer), key(repository.select(range(1, len(BOOKS)))), key(repository, other_tokenizer)]
+    assert len({*others, key(repository, block_size=16), key(repository)}) == 5
+
+
+_PACK_AND_REPORT = """
+import sys, time, datasets, transformers
+from aot_transformers.training.text_data import tokenize_and_pack
+datasets.config.HF_DATASETS_CACHE = sys.argv[1]
+tokenizer = transformers.AutoTokenizer.from_pretrained(sys.argv[3])
+calls = []
+original = type(tokenizer).__call__
+# Slow, so that the two processes' preparations overlap.
+type(tokenizer).__call__ = lambda self, *a, **k: calls.append(time.sleep(2)) or original(self, *a, **k)
+train = datasets.load_dataset(sys.argv[2], split="train")
+blocks = tokenize_and_pack(train, tokenizer, 32, "text", add_eos=True)
+print(len(calls), sum(map(sum, blocks["input_ids"])))
+"""
+
+
+def test_a_second_process_packing_the_same_text_waits_for_the_first_and_reads_its_blocks(tmp_path, books):
+    import subprocess
+    import sys
+
+    arguments = [str(tmp_path / "cache"), str(books["root"] / "repository"), books["tokenizer"]]
+    processes = [
+        subprocess.Popen([sys.executable, "-c", _PACK_AND_REPORT, *arguments], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    reports = [process.communicate(timeout=300)[0].split() for process in processes]
+    assert all(process.returncode == 0 for process in processes)
+    assert sorted(int(calls) > 0 for calls, _ in reports) == [False, True]  # one tokenized, the other read its blocks
+    assert reports[0][1] == reports[1][1] == str(int(books["blocks"].sum()))

@@ -541,34 +541,42 @@ def tokenize_and_pack(
             },
         )
     cached = _blocks_cache_file(dataset, tokenizer, block_size, text_column, eos)
-    if cached is not None and cached.is_file():
-        return datasets.Dataset.from_file(str(cached))
-    with tempfile.TemporaryDirectory(dir=cached.parent if cached else None) as scratch:
-        file_backed = {"cache_file_name": str(Path(scratch) / "tokens.arrow")} if cached else {}
-        tokens = dataset.map(
-            tokenize,
-            with_indices=True,
-            batched=True,
-            batch_size=TOKENIZE_BATCH,
-            writer_batch_size=TOKENIZE_BATCH,
-            num_proc=num_proc,
-            remove_columns=dataset.column_names,
-            features=datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))}),
-            desc=f"Tokenizing {desc}".strip(),
-            **file_backed,
-        )
-        batches = _pack(tokens.data.column("input_ids"), block_size)
-        if cached is None:
-            return datasets.Dataset(
-                datasets.table.InMemoryTable(pa.Table.from_batches(batches, blocks_schema(block_size)))
-            )
-        staging = Path(scratch) / "blocks.arrow"
-        with pa.OSFile(str(staging), "wb") as sink, pa.ipc.new_stream(sink, blocks_schema(block_size)) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
-        del tokens
-        os.replace(staging, cached)  # atomic: a reader sees the whole file or none
+    if cached is None:
+        return datasets.Dataset(datasets.table.InMemoryTable(pa.Table.from_batches(
+            _pack(_tokens(dataset, tokenize, num_proc, desc).data.column("input_ids"), block_size),
+            blocks_schema(block_size),
+        )))  # fmt: skip
+    from filelock import FileLock
+
+    with FileLock(f"{cached}.lock"):  # a second run on the same text waits for the first and reads its blocks
+        if not cached.is_file():
+            with tempfile.TemporaryDirectory(dir=cached.parent) as scratch:
+                tokens = _tokens(dataset, tokenize, num_proc, desc, str(Path(scratch) / "tokens.arrow"))
+                staging = Path(scratch) / "blocks.arrow"
+                with pa.OSFile(str(staging), "wb") as sink, pa.ipc.new_stream(sink, blocks_schema(block_size)) as out:
+                    for batch in _pack(tokens.data.column("input_ids"), block_size):
+                        out.write_batch(batch)
+                del tokens
+                os.replace(staging, cached)  # atomic: a reader sees the whole file or none
     return datasets.Dataset.from_file(str(cached))
+
+
+def _tokens(dataset, tokenize, num_proc: int | None, desc: str, cache_file_name: str | None = None):
+    """`dataset` tokenized in parallel, a few documents per batch (one `input_ids` list per row)."""
+    import datasets
+
+    return dataset.map(
+        tokenize,
+        with_indices=True,
+        batched=True,
+        batch_size=TOKENIZE_BATCH,
+        writer_batch_size=TOKENIZE_BATCH,
+        num_proc=num_proc,
+        remove_columns=dataset.column_names,
+        features=datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))}),
+        desc=f"Tokenizing {desc}".strip(),
+        **({"cache_file_name": cache_file_name} if cache_file_name else {}),
+    )
 
 
 def _stream_blocks(dataset, tokenize, text_column: str, block_size: int):
@@ -614,16 +622,36 @@ def _pack(token_lists, block_size: int):
 
 
 def _blocks_cache_file(dataset, tokenizer, block_size: int, text_column: str, eos: list[int]) -> Path | None:
-    """Where the packed blocks of a file-backed `dataset` live in the `datasets` cache (an Arrow file), or None when
-    they cannot be keyed (data held in memory, or a tokenizer without a `tokenizers` backend)."""
+    """Where the packed blocks of a file-backed `dataset` live in the `datasets` cache (an Arrow file), keyed by its
+    text (`_text_digest`: a copy of the corpus made anew, with new paths and times, hits the same file), the tokenizer,
+    the block size and the separator; None when they are not cached (data held in memory, or a tokenizer without a
+    `tokenizers` backend)."""
     import datasets
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if not dataset.cache_files or backend is None:
         return None
-    key = hashlib.sha256(
-        json.dumps([dataset._fingerprint, backend.to_str(), block_size, text_column, eos]).encode()
-    ).hexdigest()[:24]
+    key = [_text_digest(dataset, text_column), backend.to_str(), block_size, eos]
     root = Path(datasets.config.HF_DATASETS_CACHE) / "aot_blocks"
     root.mkdir(parents=True, exist_ok=True)
-    return root / f"{key}.arrow"
+    return root / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]}.arrow"
+
+
+def _text_digest(dataset, text_column: str) -> str:
+    """SHA-256 of a text column in row order, as two streams: each value's UTF-8 length (-1 for a null), then the
+    characters. Equal rows give one digest whatever files, slices, selections or Arrow chunks hold them."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lengths, characters = hashlib.sha256(), hashlib.sha256()
+    for batch in dataset.select_columns([text_column]).with_format("arrow").iter(batch_size=4096):
+        column = batch.column(0)
+        for chunk in getattr(column, "chunks", [column]):
+            chunk = chunk.cast(pa.large_string())
+            lengths.update(pc.binary_length(chunk).fill_null(-1).to_numpy().astype(np.int64).tobytes())
+            offsets, data = chunk.buffers()[1:3]
+            if data is not None and len(chunk):
+                bounds = np.frombuffer(offsets, dtype=np.int64)[[chunk.offset, chunk.offset + len(chunk)]]
+                characters.update(memoryview(data)[bounds[0] : bounds[1]])
+    return lengths.hexdigest() + characters.hexdigest()
