@@ -186,6 +186,23 @@ def test_report_verdicts_follow_the_stated_rules(tmp_path, aot_loss, knn_delta, 
     assert "--budget 0.25" in text and (tmp_path / "language_curves.png").is_file()
 
 
+def test_the_study_at_scale_decides_the_k_nn_verdicts_the_miniature_states(tmp_path):
+    results = {
+        "plan": make_plan(0.25).to_dict(),
+        "machine": {"cpu": "x", "threads": 2, "torch": "t"},
+        "sections": {"language": {"command": "cmd", "date": "d", "minutes": 1.0, "load": "1 -> 1"}},
+        "language": _synthetic_language(5.05, -0.1),  # k-NN ahead early and at the end in every miniature pair
+        "at_scale": {"faster early": "not held", "ends better": "not run yet"},
+    }
+    text = report.render_report(results, tmp_path).read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "**not held**" in rows["k-NN attention trains faster early"]
+    assert "decided by the study at scale" in rows["k-NN attention trains faster early"]
+    assert "ahead at the first evaluation in 3 of 3 models" in rows["k-NN attention trains faster early"]
+    assert "**held**" in rows["k-NN attention slightly improves the final metric"]  # not decided at scale yet
+    assert "faster early not held, ends better not run yet" in text
+
+
 def test_ablation_verdicts_follow_the_earlier_versions_claims(tmp_path):
     language = _synthetic_language(5.05, 0.0)
     for name in report.ABLATIONS:  # ahead of AoT-MSSA early and at the end, and better on both zero-shot tasks

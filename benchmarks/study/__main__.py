@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from ..replicate.run import redraw_committed_report
 from . import plan as study_plan
 from .report import summary_block, write_report, write_summary
 from .runner import RECORDS, ROOT, Paths, Stopped, commit, execute, save_progress, stop
@@ -91,13 +92,13 @@ def main(argv: list[str] | None = None) -> int:
             commit([tokenizer], f"study: the corpus's byte-level BPE ({study.vocab_size} tokens)")
     readme = ROOT / "README.md"
 
-    def redraw() -> list[Path]:  # REPORT.md, its figures and the README's summary, committed with each record
+    def redraw() -> list[Path]:  # REPORT.md, its figures, the README's summary and the miniature's report
         report = write_report(study, vision, records, report_dir)
         drawn = [report, *(report.with_name(name) for name in ("compute.png", "curves.png"))]
         if args.smoke:
             return drawn
         write_summary(readme, summary_block(study, vision, records))
-        return [*drawn, readme]
+        return [*drawn, readme, *redraw_committed_report()]  # the miniature's report states the k-NN verdicts
 
     lock = threading.Lock()  # one run at a time redraws the summary and commits
 

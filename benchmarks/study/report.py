@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import plan as study_plan
+from .runner import RECORDS
 
 LABELS = {
     "gpt2": "GPT-2",
@@ -418,8 +419,9 @@ def _mean_zero_shot(runs: list[dict], task: str) -> float:
     return _mean([_zero_shot(r, task, "loss") for r in runs])
 
 
-def knn_verdict(groups, noise: dict[str, float | None], images: list[dict]) -> list[str]:
-    """KVT's claim on every dense / k-NN pair that has run: language (loss, lower is better) and vision (accuracy)."""
+def knn_pairs(groups, noise: dict[str, float | None], images: list[dict]):
+    """KVT's claim on every dense / k-NN pair that has run, language (loss, lower is better) and vision (accuracy):
+    `(found, faster, better)`, a sentence per pair and whether each pair was faster early and ended better."""
     early_bar, final_bar = 2 * (noise["early"] or 0.0), 2 * (noise["final"] or 0.0)
     found, faster, better = [], [], []
     for dense in ("aot-mssa", "gpt2"):
@@ -453,6 +455,20 @@ def knn_verdict(groups, noise: dict[str, float | None], images: list[dict]) -> l
                 f"({'faster' if faster[-1] else 'not faster'}), final {final:+.1f} points "
                 f"({'better' if better[-1] else 'not better'})"
             )
+    return found, faster, better
+
+
+def knn_claims(records_dir: Path = RECORDS) -> dict[str, str]:
+    """The study's verdicts on KVT's two claims, from the committed records (the miniature's report shows them)."""
+    groups = _grouped(load_records(records_dir))
+    _, faster, better = knn_pairs(groups, noises(groups), load_records(records_dir, "vision"))
+    return {"faster early": verdict(faster), "ends better": verdict(better)}
+
+
+def knn_verdict(groups, noise: dict[str, float | None], images: list[dict]) -> list[str]:
+    """KVT's claim, with the rule and the verdicts of `knn_pairs`."""
+    found, faster, better = knn_pairs(groups, noise, images)
+    early_bar, final_bar = 2 * (noise["early"] or 0.0), 2 * (noise["final"] or 0.0)
     return [
         _claim("k-NN attention converges faster early and ends slightly better.", "knn"),
         "",
@@ -462,8 +478,9 @@ def knn_verdict(groups, noise: dict[str, float | None], images: list[dict]) -> l
         + ("; ".join(found) or "Not run yet")
         + ". "
         + verdicts_of(("faster early", faster), ("ends better", better))
-        + " This study decides KVT's early convergence for the package: the miniature's README "
-        "(`benchmarks/replicate/`) and the `knn-training` experiment's README say so.",
+        + " This study decides KVT's claims for the package: the miniature's report "
+        "(`benchmarks/replicate/REPORT.md`) states these verdicts, and the `knn-training` experiment's README defers "
+        "to them.",
         "",
     ]
 

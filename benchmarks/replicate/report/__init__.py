@@ -35,7 +35,7 @@ def render_report(results: dict[str, Any], report_dir: Path) -> Path:
         vision_section(vision, plan, body, verdicts)
     if language or vision:
         plot_knn(language, vision, report_dir / "knn_curves.png")
-        knn_section(language, vision, plan, body, verdicts)
+        knn_section(language, vision, plan, body, verdicts, results.get("at_scale"))
     if compute:
         plot_compute(compute, report_dir / "compute.png")
         compute_section(compute, plan, body, verdicts)

@@ -7,8 +7,9 @@ import math
 from .stats import by_row, noise_level, paired_curves, paired_means
 
 
-def knn_section(language, vision, plan, lines, verdicts) -> None:
-    """Append section 3 (each dense row against its k-NN twin, early and final) to `lines` and `verdicts`."""
+def knn_section(language, vision, plan, lines, verdicts, at_scale: dict[str, str] | None = None) -> None:
+    """Append section 3 (each dense row against its k-NN twin, early and final) to `lines` and `verdicts`; where
+    `at_scale` (the study's verdicts, `benchmarks.study.report.knn_claims`) has decided a claim, it is the verdict."""
     lines += [
         "## 3. k-NN attention (k = n/2)",
         "",
@@ -95,8 +96,24 @@ def knn_section(language, vision, plan, lines, verdicts) -> None:
             "",
         ]
         split = f" — {'; '.join(per_section)}" if len(per_section) > 1 else ""
-        verdicts.append(("k-NN attention trains faster early", early_status, f"k-NN {early}{split}"))
-        verdicts.append(("k-NN attention slightly improves the final metric", final_status, f"k-NN {final}"))
+        at_scale = at_scale or {"faster early": "not run yet", "ends better": "not run yet"}
+        for claim, key, status, detail in (
+            ("k-NN attention trains faster early", "faster early", early_status, f"k-NN {early}{split}"),
+            ("k-NN attention slightly improves the final metric", "ends better", final_status, f"k-NN {final}"),
+        ):
+            if at_scale[key] != "not run yet":
+                status, detail = (
+                    at_scale[key],
+                    f"decided by the study at scale (`benchmarks/study/REPORT.md`); here {detail}",
+                )
+            verdicts.append((claim, status, detail))
+        if any(value != "not run yet" for value in at_scale.values()):
+            lines += [
+                f"**At scale.** The study on Gutenberg and CIFAR-10 (`benchmarks/study/REPORT.md`) decides these "
+                f"claims for the package: faster early {at_scale['faster early']}, ends better "
+                f"{at_scale['ends better']}. The summary above states its verdicts.",
+                "",
+            ]
         verdicts.append(("k-NN wall-clock per training step (measured, no claim tested)", "reported", cost))
 
 
