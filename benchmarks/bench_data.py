@@ -10,6 +10,8 @@
    converted, every split tokenized and packed): the time to the first training step, the peak resident memory of
    the main process and of the largest worker, and the peak memory of the whole process tree (PSS), every 0.2 s.
 3. A warm start: the same command again (a new output folder): the blocks come from the cache.
+4. A copy of the corpus made anew (new paths and times, as each session gets the shared data), with the same cache:
+   `datasets` converts its shards again, the blocks are keyed by the text and come from the cache.
 
 Writes `results/data.json`.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -144,6 +147,9 @@ def main(argv: list[str] | None = None) -> None:
         results["cold"] = first_step(args.corpus, args.tokenizer, args.workers, cache, Path(scratch) / "cold")
         print(results, flush=True)
         results["warm"] = first_step(args.corpus, args.tokenizer, args.workers, cache, Path(scratch) / "warm")
+        if Path(args.corpus).is_dir():
+            copy = shutil.copytree(args.corpus, Path(scratch) / "corpus-copy")
+            results["copy"] = first_step(str(copy), args.tokenizer, args.workers, cache, Path(scratch) / "copy")
     path = write_results("data", results, invocation("benchmarks.bench_data", argv))
     print(f"wrote {path}")
 
