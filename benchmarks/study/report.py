@@ -166,16 +166,22 @@ SUMMARY_START, SUMMARY_END = (
 )
 
 
+def cpu_hours(records: list[dict]) -> float:
+    """CPU-hours of finished runs: wall-clock times the run's torch threads (records from before `--jobs` trained
+    alone with two and do not name them)."""
+    return sum(r["wall_seconds"] * (r.get("host", {}).get("threads") or 2) for r in records) / 3600
+
+
 def summary_block(study: study_plan.Study, vision: study_plan.VisionStudy, records_dir: Path) -> str:
     """The README's summary of the study, from the records alone: each finished main row's validation, floor and test
     numbers, and the machine-hours the finished runs took."""
     records, images = load_records(records_dir), load_records(records_dir, "vision")
     planned = study_plan.schedule(study, vision)
-    hours = sum(r["wall_seconds"] for r in records + images) / 3600
     lines = [
         SUMMARY_START,
-        f"Runs finished: {len({r['run'] for r in records + images})} of {len(planned)}, in {hours:.1f} hours of this "
-        f"machine (two cores: at most {2 * hours:.1f} CPU-hours).",
+        f"Runs finished: {len({r['run'] for r in records + images})} of {len(planned)}, in "
+        f"{cpu_hours(records + images):.1f} CPU-hours ({cpu_hours(records + images) / 2:.1f} hours of this two-core "
+        "machine).",
         "Gutenberg validation and test loss (nats per token, mean over seeds ± half their range) and how far below",
         "the unigram floor each main row ends:",
         "",
@@ -217,11 +223,14 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
         "Rendered by `python -m benchmarks.study --only report` from the records in "
         "`benchmarks/results/study/` alone; the runs and their commands are in `plan.py` and in each record."
     )
-    hours = sum(r["wall_seconds"] for r in records + images) / 3600
+    hours = cpu_hours(records + images)
     lines += [
         "",
-        f"**Runs finished: {len(done & {r.name for r in planned})} of {len(planned)}**, "
-        f"{hours:.1f} hours of wall-clock training and scoring on this machine's cores.",
+        f"**Runs finished: {len(done & {r.name for r in planned})} of {len(planned)}**, {hours:.1f} CPU-hours of "
+        f"training and scoring ({hours / 2:.1f} hours of this two-core machine; a run's CPU-hours are its wall-clock "
+        "hours times its torch threads: two alone, one each when two runs train at once). The hours per row below "
+        "are wall-clock, not comparable between runs trained alone and in pairs; the comparisons are by tokens and "
+        "FLOPs.",
         "",
     ]
     missing = [r.name for r in planned if r.name not in done]
