@@ -105,7 +105,7 @@ def serve_mode(folder: Path, texts: list[str], new: int, rounds: int, concurrenc
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     env["OMP_NUM_THREADS"] = "2"
     command = [sys.executable, "-m", "aot_transformers.cli", "serve", str(folder), "--host", "127.0.0.1"]
-    log = open(folder.parent / f"serve-{port}.log", "w")  # noqa: SIM115 - closed with the process below
+    log = open(folder.parent / f"serve-{port}.log", "w")  # closed with the process below
     process = subprocess.Popen(
         [*command, "--port", str(port), *options], stdout=log, stderr=subprocess.STDOUT, env=env
     )

@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("datasets")
 
-from aot_transformers import AoTConfig, AoTForCausalLM, export_model  # noqa: E402
-from aot_transformers.cli import main  # noqa: E402
+from aot_transformers import AoTConfig, AoTForCausalLM, export_model
+from aot_transformers.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from benchmarks.cache_paths import (  # noqa: E402
+from benchmarks.cache_paths import (
     MARGIN,
     MODELS,
     NAMES_KNN,

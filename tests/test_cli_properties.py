@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("datasets")
 
-from aot_transformers.cli import main as aot  # noqa: E402
+from aot_transformers.cli import main as aot
 
 SETTINGS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], derandomize=True

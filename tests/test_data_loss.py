@@ -22,12 +22,12 @@ from safetensors.torch import load_file
 
 pytest.importorskip("datasets")
 
-from aot_transformers import AoTConfig, AoTForCausalLM, export_model  # noqa: E402
-from aot_transformers._io import LOCK_FILE, STAGING_MARKER, atomic_write_text  # noqa: E402
-from aot_transformers.cli import main  # noqa: E402
-from aot_transformers.errors import UsageError  # noqa: E402
-from aot_transformers.hub import EXPORT_MANIFEST, check_replaceable  # noqa: E402
-from aot_transformers.training.run_state import RUN_RECORD, last_complete_checkpoint  # noqa: E402
+from aot_transformers import AoTConfig, AoTForCausalLM, export_model
+from aot_transformers._io import LOCK_FILE, STAGING_MARKER, atomic_write_text
+from aot_transformers.cli import main
+from aot_transformers.errors import UsageError
+from aot_transformers.hub import EXPORT_MANIFEST, check_replaceable
+from aot_transformers.training.run_state import RUN_RECORD, last_complete_checkpoint
 
 
 @pytest.fixture(scope="module")

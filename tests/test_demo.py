@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("datasets")
 pytest.importorskip("sklearn")
 
-from aot_transformers.training.demo import IMAGE_FOLDER, LM_FOLDER, run_demo  # noqa: E402
+from aot_transformers.training.demo import IMAGE_FOLDER, LM_FOLDER, run_demo
 
 FOLDER_FILES = {
     "config.json",

@@ -13,8 +13,8 @@ import functools
 
 import pytest
 import torch
-from benchmarks.bench_syncs import STEPS, aot, count_step, gpt2  # noqa: E402
-from benchmarks.syncs import count_host_syncs  # noqa: E402
+from benchmarks.bench_syncs import STEPS, aot, count_step, gpt2
+from benchmarks.syncs import count_host_syncs
 
 PRESETS = {"mssa": "aot-mssa-l-tiny", "mhsa": "aot-mhsa-l-tiny"}
 

@@ -22,10 +22,10 @@ import torch
 
 pytest.importorskip("datasets")
 
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM
 
-from aot_transformers.training.run_state import last_complete_checkpoint  # noqa: E402
-from aot_transformers.training.text_data import embedded_corpus  # noqa: E402
+from aot_transformers.training.run_state import last_complete_checkpoint
+from aot_transformers.training.text_data import embedded_corpus
 
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,vocab_size=320,max_position_embeddings=64"
 MAX_STEPS = 40

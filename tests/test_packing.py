@@ -14,11 +14,11 @@ import torch
 pytest.importorskip("datasets")
 pytest.importorskip("tokenizers")
 
-from transformers import TrainingArguments  # noqa: E402
+from transformers import TrainingArguments
 
-from aot_transformers.training.arguments import TrainingSetupError  # noqa: E402
-from aot_transformers.training.lm import LMModelArguments, prepare_lm_training, train_bpe_tokenizer  # noqa: E402
-from aot_transformers.training.text_data import (  # noqa: E402
+from aot_transformers.training.arguments import TrainingSetupError
+from aot_transformers.training.lm import LMModelArguments, prepare_lm_training, train_bpe_tokenizer
+from aot_transformers.training.text_data import (
     TextDataArguments,
     embedded_corpus,
     hold_out_the_end,

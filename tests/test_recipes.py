@@ -23,9 +23,9 @@ import yaml
 pytest.importorskip("datasets")
 pytest.importorskip("accelerate")
 
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file
 
-from support import REPO_ROOT  # noqa: E402
+from support import REPO_ROOT
 
 RECIPES = REPO_ROOT / "recipes"
 DATA = REPO_ROOT.parent / "shared" / "data"

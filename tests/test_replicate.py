@@ -10,8 +10,8 @@ import sys
 
 import pytest
 import torch
-from benchmarks.replicate import compute, models, report  # noqa: E402
-from benchmarks.replicate.plan import make_plan  # noqa: E402
+from benchmarks.replicate import compute, models, report
+from benchmarks.replicate.plan import make_plan
 
 from aot_transformers import AoTConfig
 from support import REPO_ROOT

@@ -155,7 +155,7 @@ def test_the_jobs_probe_cuts_the_study_command_to_a_few_steps_without_evaluation
     paths = Paths(tmp_path / "text.txt", tmp_path / "tok", tmp_path, tmp_path, tmp_path, tmp_path)
     run = next(r for r in study_plan.STUDY.runs() if r.name == "S-aot-mssa-seed0")
     cut = jobs._arguments(run, paths, 7, tmp_path / "out")
-    value = lambda flag: cut[cut.index(flag) + 1]  # noqa: E731
+    value = lambda flag: cut[cut.index(flag) + 1]
     assert cut[:2] == ["train", "lm"] and cut.count("--max_steps") == cut.count("--output_dir") == 1
     assert value("--max_steps") == "7" and value("--output_dir") == str(tmp_path / "out")
     assert value("--eval_strategy") == value("--save_strategy") == "no"

@@ -10,12 +10,12 @@ import pytest
 pytest.importorskip("datasets")
 
 from aot_transformers.training.arguments import (
-    PublishArguments,  # noqa: E402
-    parse_dataclasses,  # noqa: E402
+    PublishArguments,
+    parse_dataclasses,
 )
-from aot_transformers.training.cli import register  # noqa: E402
-from aot_transformers.training.lm import LMModelArguments  # noqa: E402
-from aot_transformers.training.text_data import TextDataArguments  # noqa: E402
+from aot_transformers.training.cli import register
+from aot_transformers.training.lm import LMModelArguments
+from aot_transformers.training.text_data import TextDataArguments
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ import torch
 pytest.importorskip("datasets")
 pytest.importorskip("accelerate")
 
-from benchmarks.training.throughput import launcher_command  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+from benchmarks.training.throughput import launcher_command
+from safetensors.torch import load_file
 
 # Trains with the library's own entry points, then each rank saves its parameters.
 SCRIPT = textwrap.dedent(

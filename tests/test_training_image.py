@@ -16,8 +16,8 @@ import torch
 pytest.importorskip("datasets")
 pytest.importorskip("sklearn")
 
-from PIL import Image  # noqa: E402
-from transformers import (  # noqa: E402
+from PIL import Image
+from transformers import (
     AutoImageProcessor,
     AutoModelForImageClassification,
     EvalPrediction,
@@ -26,15 +26,15 @@ from transformers import (  # noqa: E402
     pipeline,
 )
 
-from aot_transformers.training.arguments import PublishArguments, TrainingSetupError  # noqa: E402
-from aot_transformers.training.image import (  # noqa: E402
+from aot_transformers.training.arguments import PublishArguments, TrainingSetupError
+from aot_transformers.training.image import (
     ImageModelArguments,
     accuracy_metrics,
     prepare_image_training,
     run_image_training,
     train_image,
 )
-from aot_transformers.training.vision_data import (  # noqa: E402
+from aot_transformers.training.vision_data import (
     RAND_AUGMENT_OPS,
     ImageBatchCollator,
     ImageDataArguments,

@@ -16,10 +16,10 @@ import torch
 pytest.importorskip("datasets")
 pytest.importorskip("tokenizers")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
-from aot_transformers.training.arguments import PublishArguments, TrainingSetupError  # noqa: E402
-from aot_transformers.training.lm import (  # noqa: E402
+from aot_transformers.training.arguments import PublishArguments, TrainingSetupError
+from aot_transformers.training.lm import (
     LMModelArguments,
     prepare_lm_training,
     run_lm_training,
@@ -27,8 +27,8 @@ from aot_transformers.training.lm import (  # noqa: E402
     train_lm,
     unigram_perplexity,
 )
-from aot_transformers.training.run_state import last_complete_checkpoint, resolve_resume  # noqa: E402
-from aot_transformers.training.text_data import (  # noqa: E402
+from aot_transformers.training.run_state import last_complete_checkpoint, resolve_resume
+from aot_transformers.training.text_data import (
     TextDataArguments,
     embedded_corpus,
     load_text_source,

@@ -19,9 +19,9 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-from aot_transformers import AoTForCausalLM, export_model  # noqa: E402
-from aot_transformers.training.lm import train_bpe_tokenizer  # noqa: E402
-from support import tiny_config  # noqa: E402
+from aot_transformers import AoTForCausalLM, export_model
+from aot_transformers.training.lm import train_bpe_tokenizer
+from support import tiny_config
 
 PROMPT = "Do you wish to run the custom code"
 

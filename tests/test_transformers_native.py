@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from benchmarks.cache_paths import MARGIN, PATHS, TOLERANCE, ModelSpec  # noqa: E402
+from benchmarks.cache_paths import MARGIN, PATHS, TOLERANCE, ModelSpec
 from transformers import (
     AttentionInterface,
     AutoModel,

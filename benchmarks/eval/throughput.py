@@ -43,7 +43,7 @@ def task_tokens(task: str, tokenizer, data_dir: Path, data: dict[str, str]) -> i
     """Tokens of the texts a task reads (the same count for both tools)."""
     source = resolve_sources([task], data_dir, data)[TASKS[task].dataset]
     items = load_source(source)
-    encode = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    encode = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
     if TASKS[task].kind == "cloze":
         return sum(encode(c + k) for example in items for c, k in map(example.scoring_pair, example.candidates))
     return sum(encode(text) for text in items)

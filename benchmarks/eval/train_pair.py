@@ -77,7 +77,7 @@ def token_blocks(tokenizer, folder: Path, block: int) -> tuple[torch.Tensor, tor
     data = torch.tensor(ids)
     split = int(0.95 * len(data))
     train, valid = data[:split], data[split:]
-    as_blocks = lambda t: t[: (len(t) // (block + 1)) * (block + 1)].view(-1, block + 1)  # noqa: E731
+    as_blocks = lambda t: t[: (len(t) // (block + 1)) * (block + 1)].view(-1, block + 1)
     return as_blocks(train), as_blocks(valid)
 
 
@@ -95,7 +95,7 @@ def train(model, blocks, steps: int, batch: int, lr: float, seed: int, log_every
     order = torch.randperm(len(blocks), generator=generator)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     warmup = max(1, steps // 10)
-    schedule = lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))  # noqa: E731
+    schedule = lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     model.train()
     curve, start = [], time.perf_counter()

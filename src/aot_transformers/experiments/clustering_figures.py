@@ -468,7 +468,7 @@ def _degenerate_critical_points(study: Study, length: int, seed: int) -> None:
     """Prop. B.1 at λ₀* = (L+1)/(L+3): gradient and Hessian (autograd) of Eq. (14) at a point of each family, and the
     limits of gradient descent in R⁴ from random starts; Remark B.2 at λ = 0.6 < λ₀* on M̃ (η = 0)."""
     lam0, r, c, s = (length + 1) / (length + 3), math.sqrt((length + 3) / (2 * length + 2)), 0.6, 0.8
-    risk = lambda x, lam=lam0: theory.degenerate_risk(*x.unbind(-1), length, lam)  # noqa: E731
+    risk = lambda x, lam=lam0: theory.degenerate_risk(*x.unbind(-1), length, lam)
     families = {  # a point (κ₀, κ₁, η₀, η₁) of each family of Prop. B.1, and the paper's kind
         "(0, 0, 0, 0)": ([0, 0, 0, 0], "maximum"),
         "(κ₀, 0, η₀, 0), κ₀² + η₀² = 1": ([c, 0, s, 0], "saddle"),

@@ -144,7 +144,7 @@ def load_or_train_tokenizer(
             if recorded == made_from:
                 try:
                     return load_tokenizer(saved)
-                except Exception as error:  # noqa: BLE001 - any unreadable cache is retrained
+                except Exception as error:  # any unreadable cache is retrained
                     logger.warning("The cached tokenizer %s is unreadable (%s): training it again.", saved, error)
             else:
                 logger.warning(

@@ -206,7 +206,7 @@ def check_checkpoint_weights(folder: str | None, model, skip_prefixes: tuple[str
     for file in files:
         try:
             shapes, non_finite = read_weights(file, finite=True)
-        except Exception as error:  # noqa: BLE001 - SafetensorError and OSError: both mean an unreadable file
+        except Exception as error:  # SafetensorError and OSError: both mean an unreadable file
             raise refuse(f"{file} cannot be read ({error}); it may be truncated: save or download it again") from None
         if non_finite:  # training would stop at step 1 with "diverged", blaming the learning rate
             shown = ", ".join(non_finite[:3]) + (f" and {len(non_finite) - 3} more" if len(non_finite) > 3 else "")

@@ -95,7 +95,7 @@ class RowOrigin:
                 if row < count:
                     return file, row
                 row -= count
-        except Exception:  # noqa: BLE001 - naming the file is a courtesy: the error names the row all the same
+        except Exception:  # naming the file is a courtesy: the error names the row all the same
             logger.debug("Could not tell the file of row %d", row, exc_info=True)
         return None
 
@@ -167,7 +167,7 @@ def is_dataset_repository(name: str) -> bool:
         return True
     try:
         return bool(set(get_data_patterns(str(folder))) - {"train"})
-    except Exception:  # noqa: BLE001 - datasets' EmptyDatasetError and friends: no data files, so no repository
+    except Exception:  # datasets' EmptyDatasetError and friends: no data files, so no repository
         return False
 
 
