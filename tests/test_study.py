@@ -286,3 +286,31 @@ def test_each_verdict_is_judged_against_the_seed_noise_of_the_number_it_compares
     assert "AoT-MSSA Full MLP: first evaluation -0.600 (faster), PTB -0.300" in text
     assert "**Verdict: faster mixed; no zero-shot gain mixed.**" in text
     assert "- S: GPT-2 ahead, by 0.000 over AoT-MSSA (0x the noise)." in text
+
+
+def test_a_planned_runs_flops_are_those_its_record_counts():
+    from benchmarks.study.flops import planned_flops
+    from benchmarks.study.report import load_records
+    from benchmarks.study.runner import RECORDS
+
+    planned = {run.name: run for run in study_plan.schedule(study_plan.STUDY, study_plan.VISION)}
+    records = load_records(RECORDS) + load_records(RECORDS, "vision")
+    assert records, "the committed records"
+    for record in records:
+        assert planned_flops(planned[record["run"]], study_plan.STUDY.block_size) == pytest.approx(record["flops"])
+
+
+def test_the_hours_left_follow_the_fastest_rate_of_each_architecture():
+    from benchmarks.study.flops import planned_flops
+    from benchmarks.study.report import remaining_hours
+
+    runs = {run.name: run for run in study_plan.STUDY.runs()}
+    finished = [  # GPT-2 at 1e10 FLOP/s at best; no record of Llama
+        {"section": "language", "arch": "gpt2", "flops": 3e13, "wall_seconds": 3e3},
+        {"section": "language", "arch": "gpt2", "flops": 3e13, "wall_seconds": 6e3},
+    ]
+    left = [runs["M-gpt2-seed0"], runs["S-gpt2+knn-seed0"], runs["M-llama-seed0"]]
+    hours = remaining_hours(left, finished, study_plan.STUDY.block_size)
+    assert hours["M-gpt2-seed0"] == pytest.approx(planned_flops(left[0], study_plan.STUDY.block_size) / 1e10 / 3600)
+    assert hours["S-gpt2+knn-seed0"] == pytest.approx(planned_flops(left[1], study_plan.STUDY.block_size) / 3.6e13)
+    assert hours["M-llama-seed0"] is None

@@ -51,14 +51,36 @@ def training_flops_per_token(model_dir: str | Path | torch.nn.Module, block_size
     return 3 * forward_flops_per_token(model, block_size)
 
 
-def image_training_flops(model_dir: str | Path, patch_tokens: int) -> float:
-    """Forward and backward FLOPs per training image of a saved image classifier: every linear weight once per token
-    (the class token included) and bidirectional attention over all of them (every query sees every key)."""
-    from transformers import AutoConfig, AutoModelForImageClassification
+def image_training_flops(model_dir: str | Path | torch.nn.Module, patch_tokens: int) -> float:
+    """Forward and backward FLOPs per training image of a saved image classifier (or a model): every linear weight
+    once per token (the class token included) and bidirectional attention over all of them (every query sees every
+    key)."""
+    model = model_dir
+    if not isinstance(model, torch.nn.Module):
+        from transformers import AutoConfig, AutoModelForImageClassification
 
-    import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
+        import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
 
-    with torch.device("meta"):
-        model = AutoModelForImageClassification.from_config(AutoConfig.from_pretrained(model_dir))
+        with torch.device("meta"):
+            model = AutoModelForImageClassification.from_config(AutoConfig.from_pretrained(model_dir))
     config, tokens = model.config, patch_tokens + 1
     return 3 * (2 * matmul_weights(model) * tokens + config.num_hidden_layers * 4 * config.hidden_size * tokens**2)
+
+
+def planned_flops(run, block_size: int) -> float:
+    """Training FLOPs of a run of the plan before it runs: its model as `aot train` builds it from the run's
+    arguments, on the meta device, counted as its record will count them."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageClassification
+
+    from aot_transformers.training.image import parse_image_arguments
+    from aot_transformers.training.lm import parse_lm_arguments
+    from aot_transformers.training.model_setup import build_config
+
+    language = run.section == "language"
+    model_args = (parse_lm_arguments if language else parse_image_arguments)([*run.arguments, "--output_dir", "-"])[0]
+    config = build_config(model_args, "aot-mssa-l-tiny", "text-generation" if language else "image-classification")
+    with torch.device("meta"):
+        model = (AutoModelForCausalLM if language else AutoModelForImageClassification).from_config(config)
+    if language:
+        return training_flops_per_token(model, block_size) * run.tokens
+    return image_training_flops(model, (config.image_size // config.patch_size) ** 2) * run.tokens

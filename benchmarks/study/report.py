@@ -172,6 +172,30 @@ def cpu_hours(records: list[dict]) -> float:
     return sum(r["wall_seconds"] * (r.get("host", {}).get("threads") or 2) for r in records) / 3600
 
 
+def _hours(hours: float | None) -> str:
+    return f" ({hours:.1f} h)" if hours is not None else ""
+
+
+def remaining_hours(runs: list, finished: list[dict], block_size: int) -> dict[str, float | None]:
+    """Wall-clock hours each of `runs` would take beside another run (as the study trains, `--jobs 2`): its planned
+    FLOPs (`flops.planned_flops`) at the fastest FLOP rate a finished run of its architecture reached (a k-NN twin
+    without its own: its dense twin's); None without any. The finished runs are the smallest size's, whose narrow
+    matmuls run slowest: larger rows will take less."""
+    from .flops import planned_flops
+
+    rate: dict[tuple[str, str], float] = {}
+    for record in finished:
+        key = (record["section"], record["arch"])
+        rate[key] = max(rate.get(key, 0.0), record["flops"] / record["wall_seconds"])
+    estimates = {}
+    for run in runs:
+        key = next(
+            (k for k in ((run.section, run.arch), (run.section, run.arch.removesuffix("+knn"))) if k in rate), None
+        )
+        estimates[run.name] = planned_flops(run, block_size) / rate[key] / 3600 if key else None
+    return estimates
+
+
 def summary_block(study: study_plan.Study, vision: study_plan.VisionStudy, records_dir: Path) -> str:
     """The README's summary of the study, from the records alone: each finished main row's validation, floor and test
     numbers, and the machine-hours the finished runs took."""
@@ -233,14 +257,21 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
         "FLOPs.",
         "",
     ]
-    missing = [r.name for r in planned if r.name not in done]
+    missing = [r for r in planned if r.name not in done]
     if missing:
+        estimates = remaining_hours(missing, records + images, study.block_size)
+        known = [hours for hours in estimates.values() if hours is not None]
         lines += [
-            "Not run yet (the study trains them in this order; `python -m benchmarks.study` resumes): "
-            + ", ".join(f"`{name}`" for name in missing)
-            + ".",
+            "Not run yet (the study trains them in this order, two at a time; `python -m benchmarks.study` resumes), "
+            "with the hours each would take beside another run at the fastest FLOP rate a finished run of its "
+            "architecture reached (at the smallest size, whose narrow matmuls run slowest, so these err long): "
+            + ", ".join(f"`{r.name}`" + _hours(estimates[r.name]) for r in missing)
+            + f". Those estimated come to about {sum(known) / 2:.0f} hours of this machine"
+            + (f"; {len(estimates) - len(known)} rows have no finished run of their architecture to go by." if
+               len(known) < len(estimates) else ".")
+            + " A session trains for about 2.7 of its 3 hours.",
             "",
-        ]
+        ]  # fmt: skip
     lines += ["## Runs", ""]
     lines.append(
         "| size | model | layers x width | non-embedding | total | tokens | PFLOPs | val. loss | below unigram | "
