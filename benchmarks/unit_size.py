@@ -5,6 +5,7 @@ python -m benchmarks.unit_size      # -> results/unit_size.json
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import transformers
@@ -37,4 +38,5 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(prog="python -m benchmarks.unit_size", description=__doc__.split("\n")[0]).parse_args()
     main()

@@ -353,6 +353,8 @@ def commit(paths: list[Path], message: str) -> None:
         )
         if added.returncode == 0 and done.returncode == 0:
             return
+        if "nothing to commit" in done.stdout + done.stderr:  # a redraw that changed nothing
+            return
         if "index.lock" not in added.stderr + done.stderr:
             print(f"study: commit of {paths} failed: {done.stderr.strip() or added.stderr.strip()}", file=sys.stderr)
             return

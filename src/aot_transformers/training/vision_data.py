@@ -376,12 +376,9 @@ def _stratified_split(dataset, percentage: float, seed: int):
 
 def make_image_processor(image_size: int, num_channels: int):
     """A ViT image processor resizing to the model's `image_size` (saved with the model, used by `pipeline`)."""
-    try:
-        from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil as Processor
-    except ImportError:  # pragma: no cover - other transformers layouts
-        from transformers import ViTImageProcessor as Processor
+    from transformers import ViTImageProcessorPil  # the PIL backend: torchvision does not install beside this torch
 
-    return Processor(
+    return ViTImageProcessorPil(
         do_resize=True,
         size={"height": image_size, "width": image_size},
         image_mean=[0.5] * num_channels,
