@@ -314,3 +314,20 @@ def test_the_hours_left_follow_the_fastest_rate_of_each_architecture():
     assert hours["M-gpt2-seed0"] == pytest.approx(planned_flops(left[0], study_plan.STUDY.block_size) / 1e10 / 3600)
     assert hours["S-gpt2+knn-seed0"] == pytest.approx(planned_flops(left[1], study_plan.STUDY.block_size) / 3.6e13)
     assert hours["M-llama-seed0"] is None
+
+
+def test_records_written_but_not_committed_are_found_for_the_next_invocation_to_commit(tmp_path):
+    from benchmarks.study.runner import uncommitted_records
+
+    records = tmp_path / "records"
+    (records / "language").mkdir(parents=True)
+    git = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+    git("init", "-q")
+    (records / "language" / "S-gpt2-seed0.json").write_text("{}")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a record")
+    assert uncommitted_records(records) == []
+    (records / "language" / "S-llama-seed0.json").write_text("{}")  # written, the study stopped before its commit
+    (records / "language" / "S-gpt2-seed0.json").write_text('{"final": {}}')
+    assert sorted(p.name for p in uncommitted_records(records)) == ["S-gpt2-seed0.json", "S-llama-seed0.json"]
+    assert uncommitted_records(tmp_path / "none") == []

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..replicate.run import redraw_committed_report
 from . import plan as study_plan
 from .report import summary_block, write_report, write_summary
-from .runner import RECORDS, ROOT, Paths, Stopped, commit, execute, save_progress, stop
+from .runner import RECORDS, ROOT, Paths, Stopped, commit, execute, save_progress, stop, uncommitted_records
 
 SHARED = Path(os.environ.get("AOT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_progress:
         save(runs)
         return 0
+    if commit_records and (left := uncommitted_records(records)):
+        commit(left, f"study: {len(left)} record(s) written but not committed by an earlier invocation")
     if "language" in sections and not (tokenizer / "tokenizer.json").is_file():
         train_tokenizer(args.corpus, tokenizer, study.vocab_size)
         if commit_records:

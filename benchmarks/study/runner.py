@@ -338,6 +338,17 @@ def save_progress(runs: list[study_plan.Run], paths: Paths) -> list[Path]:
     return written
 
 
+def uncommitted_records(records: Path) -> list[Path]:
+    """Records written but never committed (a study stopped between writing a record and committing it)."""
+    if not records.is_dir():
+        return []
+    listed = subprocess.run(
+        ["git", "ls-files", "--others", "--modified", "--exclude-standard", "--", "language", "vision"],
+        cwd=records, capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    return [records / name for name in listed if name.endswith(".json")]
+
+
 def commit(paths: list[Path], message: str) -> None:
     """`git add` and commit exactly `paths` (other staged changes stay staged), retrying while another git command
     holds the index lock."""
@@ -401,7 +412,11 @@ def _commit_record(run: study_plan.Run, record: dict, target: Path, paths: Paths
             amount = f"{run.tokens / 1e6:.1f}M tokens"
         else:
             result, amount = f"validation accuracy {final['eval_accuracy']:.3f}", f"{run.tokens:,} images"
-        drawn = redraw() if redraw else []
+        try:
+            drawn = redraw() if redraw else []
+        except Exception as error:  # the record is committed whatever the redraw does; `--only report` redraws
+            print(f"study: redraw failed, the record is committed without it: {error!r}", file=sys.stderr)
+            drawn = []
         commit(
             [target, progress, *drawn],
             f"study: {run.name} ({result}; {amount}, {record['wall_seconds'] / 60:.0f} min)",
