@@ -331,3 +331,14 @@ def test_records_written_but_not_committed_are_found_for_the_next_invocation_to_
     (records / "language" / "S-gpt2-seed0.json").write_text('{"final": {}}')
     assert sorted(p.name for p in uncommitted_records(records)) == ["S-gpt2-seed0.json", "S-llama-seed0.json"]
     assert uncommitted_records(tmp_path / "none") == []
+
+
+def test_the_jobs_probe_keeps_the_rows_probed_before_each_with_its_date():
+    from benchmarks.study.jobs import merged
+
+    before = {"date": "2026-11-29", "probes": {"S-gpt2-seed0": {"pair_speedup": 1.9}, "L-gpt2-seed0": {"x": 1}}}
+    now = {"date": "2026-12-02"}
+    probes = merged(before, {"L-gpt2-seed0": {"pair_speedup": 1.2}}, now)
+    assert probes["S-gpt2-seed0"] == {"pair_speedup": 1.9, "measured": {"date": "2026-11-29"}}
+    assert probes["L-gpt2-seed0"] == {"pair_speedup": 1.2, "measured": now}
+    assert merged({"date": "d", "probes": probes}, {}, now)["S-gpt2-seed0"]["measured"] == {"date": "2026-11-29"}

@@ -8,7 +8,8 @@ two threads, then twice at the same time with one thread each. Trainer's `train_
 (start-up and the final evaluation excluded): `pair_speedup` is the work of two runs over the wall time of the pair,
 against one run's, i.e. how much faster the study goes with `--jobs 2`. The language rows train on Tiny Shakespeare
 with the study's tokenizer (the same shapes; no 200 MB to prepare), the vision rows on CIFAR-10's archives.
-Writes results/study_jobs.json.
+Writes results/study_jobs.json, keeping the rows probed before (each with its own date): `--runs L-gpt2-seed0,...`
+probes the larger sizes' rows beside the earlier ones.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .._common import RESULTS_DIR as RESULTS
 from .._common import write_results
 from . import plan as study_plan
 from .runner import RECORDS, ROOT, Paths, aot_process, command
@@ -72,6 +74,15 @@ def probe(run: study_plan.Run, paths: Paths, steps: int, work: Path) -> dict:
     }
 
 
+def merged(before: dict, probes: dict, now: dict) -> dict:
+    """The probes of the results file `before` (each dated by it unless it carries its own date) with `probes`, just
+    measured (dated `now`), in their place where they probe the same row."""
+    earlier = {
+        name: {"measured": {"date": before.get("date")}, **found} for name, found in before.get("probes", {}).items()
+    }
+    return {**earlier, **{name: {**found, "measured": now} for name, found in probes.items()}}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.study.jobs", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30, help="training steps of each probe run")
@@ -85,10 +96,12 @@ def main(argv: list[str] | None = None) -> dict:
             text, RECORDS / "tokenizer", SHARED / "eval-dev", SHARED / "vision" / "cifar10", Path(work), Path(work)
         )
         probes = {name: probe(runs[name], paths, args.steps, Path(work)) for name in args.runs.split(",")}
+    previous = RESULTS / "study_jobs.json"
+    now = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_before": load_before}
     results = {
         "question": "train two study runs at once with one thread each (--jobs 2), or one with two threads?",
         "load_average_before_and_after": [load_before, os.getloadavg()],
-        "probes": probes,
+        "probes": merged(json.loads(previous.read_text()) if previous.is_file() else {}, probes, now),
     }
     print(json.dumps(probes, indent=1))
     write_results("study_jobs", results)
