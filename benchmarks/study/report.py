@@ -224,7 +224,13 @@ def summary_block(study: study_plan.Study, vision: study_plan.VisionStudy, recor
                 f"{sum(r['wall_seconds'] for r in runs) / 3600:.2f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join([*lines, "", "The verdicts are in the study's REPORT.md.", SUMMARY_END])
+    groups, words = _grouped(records), {}
+    verdicts(groups, noises(groups), words)
+    knn_verdict(groups, noises(groups), images, words)
+    vision_section(images, words)
+    said = "; ".join(f"{claim} **{word}**" for claim, word in words.items())
+    return "\n".join([*lines, "", f"Verdicts so far (the rules and numbers are in the study's REPORT.md): {said}.",
+                      SUMMARY_END])  # fmt: skip
 
 
 def write_summary(readme: Path, block: str) -> None:
@@ -361,8 +367,10 @@ def _claim(title: str, key: str) -> str:
     return f"**{title}** > {sentence} ({source})."
 
 
-def verdicts(groups, noise: dict[str, float | None]) -> list[str]:
-    """The claims' verdicts, from the records present; a claim whose rows have not run says so."""
+def verdicts(groups, noise: dict[str, float | None], words: dict[str, str] | None = None) -> list[str]:
+    """The claims' verdicts, from the records present; a claim whose rows have not run says so. `words` collects
+    each claim's verdict word."""
+    words = {} if words is None else words
     lines = ["## Verdicts", ""]
     bar = {name: 2 * (value or 0.0) for name, value in noise.items()}  # twice the seed noise of each quantity
 
@@ -389,6 +397,7 @@ def verdicts(groups, noise: dict[str, float | None]) -> list[str]:
         "Gaps to GPT-2: " + ("; ".join(found) if found else "not run yet") + f". **Verdict: {verdict(held)}.**",
         "",
     ]
+    words["AoT close to GPT-2"] = verdict(held)
     found, held = [], []
     for size in sizes:
         mssa, mhsa = loss(size, "aot-mssa"), loss(size, "aot-mhsa")
@@ -403,6 +412,7 @@ def verdicts(groups, noise: dict[str, float | None]) -> list[str]:
         + f". **Verdict: {verdict(held)}.**",
         "",
     ]
+    words["MHSA closer than MSSA"] = verdict(held)
     found, faster, no_gain = [], [], []
     base = groups.get(("S", "aot-mssa"))
     for arch in ("aot-mssa-hybrid", "aot-mssa-full"):
@@ -430,6 +440,7 @@ def verdicts(groups, noise: dict[str, float | None]) -> list[str]:
         + verdicts_of(("faster", faster), ("no zero-shot gain", no_gain)),
         "",
     ]
+    words["MLPs speed up training"], words["MLPs bring no zero-shot gain"] = verdict(faster), verdict(no_gain)
     return lines + equal_parameters(groups, noise["final"])
 
 
@@ -505,9 +516,11 @@ def knn_claims(records_dir: Path = RECORDS) -> dict[str, str]:
     return {"faster early": verdict(faster), "ends better": verdict(better)}
 
 
-def knn_verdict(groups, noise: dict[str, float | None], images: list[dict]) -> list[str]:
-    """KVT's claim, with the rule and the verdicts of `knn_pairs`."""
+def knn_verdict(groups, noise: dict[str, float | None], images: list[dict], words: dict | None = None) -> list[str]:
+    """KVT's claim, with the rule and the verdicts of `knn_pairs` (collected in `words`)."""
     found, faster, better = knn_pairs(groups, noise, images)
+    if words is not None:
+        words["k-NN faster early"], words["k-NN ends better"] = verdict(faster), verdict(better)
     early_bar, final_bar = 2 * (noise["early"] or 0.0), 2 * (noise["final"] or 0.0)
     return [
         _claim("k-NN attention converges faster early and ends slightly better.", "knn"),
@@ -525,13 +538,15 @@ def knn_verdict(groups, noise: dict[str, float | None], images: list[dict]) -> l
     ]
 
 
-def vision_section(images: list[dict]) -> list[str]:
+def vision_section(images: list[dict], words: dict[str, str] | None = None) -> list[str]:
     """CIFAR-10: the table and the verdict on AoT against ViT and CRATE, from the vision records present."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for record in images:
         groups[record["arch"]].append(record)
     lines = ["## Vision: CIFAR-10", ""]
     if not groups:
+        if words is not None:
+            words["AoT close to ViT and CRATE"] = verdict([])
         return lines + ["No vision run has finished yet.", ""]
     lines += [
         "| model | layers x width | parameters | non-embedding | val. accuracy | hours |",
@@ -551,22 +566,27 @@ def vision_section(images: list[dict]) -> list[str]:
     noise = seed_noise({(a, a): runs for a, runs in groups.items()}, key=lambda r: 100 * r["final"]["eval_accuracy"])
     source, sentence = CLAIMS["vision"]
     lines += ["", f"**AoT comes close to ViT and CRATE with far fewer parameters.** > {sentence} ({source}).", ""]
-    found = []
+    found, close = [], []
     for arch, (peer, gap) in PAPER_VISION_GAP.items():
         if arch in groups and peer in groups:
             ours = _mean([100 * r["final"]["eval_accuracy"] for r in groups[arch]])
             theirs = _mean([100 * r["final"]["eval_accuracy"] for r in groups[peer]])
             share = groups[arch][0]["parameters"]["total"] / groups[peer][0]["parameters"]["total"]
             held = theirs - ours <= gap + 2 * (noise or 0.0) and share < 1
+            close.append(held)
             found.append(
                 f"{LABELS[arch]} {ours - theirs:+.1f} points vs {LABELS[peer]} at {share:.2f}x its parameters "
                 f"({'held' if held else 'not held'})"
             )
     lines += [
         "Rule: AoT at most the paper's own gap behind (AoT-MSSA-V 7.8 points behind CRATE, AoT-MHSA-V 2.9 behind ViT) "
-        "plus twice the seed noise, with fewer parameters. " + ("; ".join(found) or "Not run yet") + ".",
+        "plus twice the seed noise, with fewer parameters. "
+        + ("; ".join(found) or "Not run yet")
+        + f". **Verdict: {verdict(close)}.**",
         "",
     ]
+    if words is not None:
+        words["AoT close to ViT and CRATE"] = verdict(close)
     return lines
 
 
