@@ -244,7 +244,7 @@ def test_a_sigterm_stops_the_runs_in_progress_through_their_checkpoints_and_star
     for name in names[:2]:  # each saved the step it was in, and that checkpoint waits for the next session
         step = json.loads((work / "records" / "progress" / name / "trainer_state.json").read_text())["global_step"]
         assert 0 < step < 100000
-        assert "interrupted: SIGTERM at step" in (work / name / "study.log").read_text()
+        assert "interrupted: SIGTERM: stopped at step" in (work / name / "study.log").read_text()
     assert not (work / names[2] / "study.log").exists()  # the third run never started
     assert not (work / "records" / "language").exists()  # and no run has a record
 

@@ -398,8 +398,8 @@ def train_unless_finished(trainer, resume: str | None) -> dict[str, Any]:
     if terminated and trainer.state.global_step < trainer.state.max_steps:  # stopped short by the JIT checkpoint
         saved = last_complete_checkpoint(trainer.args.output_dir)
         raise KeyboardInterrupt(
-            f"SIGTERM at step {trainer.state.global_step} of {trainer.state.max_steps}, saved in {saved}; the same "
-            "command with --resume_from_checkpoint latest continues from there"
+            f"SIGTERM: stopped at step {trainer.state.global_step} of {trainer.state.max_steps}; the newest "
+            f"checkpoint is {saved}, from which the same command with --resume_from_checkpoint latest continues"
         )
     return metrics
 
