@@ -270,7 +270,7 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
         lines += [
             "Not run yet (the study trains them in this order, two at a time; `python -m benchmarks.study` resumes), "
             "with the hours each would take beside another run at the fastest FLOP rate a finished run of its "
-            "architecture reached (at the smallest size, whose narrow matmuls run slowest, so these err long): "
+            "architecture reached (at smaller sizes, whose narrower matmuls run slower, so these err long): "
             + ", ".join(f"`{r.name}`" + _hours(estimates[r.name]) for r in missing)
             + f". Those estimated come to about {sum(known) / 2:.0f} hours of this machine"
             + (f"; {len(estimates) - len(known)} rows have no finished run of their architecture to go by." if
