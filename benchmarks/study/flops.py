@@ -38,31 +38,29 @@ def forward_flops_per_token(model: torch.nn.Module, block_size: int) -> float:
     return 2 * matmul_weights(model) + config.num_hidden_layers * 4 * width * keys
 
 
+def _meta_model(model_or_dir: str | Path | torch.nn.Module, auto_class: str) -> torch.nn.Module:
+    """The model given, or the one a saved folder's config builds (with transformers' `auto_class`), on the meta
+    device."""
+    if isinstance(model_or_dir, torch.nn.Module):
+        return model_or_dir
+    import transformers
+
+    import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
+
+    with torch.device("meta"):
+        return getattr(transformers, auto_class).from_config(transformers.AutoConfig.from_pretrained(model_or_dir))
+
+
 def training_flops_per_token(model_dir: str | Path | torch.nn.Module, block_size: int) -> float:
     """Forward and backward FLOPs per training token (three forwards) of a saved model folder or a model."""
-    model = model_dir
-    if not isinstance(model, torch.nn.Module):
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
-
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
-    return 3 * forward_flops_per_token(model, block_size)
+    return 3 * forward_flops_per_token(_meta_model(model_dir, "AutoModelForCausalLM"), block_size)
 
 
 def image_training_flops(model_dir: str | Path | torch.nn.Module, patch_tokens: int) -> float:
     """Forward and backward FLOPs per training image of a saved image classifier (or a model): every linear weight
     once per token (the class token included) and bidirectional attention over all of them (every query sees every
     key)."""
-    model = model_dir
-    if not isinstance(model, torch.nn.Module):
-        from transformers import AutoConfig, AutoModelForImageClassification
-
-        import aot_transformers  # noqa: F401  (registers AoT with the Auto classes)
-
-        with torch.device("meta"):
-            model = AutoModelForImageClassification.from_config(AutoConfig.from_pretrained(model_dir))
+    model = _meta_model(model_dir, "AutoModelForImageClassification")
     config, tokens = model.config, patch_tokens + 1
     return 3 * (2 * matmul_weights(model) * tokens + config.num_hidden_layers * 4 * config.hidden_size * tokens**2)
 

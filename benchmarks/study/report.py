@@ -179,8 +179,8 @@ def _hours(hours: float | None) -> str:
 def remaining_hours(runs: list, finished: list[dict], block_size: int) -> dict[str, float | None]:
     """Wall-clock hours each of `runs` would take beside another run (as the study trains, `--jobs 2`): its planned
     FLOPs (`flops.planned_flops`) at the fastest FLOP rate a finished run of its architecture reached (a k-NN twin
-    without its own: its dense twin's); None without any. The finished runs are the smallest size's, whose narrow
-    matmuls run slowest: larger rows will take less."""
+    without its own: its dense twin's); None without any. Finished runs of smaller sizes multiply narrower matrices,
+    more slowly: larger rows will take less."""
     from .flops import planned_flops
 
     rate: dict[tuple[str, str], float] = {}
@@ -519,8 +519,8 @@ def knn_claims(records_dir: Path = RECORDS) -> dict[str, str]:
 def knn_verdict(groups, noise: dict[str, float | None], images: list[dict], words: dict | None = None) -> list[str]:
     """KVT's claim, with the rule and the verdicts of `knn_pairs` (collected in `words`)."""
     found, faster, better = knn_pairs(groups, noise, images)
-    if words is not None:
-        words["k-NN faster early"], words["k-NN ends better"] = verdict(faster), verdict(better)
+    words = {} if words is None else words
+    words["k-NN faster early"], words["k-NN ends better"] = verdict(faster), verdict(better)
     early_bar, final_bar = 2 * (noise["early"] or 0.0), 2 * (noise["final"] or 0.0)
     return [
         _claim("k-NN attention converges faster early and ends slightly better.", "knn"),
@@ -544,9 +544,9 @@ def vision_section(images: list[dict], words: dict[str, str] | None = None) -> l
     for record in images:
         groups[record["arch"]].append(record)
     lines = ["## Vision: CIFAR-10", ""]
+    words = {} if words is None else words
+    words["AoT close to ViT and CRATE"] = verdict([])
     if not groups:
-        if words is not None:
-            words["AoT close to ViT and CRATE"] = verdict([])
         return lines + ["No vision run has finished yet.", ""]
     lines += [
         "| model | layers x width | parameters | non-embedding | val. accuracy | hours |",
@@ -585,8 +585,7 @@ def vision_section(images: list[dict], words: dict[str, str] | None = None) -> l
         + f". **Verdict: {verdict(close)}.**",
         "",
     ]
-    if words is not None:
-        words["AoT close to ViT and CRATE"] = verdict(close)
+    words["AoT close to ViT and CRATE"] = verdict(close)
     return lines
 
 

@@ -192,14 +192,12 @@ def stop() -> None:
 def _aot(arguments: list[str], threads: int, log: Path) -> None:
     """Run `aot <arguments>` at low priority with `threads` torch threads, its output appended to `log`."""
     env, program = aot_process(arguments, threads)
-    if STOPPING.is_set():
-        raise Stopped(f"`aot {' '.join(arguments[:2])}` not started: the study is stopping")
     with open(log, "a", encoding="utf-8") as handle:
         handle.write(f"\n$ aot {shlex.join(arguments)}\n")
         handle.flush()
         process = subprocess.Popen(["nice", "-n", "10", *program], env=env, stdout=handle, stderr=subprocess.STDOUT)
         _RUNNING.add(process)
-        if STOPPING.is_set():  # `stop` came between the check and the start
+        if STOPPING.is_set():  # stopping already (or since `stop` looked at the running processes)
             process.terminate()
         try:
             returncode = process.wait()
