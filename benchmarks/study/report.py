@@ -105,6 +105,7 @@ def plot_compute(groups, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for arch in study_plan.MAIN_ARCHS:
@@ -120,6 +121,8 @@ def plot_compute(groups, path: Path) -> None:
             xs = [points[0][0], points[-1][0]]
             axis.plot(xs, [a * x**-b for x in xs], "-", color=line.get_color(), alpha=0.7)
     axis.set(xscale="log", yscale="log", xlabel="training FLOPs", ylabel="validation loss (nats)")
+    for ticks in (axis.yaxis.set_major_formatter, axis.yaxis.set_minor_formatter):  # 4.5, not 4.5 x 10^0
+        ticks(FormatStrFormatter("%.1f"))
     axis.set_title("Validation loss against training compute (lines: fitted power laws)")
     axis.legend()
     figure.tight_layout()
