@@ -99,7 +99,9 @@ def test_causal_mssa_normalises_its_queries():
 
 
 def test_tied_output_projection_needs_mssa():
+    from huggingface_hub.errors import StrictDataclassError
+
     from support import tiny_config
 
-    with pytest.raises(ValueError, match="tie_output_projection"):
+    with pytest.raises(StrictDataclassError, match="tie_output_projection"):
         tiny_config(tie_output_projection=True, attention_type="mhsa")

@@ -341,6 +341,8 @@ def test_truncated_gzipped_pixel_csv_is_refused(tmp_path, capsys):
         (["--tokenizer_vocab_size", "0"], ["--tokenizer_vocab_size 0"]),
         (["--max_train_samples", "-3"], ["--max_train_samples -3"]),
         (["--config_overrides", "hiden_size=64"], ["--config_overrides 'hiden_size'", "did you mean 'hidden_size'"]),
+        (["--config_overrides", "knn_k=0"], ["field 'knn_k'", "got 0"]),  # the typed config's own check, one line
+        (["--model_type", "gpt2", "--config_overrides", "n_layer=abc"], ["field 'n_layer'", "expected int"]),
     ],
 )
 def test_zero_or_negative_work_and_misspelt_overrides_are_refused(corpus, tmp_path, capsys, extra, needles):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from huggingface_hub.errors import StrictDataclassError
 
-from aot_transformers import AoTConfig, list_presets
+from aot_transformers import AoTConfig, AoTForCausalLM, list_presets
 from aot_transformers.presets import PRESETS
 from support import tiny_config
 
@@ -13,9 +14,6 @@ from support import tiny_config
     ("overrides", "field"),
     [
         (dict(hidden_size=30, num_attention_heads=4), "hidden_size"),
-        (dict(attention_type="linear"), "attention_type"),
-        (dict(mlp_layers="some"), "mlp_layers"),
-        (dict(pooling="max"), "pooling"),
         (dict(knn_k=0), "knn_k"),
         (dict(knn_k=-3), "knn_k"),
         (dict(knn_k=0.0), "knn_k"),
@@ -31,6 +29,7 @@ from support import tiny_config
         (dict(attention_dropout=1.0), "attention_dropout"),
         (dict(hidden_dropout=-0.1), "hidden_dropout"),
         (dict(layer_norm_eps=0.0), "layer_norm_eps"),
+        (dict(mlp_ratio=float("inf")), "mlp_ratio"),
         (dict(hidden_act="nope"), "hidden_act"),
         (dict(knn_chunk_size=0), "knn_chunk_size"),
         (dict(pad_token_id=97), "pad_token_id"),
@@ -38,8 +37,9 @@ from support import tiny_config
     ],
 )
 def test_invalid_value_raises_value_error_naming_field(overrides, field):
-    with pytest.raises(ValueError, match=f"`{field}`"):
+    with pytest.raises(StrictDataclassError, match=field) as error:  # transformers' typed configs raise so
         tiny_config(**overrides)
+    assert isinstance(error.value.__cause__, ValueError)
 
 
 @pytest.mark.parametrize(
@@ -51,16 +51,40 @@ def test_invalid_value_raises_value_error_naming_field(overrides, field):
         (dict(layer_norm="yes"), "layer_norm"),
         (dict(normalize_query=1), "normalize_query"),
         (dict(num_hidden_layers=2.0), "num_hidden_layers"),
+        (dict(step_size="1.0"), "step_size"),
     ],
 )
 def test_wrong_type_raises_type_error_naming_field(overrides, field):
-    with pytest.raises(TypeError, match=f"`{field}`"):
+    with pytest.raises(StrictDataclassError, match=field) as error:
         tiny_config(**overrides)
+    assert isinstance(error.value.__cause__, TypeError)
 
 
-def test_error_message_lists_allowed_values():
-    with pytest.raises(ValueError, match=r"\['mssa', 'mhsa'\].*'bogus'"):
-        tiny_config(attention_type="bogus")
+@pytest.mark.parametrize(
+    ("field", "value", "allowed"),
+    [("attention_type", "bogus", "'mssa', 'mhsa'"), ("mlp_layers", "some", "'none', 'first_half', 'all'"),
+     ("pooling", "max", "'cls', 'mean'"), ("mlp_type", "moe", "'mlp', 'ista'")],
+)  # fmt: skip
+def test_error_message_lists_allowed_values(field, value, allowed):
+    with pytest.raises(StrictDataclassError, match=f"'{field}' expected one of \\({allowed}\\), got {value}"):
+        tiny_config(**{field: value})
+
+
+def test_a_field_is_checked_whenever_it_is_set_and_its_agreement_with_others_by_validate():
+    config = tiny_config()
+    with pytest.raises(StrictDataclassError, match="knn_k"):
+        config.knn_k = 0
+    assert config.knn_k is None
+    config.num_attention_heads = 5  # each field alone is valid; together they are not
+    with pytest.raises(StrictDataclassError, match="divisible by `num_attention_heads`"):
+        config.validate()
+    with pytest.raises(StrictDataclassError, match="divisible"):
+        AoTForCausalLM(config)
+
+
+def test_whole_numbers_are_accepted_where_a_float_is_expected():
+    config = tiny_config(step_size=1, hidden_dropout=0, layer_norm_eps=1)
+    assert (config.step_size, config.hidden_dropout, config.layer_norm_eps) == (1, 0, 1)
 
 
 @pytest.mark.parametrize("knn_k", [None, 1, 7, 0.5, 1.0])
@@ -80,7 +104,7 @@ def test_loading_invalid_json_raises(tmp_path):
     tiny_config().save_pretrained(tmp_path)
     path = tmp_path / "config.json"
     path.write_text(path.read_text().replace('"attention_type": "mssa"', '"attention_type": "quantum"'))
-    with pytest.raises(ValueError, match="attention_type"):
+    with pytest.raises(StrictDataclassError, match="attention_type"):
         AoTConfig.from_pretrained(tmp_path)
 
 
@@ -122,5 +146,5 @@ def test_unknown_preset_lists_presets():
 
 
 def test_preset_override_is_validated():
-    with pytest.raises(ValueError, match="knn_k"):
+    with pytest.raises(StrictDataclassError, match="knn_k"):
         AoTConfig.from_preset("aot-mssa-l-tiny", knn_k=0)

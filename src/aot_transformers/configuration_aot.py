@@ -1,20 +1,21 @@
-"""Configuration of attention-only transformers (AoT), the causal LM and the image classifier alike. Every field is
-checked when the config is built: a wrong value raises `ValueError` (`TypeError` for a value of the wrong kind)
-naming the field, the value and what is allowed. Part of the remote-code unit: imports only transformers."""
-
-from __future__ import annotations
+"""Configuration of attention-only transformers (AoT), the causal LM and the image classifier alike. Typed and checked
+as transformers' own configs are (huggingface_hub's `@strict`): a field of the wrong kind or out of its range raises
+`StrictDataclassFieldValidationError` naming the field, the value and what is allowed, when the config is built and
+whenever the field is set; fields that must agree are checked by the `validate_*` methods when it is built and by
+`validate()`. Part of the remote-code unit: imports only transformers (and its huggingface_hub)."""
 
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, Literal
 
 import transformers
+from huggingface_hub.dataclasses import as_validated_field, strict
 from packaging.version import Version
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
+from transformers.utils.type_validators import activation_fn_key, interval
 
 # The transformers versions this code runs on (the cache named `cache`, the attention and mask interfaces,
-# `transformers.initialization`). Saved in every config.json and model card; checked here, in the first file
-# transformers imports from a saved folder.
+# `transformers.initialization`, typed configs). Saved in every config.json and model card; checked here, in the first
+# file transformers imports from a saved folder.
 REQUIRED_TRANSFORMERS = ">=5.24,<6"
 if not Version("5.24") <= Version(transformers.__version__) < Version("6"):
     raise ImportError(
@@ -22,22 +23,10 @@ if not Version("5.24") <= Version(transformers.__version__) < Version("6"):
         f"installed: pip install 'transformers{REQUIRED_TRANSFORMERS}'"
     )
 
-# What each field allows, checked in this order: ints >= 1, choices, numbers in an interval, True or False.
-INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")
-INT_FIELDS += ("knn_chunk_size", "image_size", "patch_size", "num_channels")
-CHOICES = {"attention_type": ("mssa", "mhsa"), "mlp_layers": ("none", "first_half", "all"), "pooling": ("cls", "mean")}
-CHOICES |= {"mlp_type": ("mlp", "ista")}
-# The bounds of `step_size` and `initializer_range` keep a float32 model finite (far larger ones overflow to NaN).
-INTERVALS = {"step_size": "(0.0, 100.0]", "mlp_ratio": "(0.0, inf)", "attention_dropout": "[0.0, 1.0)"}
-INTERVALS |= {"hidden_dropout": "[0.0, 1.0)", "layer_norm_eps": "(0.0, inf)", "initializer_range": "[0.0, 100.0]"}
-INTERVALS |= {"ista_step_size": "(0.0, inf)", "ista_lambda": "[0.0, inf)"}
-BOOL_FIELDS = ("normalize_query", "tie_output_projection", "layer_norm", "attention_bias", "tie_word_embeddings")
-BOOL_FIELDS += ("use_cache",)
-
 
 def check_number(name: str, value: Any, allowed: str = "[1, inf)") -> int | float:
     """`value` as a Python int (`allowed` "[m, inf)") or float (any other interval, e.g. "(0.0, 1.0]"), numpy
-    scalars and Fractions included, or a clear error."""
+    scalars and Fractions included, or a clear error: the k-NN kernel's own arguments, for any transformers model."""
     integer = "." not in allowed
     low, high = (float(bound) for bound in allowed[1:-1].split(", "))
     text = f"an int >= {int(low)}" if high == float("inf") else f"an int in {allowed}"
@@ -64,6 +53,18 @@ def check_knn_k(knn_k) -> int | float:
     return check_number("knn_k", knn_k, f"[1, {2**62}]" if integer else "(0.0, 1.0]")  # 2**62: no int64 overflow
 
 
+@as_validated_field
+def _knn_k(value: int | float | None) -> None:
+    if value is not None:
+        check_knn_k(value)
+
+
+count = interval(min=1)  # an int >= 1
+positive = interval(min=0.0, max=float("inf"), exclude_min=True, exclude_max=True)  # a finite number > 0
+unit = interval(min=0.0, max=1.0, exclude_max=True)  # a dropout probability
+
+
+@strict
 class AoTConfig(PretrainedConfig):
     r"""Configuration of an attention-only transformer: each layer is `x + step_size * attention(LayerNorm(x))` (plus
     an MLP block in the ablations), with multi-head subspace self-attention (MSSA: one projection per head is query,
@@ -100,64 +101,48 @@ class AoTConfig(PretrainedConfig):
     }
     keys_to_ignore_at_inference = ["cache"]
 
-    # The fields, as transformers' own configs declare them (keyword arguments, checked in `__post_init__`).
-    vocab_size: int = 50257
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    max_position_embeddings: int = 1024
-    attention_type: str = "mssa"
-    knn_k: int | float | None = None
-    knn_chunk_size: int = 256
+    # The fields, as transformers' own configs declare them: typed, with their ranges (checked on every assignment).
+    # The bounds of `step_size` and `initializer_range` keep a float32 model finite (far larger ones overflow to NaN).
+    vocab_size: int = count(default=50257)
+    hidden_size: int = count(default=768)
+    num_hidden_layers: int = count(default=12)
+    num_attention_heads: int = count(default=12)
+    max_position_embeddings: int = count(default=1024)
+    attention_type: Literal["mssa", "mhsa"] = "mssa"
+    knn_k: int | float | None = _knn_k(default=None)
+    knn_chunk_size: int = count(default=256)
     normalize_query: bool = False
     tie_output_projection: bool = False
-    step_size: float = 1.0
+    step_size: int | float = interval(min=0.0, max=100.0, exclude_min=True)(default=1.0)
     layer_norm: bool = True
-    mlp_layers: str = "none"
-    mlp_type: str = "mlp"
-    mlp_ratio: float = 4.0
-    hidden_act: str = "gelu_new"
-    ista_step_size: float = 0.1
-    ista_lambda: float = 0.1
+    mlp_layers: Literal["none", "first_half", "all"] = "none"
+    mlp_type: Literal["mlp", "ista"] = "mlp"
+    mlp_ratio: int | float = positive(default=4.0)
+    hidden_act: str = activation_fn_key(default="gelu_new")
+    ista_step_size: int | float = positive(default=0.1)
+    ista_lambda: int | float = interval(min=0.0, max=float("inf"), exclude_max=True)(default=0.1)
     attention_bias: bool = False
-    attention_dropout: float = 0.0
-    hidden_dropout: float = 0.0
-    layer_norm_eps: float = 1e-5
-    initializer_range: float = 0.02
-    image_size: int = 224
-    patch_size: int = 16
-    num_channels: int = 3
-    pooling: str = "cls"
+    attention_dropout: int | float = unit(default=0.0)
+    hidden_dropout: int | float = unit(default=0.0)
+    layer_norm_eps: int | float = positive(default=1e-5)
+    initializer_range: int | float = interval(min=0.0, max=100.0)(default=0.02)
+    image_size: int = count(default=224)
+    patch_size: int = count(default=16)
+    num_channels: int = count(default=3)
+    pooling: Literal["cls", "mean"] = "cls"
     tie_word_embeddings: bool = True
     use_cache: bool = True
     bos_token_id: int | list[int] | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | list[int] | None = None
 
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        self.validate()
-
-    def validate(self) -> None:
-        """Check every field (numbers stored as Python ints and floats), then transformers' checks; run when the config
-        or a model is built and when saved, so a field changed later (`config.knn_k = 0`) never reaches a kernel."""
-        for name in INT_FIELDS:
-            setattr(self, name, check_number(name, getattr(self, name)))
+    def validate_architecture(self) -> None:
+        """The fields that must agree with each other."""
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
                 f"({self.num_attention_heads}); allowed head counts are the divisors of {self.hidden_size}."
             )
-        for name, choices in (*CHOICES.items(), ("hidden_act", sorted(ACT2FN))):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"`{name}` must be one of {list(choices)}, got {getattr(self, name)!r}.")
-        if self.knn_k is not None:  # keys kept per query, or a fraction of the visible keys
-            self.knn_k = check_knn_k(self.knn_k)
-        for name, allowed in INTERVALS.items():
-            setattr(self, name, check_number(name, getattr(self, name), allowed))
-        for name in BOOL_FIELDS:
-            if not isinstance(value := getattr(self, name), bool):
-                raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
         if self.tie_output_projection and self.attention_type != "mssa":
             raise ValueError(
                 "`tie_output_projection=True` ties the output projection to MSSA's subspace projection; it needs "
@@ -167,12 +152,6 @@ class AoTConfig(PretrainedConfig):
             raise ValueError(
                 f"`image_size` ({self.image_size}) must be divisible by `patch_size` ({self.patch_size})."
             )
-        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            if (value := getattr(self, name)) is not None:
-                values = [check_number(name, v, "[0, inf)") for v in (value if isinstance(value, list) else [value])]
-                setattr(self, name, values if isinstance(value, list) else values[0])
-                if max(values, default=0) >= self.vocab_size:
-                    raise ValueError(f"`{name}` ({value}) must be < `vocab_size` ({self.vocab_size}).")
         if self.mlp_layers != "none" and self.mlp_type == "mlp" and self.intermediate_size < 1:
             raise ValueError(
                 f"`mlp_ratio` ({self.mlp_ratio}) gives MLP blocks of width {self.intermediate_size}; it must give at "
@@ -180,13 +159,19 @@ class AoTConfig(PretrainedConfig):
             )
         if self.num_labels < 1:  # a head with no outputs
             raise ValueError(f"`num_labels` must be an int >= 1, got {self.num_labels}.")
-        maps = self._output_attentions
-        if maps and self._attn_implementation == "knn":  # transformers' check accepts only "eager": see the setter
-            self._output_attentions = False
-        try:
-            super().validate()
-        finally:
-            self._output_attentions = maps
+
+    def validate_token_ids(self) -> None:
+        """Special tokens inside the vocabulary (transformers' check only warns: the embedding would fail later)."""
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(self, name)
+            values = value if isinstance(value, list) else [] if value is None else [value]
+            if any(not 0 <= v < self.vocab_size for v in values):
+                raise ValueError(f"`{name}` ({value}) must lie in [0, {self.vocab_size - 1}] (`vocab_size`).")
+
+    def validate_output_attentions(self) -> None:
+        """transformers' check accepts only "eager"; "knn" returns attention maps too (see the setter below)."""
+        if self._attn_implementation != "knn":
+            super().validate_output_attentions()
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a dict; a vision checkpoint lists `AoTVisionModel` among its `architectures` too, so that
@@ -241,7 +226,7 @@ class AoTConfig(PretrainedConfig):
         return self.mlp_layers == "all" or first_half
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> AoTConfig:
+    def from_preset(cls, name: str, **overrides) -> "AoTConfig":
         """A named preset's config (`aot_transformers.list_presets()`) with fields overridden; needs the package."""
         try:  # the preset table is not part of the remote-code files
             from aot_transformers.presets import preset_kwargs

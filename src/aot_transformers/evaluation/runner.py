@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 
 from .. import __version__
 from .._io import adapter_of, is_hub_id, load_pretrained, read_json
@@ -157,7 +158,7 @@ def load_model_and_tokenizer(
             if not remote_code or trust_remote_code or "trust_remote_code" not in str(error):
                 raise
             lm, info = load_pretrained(AutoModelForCausalLM, name, trust_remote_code=True, output_loading_info=True)
-    except (OSError, ValueError) as error:  # missing files or Hub, an invalid repo id, an unknown model type
+    except (OSError, ValueError, StrictDataclassError) as error:  # missing files or Hub, a bad id, type or config
         if not remote_code and "trust_remote_code" in str(error):
             raise EvaluationError(
                 f"{name} runs its own code when loaded, which is not run unasked: download it and check it with "
