@@ -1,7 +1,7 @@
 """The one error contract of every `aot` command.
 
-- **Bad input** (`UsageError` and its subclasses, argparse's own errors, and the `ValueError`/`TypeError` with which
-  this project's boundaries reject a value — a config field, a study option): one line on stderr naming the
+- **Bad input** (`UsageError` and its subclasses, argparse's own errors, the `ValueError`/`TypeError` with which
+  this project's boundaries reject a value — a study option — and a typed config's `StrictDataclassError`): one line on stderr naming the
   argument, the value and what is allowed; exit code 2; nothing already saved is touched.
 - **A failed run** (`RunError`, or any other exception): one line on stderr saying what failed; exit code 1. The
   traceback is printed only with `aot --debug …` (or `AOT_DEBUG=1`); otherwise it goes to a log file whose path the
@@ -23,6 +23,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from huggingface_hub.errors import StrictDataclassError
 
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1
@@ -60,7 +62,7 @@ class RunError(RuntimeError):
 def is_refusal(error: BaseException) -> bool:
     """Whether `error` refuses bad input (exit code 2) rather than reports a failed run: what a run refused before
     its first step undoes (`aot_transformers.training.run_state.OutputFolderClaim`)."""
-    return isinstance(error, (UsageError, ValueError, TypeError))
+    return isinstance(error, (UsageError, ValueError, TypeError, StrictDataclassError))
 
 
 def debug_enabled() -> bool:
