@@ -100,6 +100,11 @@ def power_law(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     return math.exp(my - slope * mx), -slope
 
 
+def _colour(arch: str) -> str:
+    """One colour per architecture in every figure: matplotlib's default cycle (tab10) in the order of `LABELS`."""
+    return f"C{list(LABELS).index(arch) % 10}" if arch in LABELS else "black"
+
+
 def plot_compute(groups, path: Path) -> None:
     import matplotlib
 
@@ -114,12 +119,12 @@ def plot_compute(groups, path: Path) -> None:
         )
         if not points:
             continue
-        line = axis.plot(*zip(*points, strict=True), "o", label=LABELS[arch])[0]
+        axis.plot(*zip(*points, strict=True), "o", color=_colour(arch), label=LABELS[arch])
         fit = power_law(points)
         if fit:
             a, b = fit
             xs = [points[0][0], points[-1][0]]
-            axis.plot(xs, [a * x**-b for x in xs], "-", color=line.get_color(), alpha=0.7)
+            axis.plot(xs, [a * x**-b for x in xs], "-", color=_colour(arch), alpha=0.7)
     axis.set(xscale="log", yscale="log", xlabel="training FLOPs", ylabel="validation loss (nats)")
     for ticks in (axis.yaxis.set_major_formatter, axis.yaxis.set_minor_formatter):  # 4.5, not 4.5 x 10^0
         ticks(FormatStrFormatter("%.1f"))
@@ -145,7 +150,9 @@ def plot_curves(groups, path: Path) -> None:
             run = runs[0]
             tokens_per_step = run["tokens"] / run["steps"]
             xs = [step * tokens_per_step / 1e6 for step, _ in run["curves"]["eval"]]
-            axis.plot(xs, [loss for _, loss in run["curves"]["eval"]], label=LABELS.get(arch, arch))
+            losses = [loss for _, loss in run["curves"]["eval"]]
+            style = "--" if arch.endswith("+knn") else "-"  # a k-NN twin dashed
+            axis.plot(xs, losses, style, color=_colour(arch), label=LABELS.get(arch, arch))
         axis.set(title=f"size {size}", xlabel="training tokens (M)", ylabel="validation loss (nats)")
         axis.legend(fontsize=7)
     figure.tight_layout()
