@@ -288,6 +288,30 @@ def test_each_verdict_is_judged_against_the_seed_noise_of_the_number_it_compares
     assert "- S: GPT-2 ahead, by 0.000 over AoT-MSSA (0x the noise)." in text
 
 
+def _image_record(arch: str, seed: int, accuracy: float) -> dict:
+    """A CIFAR-10 record with the fields the report's vision section reads."""
+    return {
+        "run": f"cifar10-{arch}-seed{seed}", "section": "vision", "arch": arch, "seed": seed, "main": True,
+        "shape": {"num_hidden_layers": 6, "hidden_size": 192}, "wall_seconds": 3600.0,
+        "parameters": {"total": 2_700_000 if arch == "vit" else 900_000, "non_embedding": 2_650_000},
+        "final": {"eval_accuracy": accuracy}, "curves": {"eval": [[351, accuracy / 2], [3516, accuracy]]},
+    }  # fmt: skip
+
+
+def test_the_vision_section_names_each_vit_run_short_of_the_floor_and_judges_aot_by_the_papers_gap():
+    from benchmarks.study.report import vision_section
+
+    floor = study_plan.VISION.vit_floor
+    short = [_image_record("vit", 0, floor / 100 - 0.05), _image_record("vit", 1, floor / 100 + 0.01)]
+    text = "\n".join(vision_section([*short, _image_record("aot-mhsa", 0, floor / 100 - 0.03)]))
+    assert (
+        f"Every ViT run must reach {floor:.0f}% validation accuracy: short of it: `cifar10-vit-seed0` (50.0%)." in text
+    )
+    assert "AoT-MHSA -1.0 points vs ViT at 0.33x its parameters (held)" in text  # 52% vs the mean of 50% and 56%
+    text = "\n".join(vision_section([_image_record("vit", 0, floor / 100 + 0.05)]))
+    assert "all finished ViT runs do." in text
+
+
 def test_a_planned_runs_flops_are_those_its_record_counts():
     from benchmarks.study.flops import planned_flops
     from benchmarks.study.report import load_records

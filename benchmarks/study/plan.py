@@ -170,6 +170,7 @@ class VisionStudy:
     weight_decay: float = 0.05
     warmup: float = 0.05
     seeds: tuple[int, ...] = (0, 1)  # both for the four main rows
+    vit_floor: float = 55.0  # the validation accuracy (%) every ViT run must reach: the baseline is a real one
     extra: dict = field(default_factory=dict)  # smoke: a few steps on a few images
 
     def model_arguments(self, arch: str) -> tuple[str, ...]:
