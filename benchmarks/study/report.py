@@ -219,7 +219,7 @@ def summary_block(study: study_plan.Study, vision: study_plan.VisionStudy, recor
         "Gutenberg validation and test loss (nats per token, mean over seeds ± half their range) and how far below",
         "the unigram floor each main row ends:",
         "",
-        "| size | model | val. loss | below unigram | test loss | hours |",
+        "| size | model | val. loss | below unigram | test loss | wall hours, all seeds |",
         "|---|---|---|---|---|---|",
     ]
     order = {r.name: i for i, r in enumerate(planned)}
