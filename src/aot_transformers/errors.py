@@ -1,8 +1,8 @@
 """The one error contract of every `aot` command.
 
 - **Bad input** (`UsageError` and its subclasses, argparse's own errors, the `ValueError`/`TypeError` with which
-  this project's boundaries reject a value — a study option — and a typed config's `StrictDataclassError`): one line on stderr naming the
-  argument, the value and what is allowed; exit code 2; nothing already saved is touched.
+  this project's boundaries reject a value — a study option — and a typed config's `StrictDataclassError`): one
+  line on stderr naming the argument, the value and what is allowed; exit code 2; nothing already saved is touched.
 - **A failed run** (`RunError`, or any other exception): one line on stderr saying what failed; exit code 1. The
   traceback is printed only with `aot --debug …` (or `AOT_DEBUG=1`); otherwise it goes to a log file whose path the
   line names, so an unattended run keeps it without flooding the terminal.
