@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from accelerate import ParallelismConfig
 from accelerate.utils import DistributedType
+from huggingface_hub.errors import StrictDataclassError
 
 from .._io import adapter_of, is_pickle_name, looks_like_path, read_weights
 from ..configuration_aot import AoTConfig
@@ -153,8 +154,8 @@ def build_config(model_args: ModelArguments, default_preset: str, task: str = "t
         return AoTConfig.from_preset(preset or default_preset, **fields)
     except TrainingSetupError:
         raise
-    except (ValueError, TypeError) as error:
-        raise TrainingSetupError(str(error)) from error
+    except (ValueError, TypeError, StrictDataclassError) as error:  # the last: a typed config's field or check
+        raise TrainingSetupError(str(error).replace("\n   ", "")) from error
     except OSError as error:
         raise TrainingSetupError(f"Could not load the model config from {model_name_or_path!r}: {error}") from error
 
