@@ -155,7 +155,7 @@ def build_config(model_args: ModelArguments, default_preset: str, task: str = "t
     except TrainingSetupError:
         raise
     except (ValueError, TypeError, StrictDataclassError) as error:  # the last: a typed config's field or check
-        raise TrainingSetupError(str(error).replace("\n   ", "")) from error
+        raise TrainingSetupError(str(error)) from error  # `errors.one_line` joins its lines for the command
     except OSError as error:
         raise TrainingSetupError(f"Could not load the model config from {model_name_or_path!r}: {error}") from error
 
