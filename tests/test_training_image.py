@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -17,10 +18,12 @@ pytest.importorskip("datasets")
 pytest.importorskip("sklearn")
 
 from PIL import Image
+from safetensors import safe_open
 from transformers import (
     AutoImageProcessor,
     AutoModelForImageClassification,
     EvalPrediction,
+    TrainerCallback,
     TrainingArguments,
     ViTForImageClassification,
     pipeline,
@@ -454,3 +457,36 @@ def test_vit_baseline_trains_and_reloads_with_auto_classes(tmp_path, cifar_dir):
     assert results["settings"]["augmentation"].endswith("+ RandAugment (2 ops, magnitude 9)")
     classifier = pipeline("image-classification", model=str(final))  # no trust_remote_code needed
     assert {p["label"] for p in classifier(_image(COLOURS["dog"], 99, size=40))} <= {"cat", "dog", "frog"}
+
+
+def test_resumed_vit_starts_from_its_checkpoints_weights(tmp_path, cifar_dir):
+    """transformers' ViT saves its layers under other names than its modules' (`vit.encoder.layer.0` on disk,
+    `vit.layers.0` in memory); a resume must rename them, not restart those layers from a fresh initialisation."""
+
+    def prepare(resume: str | None = None):
+        return prepare_image_training(
+            ImageModelArguments(model_type="vit", config_overrides=TINY),
+            ImageDataArguments(dataset_name=str(cifar_dir), validation_split_percentage=20),
+            training_args(tmp_path, max_steps=4, save_strategy="steps", save_steps=2, resume_from_checkpoint=resume),
+            PublishArguments(model_name="tiny-vit"),
+        )
+
+    run_image_training(prepare())
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    with safe_open(checkpoint / "model.safetensors", "pt") as saved_file:
+        assert any(name.startswith("vit.encoder.layer.0.") for name in saved_file.keys())
+    saved = ViTForImageClassification.from_pretrained(checkpoint).state_dict()
+    shutil.rmtree(tmp_path / "run" / "checkpoint-4")
+    shutil.rmtree(tmp_path / "run" / "model")
+
+    class FirstWeights(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self.weights = {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+    resumed = prepare(resume=str(checkpoint))
+    first = FirstWeights()
+    resumed.trainer.add_callback(first)
+    run_image_training(resumed)
+    assert first.weights.keys() == saved.keys()
+    for name, value in saved.items():
+        torch.testing.assert_close(first.weights[name], value, rtol=0, atol=0, msg=name)

@@ -285,9 +285,42 @@ def claim_output_dir(output_dir: str | os.PathLike, identity: dict[str, Any], wr
 class RecordRunTrainerMixin:
     """Put before `transformers.Trainer` in a subclass: every checkpoint gets `RUN_RECORD` (the `run_record`
     attribute) right after its weights and before `trainer_state.json`, the file that marks it complete, so a kill
-    between the two never leaves a complete-looking checkpoint without its record."""
+    between the two never leaves a complete-looking checkpoint without its record.
+
+    It also loads a checkpoint's weights (to resume, or the best one at the end) through `from_pretrained`, which
+    renames the keys of a model whose saved names are not its modules' (transformers' ViT saves `vit.encoder.layer.0`
+    for its `vit.layers.0`). Trainer's own plain `load_state_dict(strict=False)` skips that renaming and resumes such
+    a model with freshly initialised layers, warning only; here every key must match."""
 
     run_record: dict[str, Any] | None = None
+
+    def _loads_by_name(self, model) -> bool:
+        """Whether `_load_by_name` applies: a plain transformers model (not PEFT's, not sharded by DeepSpeed, FSDP or
+        tensor parallelism, whose loaders Trainer keeps)."""
+        from transformers import PreTrainedModel
+
+        sharded = (
+            self.is_deepspeed_enabled
+            or self.is_fsdp_enabled
+            or any(hasattr(p, "to_local") for p in model.parameters())
+        )
+        return isinstance(model, PreTrainedModel) and not sharded
+
+    def _load_by_name(self, folder: str, model) -> None:
+        model.load_state_dict(type(model).from_pretrained(folder).state_dict(), strict=True)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        model = self.model if model is None else model
+        if self._loads_by_name(model):
+            self._load_by_name(resume_from_checkpoint, model)
+        else:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_best_model(self) -> None:
+        if self._loads_by_name(self.model):
+            self._load_by_name(self.state.best_model_checkpoint, self.model)
+        else:
+            super()._load_best_model()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
