@@ -77,6 +77,10 @@ def planned_flops(run, block_size: int) -> float:
     language = run.section == "language"
     model_args = (parse_lm_arguments if language else parse_image_arguments)([*run.arguments, "--output_dir", "-"])[0]
     config = build_config(model_args, "aot-mssa-l-tiny", "text-generation" if language else "image-classification")
+    if not language:  # the dataset sets the head's classes when the run starts; the preset's 1000 would count 100x
+        from .plan import VISION
+
+        config.num_labels = VISION.num_classes
     with torch.device("meta"):
         model = (AutoModelForCausalLM if language else AutoModelForImageClassification).from_config(config)
     if language:

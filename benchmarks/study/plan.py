@@ -160,6 +160,7 @@ class VisionStudy:
     the same depth and width (the ICML paper's Tables 1-2 compare them so), k-NN twins of ViT and AoT-MSSA, RandAugment
     on top of crop and flip, as the papers train."""
 
+    num_classes: int = 10  # CIFAR-10's; the head's size, which the planned FLOPs count
     hidden_size: int = 192
     num_attention_heads: int = 3  # head size 64, as ViT-Tiny
     num_hidden_layers: int = 6
