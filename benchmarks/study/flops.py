@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from .plan import VISION
+
 
 def matmul_weights(model: torch.nn.Module) -> int:
     """Weights a token is multiplied by in one forward: every 2-D weight of a linear layer (transformers' `Conv1D`
@@ -78,8 +80,6 @@ def planned_flops(run, block_size: int) -> float:
     model_args = (parse_lm_arguments if language else parse_image_arguments)([*run.arguments, "--output_dir", "-"])[0]
     config = build_config(model_args, "aot-mssa-l-tiny", "text-generation" if language else "image-classification")
     if not language:  # the dataset sets the head's classes when the run starts; the preset's 1000 would count 100x
-        from .plan import VISION
-
         config.num_labels = VISION.num_classes
     with torch.device("meta"):
         model = (AutoModelForCausalLM if language else AutoModelForImageClassification).from_config(config)

@@ -288,15 +288,14 @@ class RecordRunTrainerMixin:
     between the two never leaves a complete-looking checkpoint without its record.
 
     It also loads a checkpoint's weights (to resume, or the best one at the end) through `from_pretrained`, which
-    renames the keys of a model whose saved names are not its modules' (transformers' ViT saves `vit.encoder.layer.0`
-    for its `vit.layers.0`). Trainer's own plain `load_state_dict(strict=False)` skips that renaming and resumes such
-    a model with freshly initialised layers, warning only; here every key must match."""
+    renames the keys a model saves under other names than its modules' (transformers' ViT: `vit.encoder.layer.0` for
+    `vit.layers.0`); Trainer's plain `load_state_dict(strict=False)` would leave those layers freshly initialised."""
 
     run_record: dict[str, Any] | None = None
 
-    def _loads_by_name(self, model) -> bool:
-        """Whether `_load_by_name` applies: a plain transformers model (not PEFT's, not sharded by DeepSpeed, FSDP or
-        tensor parallelism, whose loaders Trainer keeps)."""
+    def _load_by_name(self, folder: str, model) -> bool:
+        """Load `folder`'s weights into `model`, every key matched; False (nothing loaded) for a model Trainer's own
+        loaders handle: PEFT's, or one sharded by DeepSpeed, FSDP or tensor parallelism."""
         from transformers import PreTrainedModel
 
         sharded = (
@@ -304,22 +303,17 @@ class RecordRunTrainerMixin:
             or self.is_fsdp_enabled
             or any(hasattr(p, "to_local") for p in model.parameters())
         )
-        return isinstance(model, PreTrainedModel) and not sharded
-
-    def _load_by_name(self, folder: str, model) -> None:
+        if sharded or not isinstance(model, PreTrainedModel):
+            return False
         model.load_state_dict(type(model).from_pretrained(folder).state_dict(), strict=True)
+        return True
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        model = self.model if model is None else model
-        if self._loads_by_name(model):
-            self._load_by_name(resume_from_checkpoint, model)
-        else:
+        if not self._load_by_name(resume_from_checkpoint, self.model if model is None else model):
             super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _load_best_model(self) -> None:
-        if self._loads_by_name(self.model):
-            self._load_by_name(self.state.best_model_checkpoint, self.model)
-        else:
+        if not self._load_by_name(self.state.best_model_checkpoint, self.model):
             super()._load_best_model()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
