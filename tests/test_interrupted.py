@@ -143,3 +143,40 @@ def test_sigterm_with_jit_checkpoint_saves_the_step_under_way_and_the_same_comma
     logged = [entry["step"] for entry in history if "loss" in entry]
     assert int(Path(later).name.removeprefix("checkpoint-")) > step
     assert logged == sorted(set(logged)) and step in logged  # one history: the first stop's steps, then the rest
+
+
+def test_a_sigterm_landing_after_the_optimizer_step_saves_that_steps_logged_loss(tmp_path):
+    """transformers' JIT checkpoint, requested between a step's optimizer update and its `on_step_end` (the grace
+    timer firing there), saves before Trainer logs the step: the checkpoint's history then lacks that step's loss and
+    a resume never logs it. Here the request lands exactly there, at step 3: checkpoint-3 holds step 3's loss."""
+    from transformers import TrainerCallback
+
+    from aot_transformers.training.lm import parse_lm_arguments, prepare_lm_training, run_lm_training
+
+    lines = [line for text in embedded_corpus()[:20] for line in text.splitlines() if line.strip()][:400]
+    data = tmp_path / "train.txt"
+    data.write_text("\n".join(lines) + "\n")
+    run = tmp_path / "run"
+    arguments = _arguments(data, run)
+    arguments[arguments.index("--save_steps") + 1] = "100000"  # no periodic checkpoint: only the SIGTERM's
+    arguments += ["--logging_steps", "1", "--enable_jit_checkpoint", "--make_plots", "false"]
+
+    class SigtermAfterTheOptimizerStep(TrainerCallback):
+        trainer = None
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            if state.global_step == 2:  # step 3's update is done; its `on_step_end` and its log come next
+                os.kill(os.getpid(), signal.SIGTERM)  # the run notes it and transformers starts its grace timer
+                jit = next(c for c in self.trainer.callback_handler.callbacks if hasattr(c, "jit_manager"))
+                jit.jit_manager.is_checkpoint_requested = True  # the timer firing now
+
+    trigger = SigtermAfterTheOptimizerStep()
+    model_args, data_args, publish_args, lora, optim, training_args = parse_lm_arguments(arguments)
+    prepared = prepare_lm_training(model_args, data_args, training_args, publish_args, callbacks=[trigger])
+    trigger.trainer = prepared.trainer
+    with pytest.raises(KeyboardInterrupt, match="stopped at step 3"):
+        run_lm_training(prepared)
+    saved = Path(last_complete_checkpoint(run))
+    assert saved.name == "checkpoint-3" and not (run / "model").exists()
+    history = json.loads((saved / "trainer_state.json").read_text())["log_history"]
+    assert [entry["step"] for entry in history if "loss" in entry] == [1, 2, 3]

@@ -390,6 +390,24 @@ __all__ = [
 ]
 
 
+def _save_a_jit_checkpoint_after_the_steps_log(trainer) -> None:
+    """transformers' JIT checkpoint saves at the first callback after a SIGTERM's grace period. At `on_step_end` that
+    is before Trainer logs the step, so the checkpoint's history lacks the step's loss and a resume never logs it.
+    Its callback is swapped for one that saves there through Trainer's own path instead, after the log."""
+    from transformers.trainer_jit_checkpoint import JITCheckpointCallback
+
+    class SaveAfterTheLogCallback(JITCheckpointCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.jit_manager is not None and self.jit_manager.is_checkpoint_requested:
+                self.jit_manager.is_checkpoint_requested = False
+                control.should_save = control.should_training_stop = True
+
+    transformers_callback = trainer.pop_callback(JITCheckpointCallback)
+    replacement = SaveAfterTheLogCallback()
+    replacement.trainer, replacement.jit_manager = trainer, getattr(transformers_callback, "jit_manager", None)
+    trainer.add_callback(replacement)
+
+
 def train_unless_finished(trainer, resume: str | None) -> dict[str, Any]:
     """`trainer.train(resume_from_checkpoint=resume)` and its metrics, except when `resume` already reached the
     run's end (`--max_steps`, or `--num_train_epochs` without it): then its weights and state are loaded and
@@ -409,6 +427,7 @@ def train_unless_finished(trainer, resume: str | None) -> dict[str, Any]:
             return {"train_steps_this_run": 0}
     if not trainer.args.enable_jit_checkpoint:
         return dict(trainer.train(resume_from_checkpoint=resume).metrics)
+    _save_a_jit_checkpoint_after_the_steps_log(trainer)
     terminated, jit_handler = [], signal.getsignal(signal.SIGTERM)  # transformers' JIT checkpoint handler
 
     def note_sigterm(signum, frame):
