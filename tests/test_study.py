@@ -193,6 +193,8 @@ def test_the_vision_study_trains_crate_and_records_its_accuracy(tiny_study):
         record["command"].startswith("aot train image --preset aot-mssa-v") and "--rand_augment" in record["command"]
     )
     assert record["flops"] > 0 and record["parameters"]["total"] > record["parameters"]["non_embedding"]
+    assert "![CIFAR-10 validation accuracy](vision_curves.png)" in (work / "REPORT.md").read_text()
+    assert (work / "vision_curves.png").stat().st_size > 0
 
 
 def test_the_readme_summary_is_rendered_from_the_committed_records():

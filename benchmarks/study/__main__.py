@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def redraw() -> list[Path]:  # REPORT.md, its figures, the README's summary and the miniature's report
         report = write_report(study, vision, records, report_dir)
-        drawn = [report, *(report.with_name(name) for name in ("compute.png", "curves.png"))]
+        drawn = [report, *(report.with_name(name) for name in ("compute.png", "curves.png", "vision_curves.png"))]
         if args.smoke:
             return drawn
         write_summary(readme, summary_block(study, vision, records))

@@ -161,6 +161,7 @@ class VisionStudy:
     on top of crop and flip, as the papers train."""
 
     num_classes: int = 10  # CIFAR-10's; the head's size, which the planned FLOPs count
+    train_images: int = 45_000  # the training side of the fixed split (the other 5,000 validate)
     hidden_size: int = 192
     num_attention_heads: int = 3  # head size 64, as ViT-Tiny
     num_hidden_layers: int = 6
@@ -199,7 +200,7 @@ class VisionStudy:
         """The four main rows with every seed, then the k-NN twins."""
         order = [(arch, seed, True) for seed in self.seeds for arch in VISION_ARCHS]
         order += [(arch, self.seeds[0], False) for arch in ("vit+knn", "aot-mssa+knn")]
-        steps = self.extra.get("steps") or round(self.epochs * 45_000 / self.batch_size)
+        steps = self.extra.get("steps") or round(self.epochs * self.train_images / self.batch_size)
         return [
             Run(f"cifar10-{arch}-seed{seed}", "vision", arch, "cifar10", seed, main, self.model_arguments(arch), steps,
                 steps * self.batch_size)

@@ -160,6 +160,30 @@ def plot_curves(groups, path: Path) -> None:
     plt.close(figure)
 
 
+def plot_vision_curves(images: list[dict], path: Path) -> None:
+    """Validation accuracy against training epochs, one line per architecture (its first seed), k-NN twins dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for arch in dict.fromkeys(r["arch"] for r in images):
+        run = next(r for r in images if r["arch"] == arch)
+        epochs_per_step = run["tokens"] / run["steps"] / study_plan.VISION.train_images
+        points = [(step * epochs_per_step, 100 * accuracy) for step, accuracy in run["curves"]["eval"]]
+        style = "--" if arch.endswith("+knn") else "-"
+        axis.plot(*zip(*points, strict=True), style, color=_colour(arch), label=LABELS.get(arch, arch))
+    floor = study_plan.VISION.vit_floor
+    axis.axhline(floor, color="grey", linewidth=0.8, linestyle=":", label=f"ViT floor ({floor:.0f}%)")
+    axis.set(xlabel="training epochs", ylabel="validation accuracy (%)")
+    axis.set_title("CIFAR-10: validation accuracy during training")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def _fmt(values: list[float], digits: int = 3) -> str:
     text = f"{_mean(values):.{digits}f}"
     return text + (f" ± {_half_range(values):.{digits}f}" if len(values) > 1 else "")
@@ -251,7 +275,7 @@ def write_summary(readme: Path, block: str) -> None:
 
 
 def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, records_dir: Path, report_dir: Path) -> Path:
-    """Write REPORT.md (and compute.png, curves.png) into `report_dir` from the records in `records_dir`."""
+    """Write REPORT.md (and compute.png, curves.png, vision_curves.png) into `report_dir` from the records in `records_dir`."""
     records = load_records(records_dir)
     images = load_records(records_dir, "vision")
     groups = _grouped(records)
@@ -344,6 +368,9 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
         plot_compute(groups, report_dir / "compute.png")
         plot_curves(groups, report_dir / "curves.png")
         lines += ["", "![validation loss against compute](compute.png)", "", "![curves](curves.png)"]
+    if images:
+        plot_vision_curves(images, report_dir / "vision_curves.png")
+        lines += ["", "![CIFAR-10 validation accuracy](vision_curves.png)"]
     path = report_dir / "REPORT.md"
     path.write_text("\n".join(lines) + "\n")
     return path
