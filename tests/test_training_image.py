@@ -459,6 +459,29 @@ def test_vit_baseline_trains_and_reloads_with_auto_classes(tmp_path, cifar_dir):
     assert {p["label"] for p in classifier(_image(COLOURS["dog"], 99, size=40))} <= {"cat", "dog", "frog"}
 
 
+def test_a_resumed_augmented_run_repeats_the_uninterrupted_one(tmp_path, cifar_dir):
+    """Crop, flip and RandAugment draw from a generator keyed by the seed and the batch, not from the global one
+    (which a checkpoint saves a batch ahead of the data): resumed at step 2, steps 3 and 4 give the same losses."""
+
+    def losses(resume: str | None = None) -> list[float]:
+        run = prepare_image_training(
+            ImageModelArguments(config_overrides=TINY),
+            ImageDataArguments(dataset_name=str(cifar_dir), validation_split_percentage=20, rand_augment=True),
+            training_args(tmp_path, max_steps=4, save_strategy="steps", save_steps=2, logging_steps=1,
+                          resume_from_checkpoint=resume),
+            PublishArguments(model_name="tiny-aot"),
+        )  # fmt: skip
+        assert run.summary["augmentation"].startswith("random crop") and "RandAugment" in run.summary["augmentation"]
+        run_image_training(run)
+        return [entry["loss"] for entry in run.trainer.state.log_history if "loss" in entry]
+
+    uninterrupted = losses()
+    shutil.rmtree(tmp_path / "run" / "checkpoint-4")
+    shutil.rmtree(tmp_path / "run" / "model")
+    resumed = losses(resume=str(tmp_path / "run" / "checkpoint-2"))
+    assert len(uninterrupted) == 4 and resumed == uninterrupted
+
+
 def test_resumed_vit_starts_from_its_checkpoints_weights(tmp_path, cifar_dir):
     """transformers' ViT saves its layers under other names than its modules' (`vit.encoder.layer.0` on disk,
     `vit.layers.0` in memory); a resume must rename them, not restart those layers from a fresh initialisation."""

@@ -156,7 +156,7 @@ def _prepare_image(
         compute_metrics=accuracy_metrics(),
     )
     trainer.train_data_collator = ImageBatchCollator(
-        processor, augment=augment, crop_padding=data_args.crop_padding, rand_augment=rand_augment
+        processor, augment, data_args.crop_padding, rand_augment, seed=training_args.seed
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import io
 import math
 import re
@@ -437,20 +438,21 @@ def _open(image, mode: str | None):
     return image
 
 
-def random_crop_flip(pixel_values, padding: int):
+def random_crop_flip(pixel_values, padding: int, generator=None):
     """Per image: pad by `padding` with zeros (the normalised mean), crop back at a random offset, and flip
-    horizontally with probability 1/2 — the standard CIFAR-10 augmentation, on a (B, C, S, S) batch."""
+    horizontally with probability 1/2 — the standard CIFAR-10 augmentation, on a (B, C, S, S) batch; the draws come
+    from `generator` (torch's global one by default)."""
     import torch
     import torch.nn.functional as F
 
     batch, _, height, width = pixel_values.shape
     if padding > 0:
         padded = F.pad(pixel_values, (padding, padding, padding, padding))  # (B, C, S+2p, S+2p)
-        top = torch.randint(0, 2 * padding + 1, (batch,)).tolist()
-        left = torch.randint(0, 2 * padding + 1, (batch,)).tolist()
+        top = torch.randint(0, 2 * padding + 1, (batch,), generator=generator).tolist()
+        left = torch.randint(0, 2 * padding + 1, (batch,), generator=generator).tolist()
         crops = [image[:, t : t + height, x : x + width] for image, t, x in zip(padded, top, left, strict=True)]
         pixel_values = torch.stack(crops)
-    flip = torch.rand(batch) < 0.5
+    flip = torch.rand(batch, generator=generator) < 0.5
     return torch.where(flip[:, None, None, None], pixel_values.flip(-1), pixel_values)
 
 
@@ -545,8 +547,8 @@ def apply_rand_augment_op(image, op: str, magnitude: float, fill: int = 0):
 class RandAugment:
     """RandAugment as torchvision's `transforms.RandAugment(num_ops, magnitude)` on PIL images: `num_ops`
     operations, each drawn uniformly from `RAND_AUGMENT_OPS` (with replacement), at bin `magnitude` of 31, with a
-    random sign where the operation has one. The draws come from torch's global generator, in torchvision's order, so
-    `transformers.set_seed` makes them reproducible and every DataLoader worker draws its own."""
+    random sign where the operation has one. The draws come from `generator` (torch's global one by default, so that
+    `transformers.set_seed` makes them reproducible), in torchvision's order."""
 
     def __init__(self, num_ops: int = 2, magnitude: int = 9, fill: int = 0):
         if isinstance(num_ops, bool) or not isinstance(num_ops, int) or num_ops < 0:
@@ -557,18 +559,18 @@ class RandAugment:
             )
         self.num_ops, self.magnitude, self.fill = num_ops, magnitude, fill
 
-    def __call__(self, image):
+    def __call__(self, image, generator=None):
         import torch
 
         for _ in range(self.num_ops):
-            op = RAND_AUGMENT_OPS[int(torch.randint(len(RAND_AUGMENT_OPS), (1,)).item())]
+            op = RAND_AUGMENT_OPS[int(torch.randint(len(RAND_AUGMENT_OPS), (1,), generator=generator).item())]
             magnitude, signed = rand_augment_magnitude(op, self.magnitude, image.height, image.width)
-            if signed and torch.randint(2, (1,)):
+            if signed and torch.randint(2, (1,), generator=generator):
                 magnitude = -magnitude
             image = apply_rand_augment_op(image, op, magnitude, self.fill)
         return image
 
-    def augment_batch(self, pixels):
+    def augment_batch(self, pixels, generator=None):
         """A uint8 batch (B, C, S, S) with C 1 or 3, each image augmented on its own; same shape and dtype."""
         import numpy as np
         import torch
@@ -580,7 +582,8 @@ class RandAugment:
             )
         augmented = []
         for image in pixels.numpy():  # (C, H, W)
-            array = np.array(self(Image.fromarray(image[0] if len(image) == 1 else image.transpose(1, 2, 0))))
+            image = Image.fromarray(image[0] if len(image) == 1 else image.transpose(1, 2, 0))
+            array = np.array(self(image, generator))
             augmented.append(array[None] if array.ndim == 2 else array.transpose(2, 0, 1))  # (C, H, W)
         return torch.from_numpy(np.stack(augmented))
 
@@ -591,10 +594,18 @@ class RandAugment:
 class ImageBatchCollator:
     """Stacks uint8 `pixel_values` (from `preprocess_images`) into a normalised float batch (B, C, S, S) exactly as
     the image processor would. Training batches are augmented first, on the pixels: random crop-with-padding and
-    horizontal flip when `augment`, then `rand_augment` (a `RandAugment`) when given."""
+    horizontal flip when `augment`, then `rand_augment` (a `RandAugment`) when given. With a `seed`, a batch's draws
+    come from a generator seeded by it and the batch's pixels, so a batch is augmented alike whenever it is drawn: a
+    resumed run repeats an uninterrupted one exactly (the global generator, which a checkpoint saves, is one batch
+    ahead of the data: the DataLoader fetches a batch before the step that trains it)."""
 
     def __init__(
-        self, processor, augment: bool = False, crop_padding: int = 4, rand_augment: RandAugment | None = None
+        self,
+        processor,
+        augment: bool = False,
+        crop_padding: int = 4,
+        rand_augment: RandAugment | None = None,
+        seed: int | None = None,
     ):
         import torch
 
@@ -608,16 +619,21 @@ class ImageBatchCollator:
         self.augment = augment
         self.crop_padding = crop_padding
         self.rand_augment = rand_augment
+        self.seed = seed
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
 
         pixels = torch.stack([torch.as_tensor(example["pixel_values"]) for example in examples])  # (B, C, S, S)
+        generator = None
+        if self.seed is not None and (self.augment or self.rand_augment is not None):
+            key = hashlib.blake2b(pixels.numpy().tobytes(), digest_size=8, key=str(self.seed).encode()).digest()
+            generator = torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
         if self.augment:
-            padded = random_crop_flip(pixels.float() - self.padding_value, self.crop_padding)
+            padded = random_crop_flip(pixels.float() - self.padding_value, self.crop_padding, generator)
             pixels = padded + self.padding_value
         if self.rand_augment is not None:  # on whole pixel values, as torchvision's (the padding's 127.5: 128)
-            pixels = self.rand_augment.augment_batch(pixels.round().to(torch.uint8))
+            pixels = self.rand_augment.augment_batch(pixels.round().to(torch.uint8), generator)
         pixel_values = (pixels.float() * self.scale - self.mean) / self.std
         labels = torch.as_tensor([int(example["labels"]) for example in examples], dtype=torch.long)
         return {"pixel_values": pixel_values, "labels": labels}
