@@ -393,14 +393,17 @@ __all__ = [
 def _save_a_jit_checkpoint_after_the_steps_log(trainer) -> None:
     """transformers' JIT checkpoint saves at the first callback after a SIGTERM's grace period. At `on_step_end` that
     is before Trainer logs the step, so the checkpoint's history lacks the step's loss and a resume never logs it.
-    Its callback is swapped for one that saves there through Trainer's own path instead, after the log."""
+    Its callback is swapped for one that saves there through Trainer's own path instead, after the log (except under
+    `save_strategy="best"`, whose evaluation decides whether Trainer saves)."""
     from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 
     class SaveAfterTheLogCallback(JITCheckpointCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            if self.jit_manager is not None and self.jit_manager.is_checkpoint_requested:
-                self.jit_manager.is_checkpoint_requested = False
-                control.should_save = control.should_training_stop = True
+            requested = self.jit_manager is not None and self.jit_manager.is_checkpoint_requested
+            if not requested or args.save_strategy == "best":
+                return super().on_step_end(args, state, control, **kwargs)
+            self.jit_manager.is_checkpoint_requested = False
+            control.should_save = control.should_training_stop = True
 
     transformers_callback = trainer.pop_callback(JITCheckpointCallback)
     replacement = SaveAfterTheLogCallback()
