@@ -275,7 +275,8 @@ def write_summary(readme: Path, block: str) -> None:
 
 
 def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, records_dir: Path, report_dir: Path) -> Path:
-    """Write REPORT.md (and compute.png, curves.png, vision_curves.png) into `report_dir` from the records in `records_dir`."""
+    """Write REPORT.md (and compute.png, curves.png, vision_curves.png) into `report_dir` from the records in
+    `records_dir`."""
     records = load_records(records_dir)
     images = load_records(records_dir, "vision")
     groups = _grouped(records)
