@@ -314,6 +314,19 @@ def test_the_vision_section_names_each_vit_run_short_of_the_floor_and_judges_aot
     assert "all finished ViT runs do." in text
 
 
+def test_the_readme_summary_lists_each_cifar10_main_row_with_its_seeds(tmp_path):
+    from benchmarks.study.report import summary_block
+
+    (tmp_path / "vision").mkdir()
+    rows = [_image_record("vit", 0, 0.56), _image_record("vit", 1, 0.58), _image_record("crate", 0, 0.62)]
+    rows.append({**_image_record("aot-mssa+knn", 0, 0.5), "main": False})  # a k-NN twin: REPORT.md's, not here
+    for row in rows:
+        (tmp_path / "vision" / f"{row['run']}.json").write_text(json.dumps(row))
+    text = summary_block(study_plan.STUDY, study_plan.VISION, tmp_path)
+    assert "| ViT (2 seeds) | 2.70M | 57.0 ± 1.0 | 2.00 |" in text and "| CRATE | 0.90M | 62.0 | 1.00 |" in text
+    assert "k-NN" not in text.split("CIFAR-10 validation accuracy", 1)[1].split("Verdicts", 1)[0]
+
+
 def test_a_planned_runs_flops_are_those_its_record_counts():
     from benchmarks.study.flops import planned_flops
     from benchmarks.study.report import load_records

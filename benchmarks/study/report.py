@@ -232,7 +232,7 @@ def remaining_hours(runs: list, finished: list[dict], block_size: int) -> dict[s
 
 def summary_block(study: study_plan.Study, vision: study_plan.VisionStudy, records_dir: Path) -> str:
     """The README's summary of the study, from the records alone: each finished main row's validation, floor and test
-    numbers, and the machine-hours the finished runs took."""
+    numbers (CIFAR-10: its accuracy), and the machine-hours the finished runs took."""
     records, images = load_records(records_dir), load_records(records_dir, "vision")
     planned = study_plan.schedule(study, vision)
     lines = [
@@ -255,6 +255,22 @@ def summary_block(study: study_plan.Study, vision: study_plan.VisionStudy, recor
                 _fmt([r["final"]["eval_loss"] for r in runs]),
                 _fmt([r["final"]["below_unigram"] for r in runs], 2),
                 _fmt([r["final"]["test_loss"] for r in runs]),
+                f"{sum(r['wall_seconds'] for r in runs) / 3600:.2f}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    by_arch: dict[str, list[dict]] = defaultdict(list)
+    for record in sorted(images, key=lambda r: order.get(r["run"], 1e9)):
+        if record["main"]:
+            by_arch[record["arch"]].append(record)
+    if by_arch:
+        shape = f"{vision.num_hidden_layers} layers x {vision.hidden_size} for every model, {vision.epochs:g} epochs"
+        lines += ["", f"CIFAR-10 validation accuracy (%, {shape}):", "",
+                  "| model | parameters | val. accuracy | wall hours, all seeds |", "|---|---|---|---|"]  # fmt: skip
+        for arch, runs in by_arch.items():
+            cells = [
+                LABELS.get(arch, arch) + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""),
+                f"{runs[0]['parameters']['total'] / 1e6:.2f}M",
+                _fmt([100 * r["final"]["eval_accuracy"] for r in runs], 1),
                 f"{sum(r['wall_seconds'] for r in runs) / 3600:.2f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
