@@ -83,6 +83,19 @@ def _grouped(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
     return groups
 
 
+def _by_arch(images: list[dict]) -> dict[str, list[dict]]:
+    """Vision records by architecture, in the order given."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for record in images:
+        groups[record["arch"]].append(record)
+    return groups
+
+
+def _label(arch: str, runs: list[dict]) -> str:
+    """A table's model cell: the architecture, and its seeds when there are several."""
+    return LABELS.get(arch, arch) + (f" ({len(runs)} seeds)" if len(runs) > 1 else "")
+
+
 def seed_noise(groups, key=lambda r: r["final"]["eval_loss"]) -> float | None:
     """Half the range of `key` over seeds, averaged over the rows that have more than one seed."""
     spreads = [_half_range([key(r) for r in runs]) for runs in groups.values() if len(runs) > 1]
@@ -160,7 +173,7 @@ def plot_curves(groups, path: Path) -> None:
     plt.close(figure)
 
 
-def plot_vision_curves(images: list[dict], path: Path) -> None:
+def plot_vision_curves(images: list[dict], vision: study_plan.VisionStudy, path: Path) -> None:
     """Validation accuracy against training epochs, one line per architecture (its first seed), k-NN twins dashed."""
     import matplotlib
 
@@ -168,13 +181,12 @@ def plot_vision_curves(images: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    for arch in dict.fromkeys(r["arch"] for r in images):
-        run = next(r for r in images if r["arch"] == arch)
-        epochs_per_step = run["tokens"] / run["steps"] / study_plan.VISION.train_images
+    for arch, (run, *_) in _by_arch(images).items():
+        epochs_per_step = run["tokens"] / run["steps"] / vision.train_images
         points = [(step * epochs_per_step, 100 * accuracy) for step, accuracy in run["curves"]["eval"]]
         style = "--" if arch.endswith("+knn") else "-"
         axis.plot(*zip(*points, strict=True), style, color=_colour(arch), label=LABELS.get(arch, arch))
-    floor = study_plan.VISION.vit_floor
+    floor = vision.vit_floor
     axis.axhline(floor, color="grey", linewidth=0.8, linestyle=":", label=f"ViT floor ({floor:.0f}%)")
     axis.set(xlabel="training epochs", ylabel="validation accuracy (%)")
     axis.set_title("CIFAR-10: validation accuracy during training")
@@ -251,24 +263,21 @@ def summary_block(study: study_plan.Study, vision: study_plan.VisionStudy, recor
         if runs[0]["main"]:
             cells = [
                 size,
-                LABELS.get(arch, arch) + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""),
+                _label(arch, runs),
                 _fmt([r["final"]["eval_loss"] for r in runs]),
                 _fmt([r["final"]["below_unigram"] for r in runs], 2),
                 _fmt([r["final"]["test_loss"] for r in runs]),
                 f"{sum(r['wall_seconds'] for r in runs) / 3600:.2f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    by_arch: dict[str, list[dict]] = defaultdict(list)
-    for record in sorted(images, key=lambda r: order.get(r["run"], 1e9)):
-        if record["main"]:
-            by_arch[record["arch"]].append(record)
+    by_arch = _by_arch(sorted((r for r in images if r["main"]), key=lambda r: order.get(r["run"], 1e9)))
     if by_arch:
         shape = f"{vision.num_hidden_layers} layers x {vision.hidden_size} for every model, {vision.epochs:g} epochs"
         lines += ["", f"CIFAR-10 validation accuracy (%, {shape}):", "",
                   "| model | parameters | val. accuracy | wall hours, all seeds |", "|---|---|---|---|"]  # fmt: skip
         for arch, runs in by_arch.items():
             cells = [
-                LABELS.get(arch, arch) + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""),
+                _label(arch, runs),
                 f"{runs[0]['parameters']['total'] / 1e6:.2f}M",
                 _fmt([100 * r["final"]["eval_accuracy"] for r in runs], 1),
                 f"{sum(r['wall_seconds'] for r in runs) / 3600:.2f}",
@@ -342,7 +351,7 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
         layers = shape["num_hidden_layers"]
         cells = [
             size,
-            LABELS.get(arch, arch) + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""),
+            _label(arch, runs),
             f"{layers} x {shape['hidden_size']}",
             f"{first['parameters']['non_embedding'] / 1e6:.2f}M",
             f"{first['parameters']['total'] / 1e6:.2f}M",
@@ -386,7 +395,7 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
         plot_curves(groups, report_dir / "curves.png")
         lines += ["", "![validation loss against compute](compute.png)", "", "![curves](curves.png)"]
     if images:
-        plot_vision_curves(images, report_dir / "vision_curves.png")
+        plot_vision_curves(images, vision, report_dir / "vision_curves.png")
         lines += ["", "![CIFAR-10 validation accuracy](vision_curves.png)"]
     path = report_dir / "REPORT.md"
     path.write_text("\n".join(lines) + "\n")
@@ -540,9 +549,7 @@ def knn_pairs(groups, noise: dict[str, float | None], images: list[dict]):
                 f"{LABELS[dense]}: first evaluation {early:+.3f} ({'faster' if faster[-1] else 'not faster'}), "
                 f"final {final:+.3f} nats ({'better' if better[-1] else 'not better'})"
             )
-    by_arch: dict[str, list[dict]] = defaultdict(list)
-    for record in images:
-        by_arch[record["arch"]].append(record)
+    by_arch = _by_arch(images)
     accuracy = {
         "final": lambda r: 100 * r["final"]["eval_accuracy"],
         "early": lambda r: 100 * r["curves"]["eval"][0][1],
@@ -594,9 +601,7 @@ def knn_verdict(groups, noise: dict[str, float | None], images: list[dict], word
 
 def vision_section(images: list[dict], words: dict[str, str] | None = None) -> list[str]:
     """CIFAR-10: the table and the verdict on AoT against ViT and CRATE, from the vision records present."""
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for record in images:
-        groups[record["arch"]].append(record)
+    groups = _by_arch(images)
     lines = ["## Vision: CIFAR-10", ""]
     words = {} if words is None else words
     words["AoT close to ViT and CRATE"] = verdict([])
@@ -609,7 +614,7 @@ def vision_section(images: list[dict], words: dict[str, str] | None = None) -> l
     for arch, runs in groups.items():
         first = runs[0]
         cells = [
-            LABELS.get(arch, arch) + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""),
+            _label(arch, runs),
             f"{first['shape']['num_hidden_layers']} x {first['shape']['hidden_size']}",
             f"{first['parameters']['total'] / 1e6:.2f}M",
             f"{first['parameters']['non_embedding'] / 1e6:.2f}M",

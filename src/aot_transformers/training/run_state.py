@@ -405,9 +405,8 @@ def _save_a_jit_checkpoint_after_the_steps_log(trainer) -> None:
             self.jit_manager.is_checkpoint_requested = False
             control.should_save = control.should_training_stop = True
 
-    transformers_callback = trainer.pop_callback(JITCheckpointCallback)
     replacement = SaveAfterTheLogCallback()
-    replacement.trainer, replacement.jit_manager = trainer, getattr(transformers_callback, "jit_manager", None)
+    replacement.trainer, replacement.jit_manager = trainer, trainer.pop_callback(JITCheckpointCallback).jit_manager
     trainer.add_callback(replacement)
 
 

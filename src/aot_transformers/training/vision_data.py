@@ -582,8 +582,8 @@ class RandAugment:
             )
         augmented = []
         for image in pixels.numpy():  # (C, H, W)
-            image = Image.fromarray(image[0] if len(image) == 1 else image.transpose(1, 2, 0))
-            array = np.array(self(image, generator))
+            picture = Image.fromarray(image[0] if len(image) == 1 else image.transpose(1, 2, 0))
+            array = np.array(self(picture, generator))
             augmented.append(array[None] if array.ndim == 2 else array.transpose(2, 0, 1))  # (C, H, W)
         return torch.from_numpy(np.stack(augmented))
 
