@@ -105,6 +105,7 @@ def image_command(run: study_plan.Run, paths: Paths, study: study_plan.VisionStu
     return [
         "train", "image", *run.arguments,
         "--dataset_name", str(paths.images), "--rand_augment", *extra,
+        "--rand_augment_magnitude", str(study.rand_augment_magnitude),
         "--per_device_train_batch_size", str(study.batch_size), "--per_device_eval_batch_size", "256",
         "--max_steps", str(run.steps), "--learning_rate", str(study.learning_rate),
         "--lr_scheduler_type", "cosine", "--warmup_steps", str(max(1, round(study.warmup * run.steps))),
