@@ -8,7 +8,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward as _sdpa
 
 from aot_transformers import knn
-from aot_transformers.attention_aot import eager_attention_forward, knn_attention_forward
+from aot_transformers.attention_aot import eager_attention_forward
 from aot_transformers.experiments.subspace import subspace_attention
 
 
@@ -50,7 +50,7 @@ def test_fully_masked_rows_are_finite():
     q, k, v = _qkv(dtype=torch.float32, grad=True)
     mask = _padding_mask([37, 5], 37)  # row 1 has 32 padded queries that see no key
     for kernel, kwargs in (
-        (knn_attention_forward, dict(knn_k=3)),  # the unit's one-piece k-NN
+        (eager_attention_forward, dict(knn_k=3)),  # the unit's one-piece k-NN
         (knn.knn_attention_forward, dict(knn_k=3)),  # the package's chunked k-NN
         (eager_attention_forward, {}),
         (sdpa_attention_forward, {}),

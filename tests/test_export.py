@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -130,7 +131,8 @@ def test_fresh_process_without_package_loads_image_classifier(tmp_path):
     out = _run_fresh(tmp_path, str(folder), {"pixel_values": pixels}, "image")
     # Without the package the folder runs its own one-piece k-NN attention (`attention_aot`): bit for bit what that
     # kernel gives here. The package's chunked kernel, registered as "knn", sums in another order: float rounding.
-    ALL_ATTENTION_FUNCTIONS["knn"] = attention_aot.knn_attention_forward  # this registry's own entry, deleted below
+    unit_kernel = partial(attention_aot.eager_attention_forward, knn_k=0.5)  # what `_attention_function` falls back to
+    ALL_ATTENTION_FUNCTIONS["knn"] = unit_kernel  # this registry's own entry, deleted below
     try:
         with torch.no_grad():
             unit_logits = model(pixels).logits

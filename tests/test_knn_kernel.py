@@ -60,7 +60,7 @@ def test_chunked_knn_equals_reference_values_and_gradients(knn_k, length, maskin
 @pytest.mark.parametrize("masking", ["none", "causal", "padding", "additive", "cache", "static"])
 @pytest.mark.parametrize("ties", [False, True])
 def test_the_units_one_piece_knn_equals_the_chunked_kernel_values_and_gradients(knn_k, masking, ties):
-    """What a folder loaded without the package runs (`attention_aot.knn_attention_forward`, one piece): the keys,
+    """What a folder loaded without the package runs (`attention_aot.eager_attention_forward` with `knn_k`): the keys,
     values, weights and gradients of the reference, and of the package's chunked kernel."""
     q_len = 5 if masking in ("cache", "static") else 19
     q, k, v = _qkv(q_len=q_len, k_len=19)
@@ -70,7 +70,7 @@ def test_the_units_one_piece_knn_equals_the_chunked_kernel_values_and_gradients(
     if masking == "additive":  # eager's mask function: 0 where a query may attend, the lowest float elsewhere
         mask = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, torch.finfo(torch.float64).min)
     kwargs = dict(is_causal=is_causal, knn_k=knn_k)
-    unit, weights = attention_aot.knn_attention_forward(None, q, k, v, mask, 0.5, **kwargs)
+    unit, weights = attention_aot.eager_attention_forward(None, q, k, v, mask, 0.5, **kwargs)
     ref, ref_weights = knn_attention_reference(None, q, k, v, mask, 0.5, **kwargs)
     chunked, _ = knn_attention_forward(None, q, k, v, mask, 0.5, knn_chunk_size=CHUNK, **kwargs)
     torch.testing.assert_close(unit, ref, rtol=0, atol=1e-12)

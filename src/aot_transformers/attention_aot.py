@@ -7,18 +7,20 @@ Tq > 1, else every key.
 
 k-NN attention (KVT, https://arxiv.org/abs/2106.00515) keeps, for each query, the k highest-scoring keys it may see:
 exactly min(k, visible) keys — with a fractional k, min(ceil(k · visible), visible), at least 1 — the lowest key
-indices among keys tied at the k-th score. Computed here in one piece, as eager attention (memory O(Tq · Tk)), for a
-model loaded without the package, whose `aot_transformers.knn` registers a chunked kernel with the same values and
-memory linear in the length (as transformers keeps flash attention out of its model files). Remote-code unit.
+indices among keys tied at the k-th score. Computed here in one piece, by eager attention with `knn_k` (memory
+O(Tq · Tk)), for a model loaded without the package, whose `aot_transformers.knn` registers a chunked kernel with the
+same values and memory linear in the length (as transformers keeps flash attention out of its model files).
+Remote-code unit.
 """
 
 import math
 from fractions import Fraction
 
 import torch
+from torch import nn
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-from .configuration_aot import check_knn_k
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 
 
 def resolve_knn_k(knn_k: int | float, num_visible: torch.Tensor | int) -> torch.Tensor | int:
@@ -33,7 +35,7 @@ def resolve_knn_k(knn_k: int | float, num_visible: torch.Tensor | int) -> torch.
     return max(1, min(num_visible, knn_k))
 
 
-def _keep(knn_k, scores: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+def _keep(knn_k: int | float, scores: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
     """Keys kept by each query of `scores` (B, H, C, Tk), (B|1, H|1, C|1, 1)."""
     every = torch.full((1,) * scores.dim(), scores.shape[-1], device=scores.device)
     return resolve_knn_k(knn_k, every if visible is None else visible.sum(dim=-1, keepdim=True))
@@ -50,7 +52,7 @@ def knn_kept_mask(scores: torch.Tensor, visible: torch.Tensor | None, knn_k: int
     return above | (tied & (tied.to(scores.dtype).cumsum(dim=-1) <= kept_tied))  # float counts: exact below 2**24
 
 
-def _masks(attention_mask) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _masks(attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """A mask as (visible, bias): a boolean mask says where a query may attend; an additive float mask adds its finite
     entries as a bias and hides the keys below half the dtype's lowest value. A query that may see no key (a padding
     row) sees every key, so that no row is all -inf; no real token reads it."""
@@ -62,7 +64,7 @@ def _masks(attention_mask) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     return None if visible is None else visible | ~visible.any(dim=-1, keepdim=True), bias
 
 
-def _is_causal(module, is_causal, q_len) -> bool:
+def _is_causal(module: nn.Module | None, is_causal: bool | None, q_len: int) -> bool:
     """Causal as SDPA reads a missing mask: the argument, else the module's flag (causal when unsaid), and never for a
     single query (it sees every key) or a bare call with no module."""
     if is_causal is None:
@@ -71,7 +73,16 @@ def _is_causal(module, is_causal, q_len) -> bool:
 
 
 def eager_attention_forward(
-    module, query, key, value, attention_mask, scaling, dropout=0.0, is_causal=None, knn_k=None, **kwargs
+    module: nn.Module | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    is_causal: bool | None = None,
+    knn_k: int | float | None = None,
+    **kwargs: Unpack[TransformersKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention in one piece through autograd with explicit (B, H, Tq, Tk) weights (before dropout), the `"eager"`
     backend: boolean or additive masks, and a missing mask read as SDPA reads it (module docstring). Scores in at
@@ -97,18 +108,8 @@ def eager_attention_forward(
     return output.transpose(1, 2).contiguous(), weights
 
 
-def knn_attention_forward(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, is_causal=None, knn_k=None, **kwargs
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact k-NN attention in one piece (module docstring), the `"knn"` backend of an AoT model where transformers'
-    `AttentionInterface` holds none; `knn_k` defaults to `module.config.knn_k`."""
-    knn_k = check_knn_k(knn_k if knn_k is not None else getattr(getattr(module, "config", None), "knn_k", None))
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, is_causal, knn_k)
-
-
 # "knn" gets SDPA's boolean mask function from transformers' masking utilities (without one, transformers would build
 # no mask and ignore padding); the kernel itself is looked up by the model (`modeling_aot._attention_function`).
 AttentionMaskInterface.register("knn", sdpa_mask)
 
-__all__ = ["check_knn_k", "eager_attention_forward", "knn_attention_forward", "knn_kept_mask", "resolve_knn_k"]
+__all__ = ["eager_attention_forward", "knn_kept_mask", "resolve_knn_k"]

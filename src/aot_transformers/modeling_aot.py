@@ -12,9 +12,13 @@ Shapes: B batch, T tokens, d = H·D width (H heads of D), C channels, P patch si
 import filecmp
 import hashlib
 import math
+import os
 import shutil
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +47,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.output_capturing import capture_outputs
 
-from .attention_aot import eager_attention_forward, knn_attention_forward
+from .attention_aot import eager_attention_forward
 from .configuration_aot import REQUIRED_TRANSFORMERS, AoTConfig, check_knn_k
 
 
@@ -127,13 +131,14 @@ def _check_backend(implementation: str | None, knn_k: int | float | None) -> Non
         check_knn_k(knn_k)  # raises without knn_k: a k-NN backend needs a k
 
 
-def _attention_function(config: AoTConfig):
+def _attention_function(config: AoTConfig) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
     """The kernel of `config._attn_implementation` from transformers' registry, as Llama picks it ("knn": the package's
-    chunked kernel where registered, else this unit's), checked as transformers does not check Hub kernels."""
+    chunked kernel where registered, else this unit's eager attention keeping `knn_k` keys), checked as transformers
+    does not check Hub kernels."""
     implementation = config._attn_implementation
     _check_backend(implementation, config.knn_k)
     if implementation == "knn" and "knn" not in ALL_ATTENTION_FUNCTIONS:
-        return knn_attention_forward
+        return partial(eager_attention_forward, knn_k=check_knn_k(config.knn_k))
     return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 
 
@@ -324,7 +329,7 @@ class AoTPreTrainedModel(PreTrainedModel):
             return requested
         return super().get_correct_attn_implementation(requested, is_init_check)
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """Save weights (safetensors only), config and the three code files, with the checkpoint's `auto_map`, each
         code file's SHA-256 (`code_sha256`, read by `aot verify`) and the transformers versions needed."""
         self.config.auto_map = dict(VISION_AUTO_MAP if self.main_input_name == "pixel_values" else TEXT_AUTO_MAP)
@@ -333,7 +338,7 @@ class AoTPreTrainedModel(PreTrainedModel):
         self.config.required_transformers = REQUIRED_TRANSFORMERS
         return super().save_pretrained(save_directory, *args, **kwargs)
 
-    def _upload_modified_files(self, working_dir, *args, **kwargs):
+    def _upload_modified_files(self, working_dir: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
         """`push_to_hub` publishes the AoT card in place of transformers' blank one (a repository's own card stays):
         the loaded folder's card while the weights are that folder's, else one the installed package renders. Only this
         private hook runs after transformers writes its card (tests/test_push_card.py:
@@ -383,7 +388,7 @@ class AoTModel(AoTPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, past_length) -> None:
+    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, past_length: int) -> None:
         """Shapes raise a ValueError here; values are checked without waiting for the device (`_check_values`)."""
         vocab, limit, width = self.config.vocab_size, self.config.max_position_embeddings, self.config.hidden_size
         if (input_ids is None) == (inputs_embeds is None):
