@@ -189,9 +189,9 @@ def test_the_vision_study_trains_crate_and_records_its_accuracy(tiny_study):
     config = json.loads((work / name / "model" / "config.json").read_text())
     assert (config["mlp_type"], config["mlp_layers"]) == ("ista", "all")  # CRATE: MSSA + ISTA in every layer
     assert 0 <= record["final"]["eval_accuracy"] <= 1 and record["curves"]["eval"]
-    assert (
-        record["command"].startswith("aot train image --preset aot-mssa-v") and "--rand_augment" in record["command"]
-    )
+    assert record["command"].startswith("aot train image --preset aot-mssa-v")
+    trained = json.loads((work / name / "aot_run.json").read_text())  # the RandAugment the run itself applied
+    assert trained["rand_augment"] == f"2,{study_plan.VISION_SMOKE.rand_augment_magnitude}"
     assert record["flops"] > 0 and record["parameters"]["total"] > record["parameters"]["non_embedding"]
     assert "![CIFAR-10 validation accuracy](vision_curves.png)" in (work / "REPORT.md").read_text()
     assert (work / "vision_curves.png").stat().st_size > 0
