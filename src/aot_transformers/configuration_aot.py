@@ -41,7 +41,7 @@ def check_number(name: str, value: Any, allowed: str = "[1, inf)") -> int | floa
     return value
 
 
-def check_knn_k(knn_k) -> int | float:
+def check_knn_k(knn_k: Any) -> int | float:
     """`knn_k` as a Python int or float, or a clear error naming the value (numpy scalars are accepted)."""
     if knn_k is None:
         raise ValueError(
