@@ -202,8 +202,10 @@ class VisionStudy:
         return (*flags, "--config_overrides", ",".join(f"{k}={v}" for k, v in fields.items()))
 
     def runs(self) -> list[Run]:
-        """The four main rows with every seed, then the k-NN twins."""
-        order = [(arch, seed, True) for seed in self.seeds for arch in VISION_ARCHS]
+        """ViT with every seed (the floor every comparison stands on is decided first), the other main rows with every
+        seed, then the k-NN twins."""
+        order = [("vit", seed, True) for seed in self.seeds]
+        order += [(arch, seed, True) for seed in self.seeds for arch in VISION_ARCHS if arch != "vit"]
         order += [(arch, self.seeds[0], False) for arch in ("vit+knn", "aot-mssa+knn")]
         steps = self.extra.get("steps") or round(self.epochs * self.train_images / self.batch_size)
         return [
