@@ -120,15 +120,15 @@ def _holds_values(cache: Cache, layer_idx: int) -> bool:
     return layers[layer_idx].is_initialized and layers[layer_idx].values.shape[-1] > 0
 
 
-def _check_backend(implementation: str | None, knn_k: int | float | None) -> None:
-    """With `knn_k` only a k-NN backend is accepted (a dense one attends to every key); a k-NN one needs `knn_k`."""
+def _check_backend(implementation: str | None, knn_k: int | float | None) -> int | float | None:
+    """With `knn_k` only a k-NN backend is accepted (a dense one attends to every key); a k-NN one needs `knn_k`.
+    Returns `knn_k` as `check_knn_k` gives it (a Python number)."""
     if knn_k is not None and implementation not in KNN_BACKENDS:
         raise ValueError(
             f"`attn_implementation={implementation!r}` attends to every key (as continuous batching's kernels do) but "
             f"the config sets `knn_k={knn_k!r}`: use attn_implementation='knn', or `config.knn_k = None` (dense)."
         )
-    if implementation in KNN_BACKENDS:
-        check_knn_k(knn_k)  # raises without knn_k: a k-NN backend needs a k
+    return check_knn_k(knn_k) if implementation in KNN_BACKENDS else knn_k  # a k-NN backend needs a k
 
 
 def _attention_function(config: AoTConfig) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
@@ -136,9 +136,9 @@ def _attention_function(config: AoTConfig) -> Callable[..., tuple[torch.Tensor, 
     chunked kernel where registered, else this unit's eager attention keeping `knn_k` keys), checked as transformers
     does not check Hub kernels."""
     implementation = config._attn_implementation
-    _check_backend(implementation, config.knn_k)
+    knn_k = _check_backend(implementation, config.knn_k)
     if implementation == "knn" and "knn" not in ALL_ATTENTION_FUNCTIONS:
-        return partial(eager_attention_forward, knn_k=check_knn_k(config.knn_k))
+        return partial(eager_attention_forward, knn_k=knn_k)
     return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 
 
