@@ -284,7 +284,7 @@ def build_record(
         "final": final,
         **extra,
         "wall_seconds": wall,  # over every invocation of the run (a resumed one included)
-        "train_seconds": metrics.get("train_runtime"),
+        "train_seconds": metrics.get("train_runtime"),  # Trainer's: the last invocation's alone, for a resumed run
         **provenance("aot " + shlex.join(arguments)),  # command, git revision, versions, host, date
     }
     record["host"] |= {"threads": threads, "load_1min": load}  # the run's OMP_NUM_THREADS, not this process's
