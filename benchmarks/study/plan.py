@@ -166,11 +166,8 @@ class VisionStudy:
     num_attention_heads: int = 3  # head size 64, as ViT-Tiny
     num_hidden_layers: int = 6
     patch_size: int = 4  # 32 px images: 64 patches + the class token
-    # Twenty epochs, with RandAugment's 2 operations at magnitude 5 (`rand_augment_magnitude`). Ten left ViT at the
-    # floor's edge whatever the magnitude: at torchvision's 9 seed 0 ended at 53.6% (commit 44b3e06), with its training
-    # loss under augmentation above its validation loss (1.48 vs 1.27); at 5 seed 0 ended at 55.8% (a458e70) but seed
-    # 1 stood at 47.3% after 6 epochs, 5.1 points below seed 0 there (the run was stopped). The seed spread (about 4
-    # points) is as large as ViT's margin: ten epochs underfit. Every vision row reran at twenty.
+    # Twenty epochs: at ten, ViT's seed spread (about 4 points) was as large as its margin over the floor, at
+    # RandAugment magnitude 9 and 5 alike (commits 44b3e06, a458e70); the numbers are in the study README's "Vision".
     epochs: float = 20
     batch_size: int = 128
     learning_rate: float = 1e-3
