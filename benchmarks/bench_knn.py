@@ -143,8 +143,10 @@ def previous_kernel(rev: str) -> Callable | None:
     eager k-NN under the same name): `knn.py` is read first. The revision's package folder is imported as a package of
     its own, `aot_transformers_<commit>` (its `__init__` not run), so that the relative imports of its files
     (`from .attention_aot import ...`) read that revision too, not this one. Its modules register their k-NN backend
-    in transformers' attention interfaces on import; the backends registered before are put back."""
-    from transformers import AttentionInterface
+    in transformers' attention interfaces on import, and some patched transformers' classes (0a0a1ff set
+    `PretrainedConfig.knn_k` and wrapped `PreTrainedModel._check_and_adjust_attn_implementation`): the backends and
+    class attributes of before are put back, so that nothing of that revision outlives the call but its kernel."""
+    from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
     from transformers.masking_utils import AttentionMaskInterface
 
     root = Path(__file__).resolve().parents[1]
@@ -164,6 +166,7 @@ def previous_kernel(rev: str) -> Callable | None:
     package = sys.modules.setdefault(name, types.ModuleType(name))
     package.__path__ = [str(folder / "src" / "aot_transformers")]
     registered = {interface: dict(interface()) for interface in (AttentionInterface, AttentionMaskInterface)}
+    attributes = {cls: dict(vars(cls)) for cls in (PretrainedConfig, PreTrainedModel)}
     try:
         for module in ("knn", "attention_aot"):
             if (Path(package.__path__[0]) / f"{module}.py").is_file():
@@ -175,6 +178,12 @@ def previous_kernel(rev: str) -> Callable | None:
         for interface, backends in registered.items():
             for key, backend in backends.items():
                 interface.register(key, backend)
+        for cls, before in attributes.items():
+            for key in [key for key in vars(cls) if key not in before]:
+                delattr(cls, key)
+            for key, value in before.items():
+                if vars(cls).get(key) is not value:
+                    setattr(cls, key, value)
 
 
 def timing(rounds: int, previous_rev: str | None) -> dict:

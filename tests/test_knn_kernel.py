@@ -469,18 +469,20 @@ def test_chunk_temporaries_stay_within_the_memory_budget_and_knn_chunk_size_caps
 def test_the_benchmarks_previous_kernel_is_the_chunked_kernel_of_that_revision(rev):
     """benchmarks/bench_knn.py times this kernel against the one of an earlier revision, loaded from git: from knn.py,
     or attention_aot.py before the kernel moved (never the one-piece eager k-NN that attention_aot.py holds now), with
-    the revision's own relative imports, and without changing the backends transformers runs for `"knn"`."""
+    the revision's own relative imports, and without changing the backends transformers runs for `"knn"` or the
+    classes of transformers that the revision patched (a later test would otherwise run that revision's checks)."""
     from benchmarks.bench_knn import PREVIOUS_KERNEL_REV, previous_kernel
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
     from transformers.masking_utils import AttentionMaskInterface
 
     backends = lambda: (AttentionInterface()["knn"], AttentionMaskInterface()["knn"])
-    registered = backends()
+    classes = lambda: [dict(vars(cls)) for cls in (PretrainedConfig, PreTrainedModel)]
+    registered, attributes = backends(), classes()
     kernel = previous_kernel("HEAD" if rev == "HEAD" else PREVIOUS_KERNEL_REV)
     if kernel is None:
         pytest.skip("not a git checkout with that revision")
     assert kernel.__module__.endswith(".knn" if rev == "HEAD" else ".attention_aot")
-    assert kernel is not knn_attention_forward and backends() == registered
+    assert kernel is not knn_attention_forward and backends() == registered and classes() == attributes
     torch.manual_seed(0)
     query, key, value = _qkv(batch=1, heads=2, q_len=9, k_len=9, dim=4, dtype=torch.float32)
     upstream = torch.randn(1, 9, 2, 4)
