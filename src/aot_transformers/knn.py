@@ -29,8 +29,11 @@ Shapes: `query` (B, H, Tq, D), `key`/`value` (B, Hkv, Tk, D), C a chunk of queri
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -54,7 +57,7 @@ def _ordered(bits: torch.Tensor) -> torch.Tensor:
     return flips.bitwise_and_(torch.iinfo(bits.dtype).max).bitwise_xor_(bits)
 
 
-def _top_width(scores, visible, keep, width) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _top_width(scores: Tensor, visible: Tensor | None, keep: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
     """Indices of the `width` (< Tk) largest of a chunk's (B, H, C, Tk) scores, each query's `keep`-th largest
     visible score and how many of the keys it keeps tie at that score, (B, H, C, 1) each. A query that keeps fewer
     than `width` keys gets `width - keep` of its hidden keys promoted to +inf, so that the width-th largest is its
@@ -85,7 +88,9 @@ def _top_width(scores, visible, keep, width) -> tuple[torch.Tensor, torch.Tensor
     return indices, _ordered(least).view(scores.dtype), tied.sum(dim=-1, keepdim=True)
 
 
-def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+def _knn_threshold(
+    scores: Tensor, visible: Tensor | None, knn_k: int | float, max_k: int
+) -> tuple[Tensor, Tensor | None, Tensor]:
     """Two numbers per query of a chunk's (B, H, C, Tk) `scores` (hidden keys at -inf; `visible` a boolean mask or
     None) that give the keys it keeps by the rule of `attention_aot`'s docstring: `threshold`, the k-th largest visible
     score, and `cutoff`, the index of the last key kept among those tied at it (None: every visible key is kept),
@@ -99,7 +104,7 @@ def _knn_threshold(scores, visible, knn_k, max_k) -> tuple[torch.Tensor, torch.T
     return threshold, cutoff, _kept_mask(scores, threshold, cutoff)
 
 
-def _nth_one(ones, nth) -> torch.Tensor:
+def _nth_one(ones: Tensor, nth: Tensor) -> Tensor:
     """Index of the `nth` one (float, 1-based, (B, H, C, 1)) of each row of the float 0/1 `ones` (B, H, C, Tk): a
     binary search in the running count of its groups of `_GROUP` keys, then in the found group's. (A running count of
     the whole row is a sequential pass, slower than the group sums and small searches.)"""
@@ -112,7 +117,7 @@ def _nth_one(ones, nth) -> torch.Tensor:
     return group * groups.shape[-1] + torch.searchsorted(within.cumsum_(dim=-1), nth)
 
 
-def _kept_mask(scores, threshold, cutoff) -> torch.Tensor:
+def _kept_mask(scores: Tensor, threshold: Tensor, cutoff: Tensor | None) -> Tensor:
     """The keys kept by `_knn_threshold`'s statistics as floats, 1 kept and 0 not: one comparison with a per-key
     threshold, `threshold` up to the `cutoff` and the next float past it. The step to it is never 0 (a denormal
     flushed to zero: then the least normal float, as the flushed scores tie) nor inf (0 · inf is NaN). One fresh
@@ -125,7 +130,7 @@ def _kept_mask(scores, threshold, cutoff) -> torch.Tensor:
     return torch.ge(scores, threshold, out=torch.empty_like(scores) if cutoff is None else threshold)
 
 
-def _knn_kept_keys(scores, visible, knn_k, width) -> tuple[torch.Tensor, torch.Tensor]:
+def _knn_kept_keys(scores: Tensor, visible: Tensor | None, knn_k: int | float, width: int) -> tuple[Tensor, Tensor]:
     """The keys each query keeps as indices, and their scores, (B, H, C, width) each; a query that keeps fewer fills
     the other slots with hidden keys (at -inf). `topk` returns some of the keys tied at the k-th score: their slots
     get the lowest-index tied keys instead (the rule), by a binary search in the running count of the tied keys."""
@@ -139,7 +144,9 @@ def _knn_kept_keys(scores, visible, knn_k, width) -> tuple[torch.Tensor, torch.T
     return torch.where(tied, lowest, indices), kept_scores
 
 
-def _scores(query, key, visible, bias, scaling, softcap) -> torch.Tensor:
+def _scores(
+    query: Tensor, key: Tensor, visible: Tensor | None, bias: Tensor | None, scaling: float, softcap: float | None
+) -> Tensor:
     """Attention scores in at least float32, as eager attention forms them: scaled products, soft-capping
     (`softcap · tanh(s / softcap)`, Gemma 2), an additive bias, and -inf where a query may not attend. The chunked
     backward recomputes them with this same function, so they match the forward's bit for bit."""
@@ -155,7 +162,7 @@ def _scores(query, key, visible, bias, scaling, softcap) -> torch.Tensor:
     return scores
 
 
-def _softmax(scores, sinks):
+def _softmax(scores: Tensor, sinks: Tensor | None) -> Tensor:
     """Softmax over the keys; attention sinks (GPT-OSS, one logit per head) take probability mass and no value."""
     if sinks is None:
         return torch.softmax(scores, dim=-1)
@@ -163,7 +170,9 @@ def _softmax(scores, sinks):
     return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
-def _kept_softmax(scores, sinks, kept, top=None, total=None):
+def _kept_softmax(
+    scores: Tensor, sinks: Tensor | None, kept: Tensor, top: Tensor | None = None, total: Tensor | None = None
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """In place of `scores`, the softmax over the keys where the float mask `kept` is 1 (a product: cheaper than a
     masked fill) and the sinks, as exp(s - top) and its `top` (the largest visible score: always kept) and `total`,
     (B, H, C, 1); the forward divides its (C, D) output by `total`. Given the forward's: P (four passes, no sum)."""
@@ -176,7 +185,9 @@ def _kept_softmax(scores, sinks, kept, top=None, total=None):
     return weights, top, weights.sum(dim=-1, keepdim=True) + (0.0 if sink is None else (sink - top).exp())
 
 
-def _chunks(visible, bias, causal, query, key, chunk_size):
+def _chunks(
+    visible: Tensor | None, bias: Tensor | None, causal: bool, query: Tensor, key: Tensor, chunk_size: int
+) -> Iterator[tuple[int, int, int, Tensor | None, Tensor | None]]:
     """Per chunk of queries start:stop: (start, stop, end, visible, bias), with `end` the leading keys they may see.
     With the implied causal mask (query i sees keys 0..i) a chunk scores only those, and builds its (C, Tk') mask."""
     for start in range(0, query.shape[2], chunk_size):
@@ -189,7 +200,7 @@ def _chunks(visible, bias, causal, query, key, chunk_size):
         yield start, stop, end, chunk_visible, None if bias is None else bias[:, :, start:stop, :end]
 
 
-def _saves_kept_keys(knn_k, max_k, head_dim, softcap, dropout) -> bool:
+def _saves_kept_keys(knn_k: int | float, max_k: int, head_dim: int, softcap: float | None, dropout: float) -> bool:
     """Whether the backward reads each query's kept keys (int32 indices and probabilities, saved by the forward)
     instead of recomputing the scores: for an integer k of at most the head width (then at most twice the query's
     bytes: linear in the length), without soft-capping or dropout (whose backward needs more)."""
@@ -204,8 +215,21 @@ class _KnnAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, query, key, value, visible, bias, sinks, causal, scaling, softcap, knn_k, chunk_size, dropout, rng
-    ):
+        ctx: FunctionCtx,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        visible: Tensor | None,
+        bias: Tensor | None,
+        sinks: Tensor | None,
+        causal: bool,
+        scaling: float,
+        softcap: float | None,
+        knn_k: int | float,
+        chunk_size: int,
+        dropout: float,
+        rng: torch.Generator | None,
+    ) -> Tensor:
         (batch, heads, q_len, _), num_keys = query.shape, key.shape[-2]
         stat_dtype = torch.promote_types(query.dtype, torch.float32)
         max_k = resolve_knn_k(knn_k, num_keys)
@@ -249,7 +273,7 @@ class _KnnAttentionFunction(torch.autograd.Function):
         return output
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: FunctionCtx, grad_output: Tensor) -> tuple[Tensor | None, ...]:
         query, key, value, visible, bias, sinks, output, *stats = ctx.saved_tensors
         causal, scaling, softcap, knn_k, chunk_size, dropout, save_kept = ctx.options
         generator = torch.Generator(device=query.device).set_state(ctx.rng_state) if dropout > 0.0 else None
@@ -302,7 +326,21 @@ class _KnnAttentionFunction(torch.autograd.Function):
         return grad_query, grad_key, grad_value, None, grad_bias, grad_sinks, *([None] * 7)
 
 
-def _dense_knn(query, key, value, visible, bias, sinks, causal, scaling, softcap, dropout, rng, knn_k, max_k):
+def _dense_knn(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    visible: Tensor | None,
+    bias: Tensor | None,
+    sinks: Tensor | None,
+    causal: bool,
+    scaling: float,
+    softcap: float | None,
+    dropout: float,
+    rng: torch.Generator | None,
+    knn_k: int | float,
+    max_k: int | None,
+) -> tuple[Tensor, Tensor]:
     """k-NN attention in one piece through autograd, (B, H, Tq, D) output and (B, H, Tq, Tk) weights (before dropout):
     when the weights are requested (with gradients, as dense attention's), under `torch.compile` and `torch.export`
     (`max_k=None`: `knn_kept_mask`'s sort, not a symbolic top-k)."""
@@ -371,7 +409,9 @@ AttentionInterface.register(KNN_ATTENTION, knn_attention_forward)
 AttentionMaskInterface.register(KNN_ATTENTION, sdpa_mask)
 
 
-def use_knn_attention(model: PreTrainedModel, knn_k: int | float, knn_chunk_size: int | None = None):
+def use_knn_attention(
+    model: PreTrainedModel, knn_k: int | float, knn_chunk_size: int | None = None
+) -> PreTrainedModel:
     """Switch `model` (any transformers model) to k-NN attention keeping `knn_k` keys per query, in place; returns
     it. Bad values raise here, naming the argument. `knn_k` is stored in the config (and its sub-configs), so
     `save_pretrained` keeps it."""

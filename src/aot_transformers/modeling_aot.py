@@ -341,8 +341,7 @@ class AoTPreTrainedModel(PreTrainedModel):
     def _upload_modified_files(self, working_dir: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
         """`push_to_hub` publishes the AoT card in place of transformers' blank one (a repository's own card stays):
         the loaded folder's card while the weights are that folder's, else one the installed package renders. Only this
-        private hook runs after transformers writes its card (tests/test_push_card.py:
-        test_model_push_to_hub_publishes_the_aot_card, test_a_folder_loaded_without_the_package_pushes_its_card)."""
+        private hook runs after transformers writes its card (pinned in tests/test_push_card.py)."""
         readme, card = Path(working_dir) / "README.md", Path(self.config.name_or_path or working_dir) / "README.md"
         if readme.is_file() and TEMPLATE_CARD in readme.read_text("utf-8"):
             # The folder's card only with the folder's weights: its metrics describe them, not a fine-tuned model's.
@@ -388,7 +387,14 @@ class AoTModel(AoTPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, past_length: int) -> None:
+    def _check_inputs(
+        self,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        past_length: int,
+    ) -> None:
         """Shapes raise a ValueError here; values are checked without waiting for the device (`_check_values`)."""
         vocab, limit, width = self.config.vocab_size, self.config.max_position_embeddings, self.config.hidden_size
         if (input_ids is None) == (inputs_embeds is None):

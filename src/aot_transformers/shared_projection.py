@@ -8,6 +8,8 @@ module (the package does) registers the backend; `python -m benchmarks.bench_att
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
@@ -30,7 +32,7 @@ class _SharedProjectionAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, states, scaling, is_causal):
+    def forward(ctx: FunctionCtx, states: Tensor, scaling: float, is_causal: bool) -> Tensor:
         batch, heads, length, dim = states.shape
         flat = states.reshape(batch * heads, length, dim)  # (BH, T, D)
         block = _SHARED_KERNEL_BLOCK if is_causal else length
@@ -53,7 +55,7 @@ class _SharedProjectionAttention(torch.autograd.Function):
         return output.view(batch, heads, length, dim)
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: FunctionCtx, grad_output: Tensor) -> tuple[Tensor, None, None]:
         flat, *probs = ctx.saved_tensors
         batch_heads, length, dim = flat.shape
         grad = grad_output.reshape(batch_heads, length, dim)
@@ -79,7 +81,9 @@ class _SharedProjectionAttention(torch.autograd.Function):
         return grad_states.view(grad_output.shape), None, None
 
 
-def shared_projection_applies(query, key, value, attention_mask, dropout: float, is_causal: bool) -> bool:
+def shared_projection_applies(
+    query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, dropout: float, is_causal: bool
+) -> bool:
     """Whether `_SharedProjectionAttention` can and should run a call: one tensor as query, key and value (MSSA
     without cache and without query normalisation), no mask, no dropout, a CPU fp32 step that will be differentiated
     (inference keeps SDPA, which saves nothing for a backward), and at most `SHARED_KERNEL_MAX_LENGTH` tokens."""
