@@ -326,37 +326,6 @@ class _KnnAttentionFunction(torch.autograd.Function):
         return grad_query, grad_key, grad_value, None, grad_bias, grad_sinks, *([None] * 7)
 
 
-def _dense_knn(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    visible: Tensor | None,
-    bias: Tensor | None,
-    sinks: Tensor | None,
-    causal: bool,
-    scaling: float,
-    softcap: float | None,
-    dropout: float,
-    rng: torch.Generator | None,
-    knn_k: int | float,
-    max_k: int | None,
-) -> tuple[Tensor, Tensor]:
-    """k-NN attention in one piece through autograd, (B, H, Tq, D) output and (B, H, Tq, Tk) weights (before dropout):
-    when the weights are requested (with gradients, as dense attention's), under `torch.compile` and `torch.export`
-    (`max_k=None`: `knn_kept_mask`'s sort, not a symbolic top-k)."""
-    if causal:  # keys past the last query: never seen
-        visible = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
-    scores = _scores(query, key, visible, bias, scaling, softcap)
-    with torch.no_grad():
-        if max_k is None:
-            rejected = ~knn_kept_mask(scores.detach(), visible, knn_k)
-        else:
-            rejected = _knn_threshold(scores.detach(), visible, knn_k, max_k)[2] == 0
-    weights = _softmax(scores.masked_fill(rejected, -math.inf), sinks).to(query.dtype)
-    kept = torch.rand(weights.shape, device=weights.device, generator=rng) >= dropout if dropout > 0.0 else None
-    return torch.matmul(weights if kept is None else weights * kept / (1 - dropout), value), weights
-
-
 def knn_attention_forward(
     module: torch.nn.Module | None,
     query: torch.Tensor,
@@ -394,9 +363,22 @@ def knn_attention_forward(
     causal = visible is None and _is_causal(module, is_causal, query.shape[2])
     exporting = torch.compiler.is_exporting()
     if output_attentions or exporting or torch.compiler.is_compiling():
-        max_k = None if exporting else resolve_knn_k(knn_k, key.shape[2])
-        args = (visible, bias, s_aux, causal, scaling, softcap, dropout, generator, knn_k, max_k)
-        output, weights = _dense_knn(query, key, value, *args)
+        # In one piece through autograd, with (B, H, Tq, Tk) weights (before dropout) that carry gradients as dense
+        # attention's; exporting, the kept keys are `knn_kept_mask`'s sort, not a top-k of a symbolic k.
+        if causal:  # keys past the last query: never seen
+            visible = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
+        scores = _scores(query, key, visible, bias, scaling, softcap)
+        with torch.no_grad():
+            if exporting:
+                rejected = ~knn_kept_mask(scores.detach(), visible, knn_k)
+            else:
+                rejected = _knn_threshold(scores.detach(), visible, knn_k, resolve_knn_k(knn_k, key.shape[2]))[2] == 0
+        weights = _softmax(scores.masked_fill(rejected, -math.inf), s_aux).to(query.dtype)
+        used = weights
+        if dropout > 0.0:
+            used = weights * (torch.rand(weights.shape, device=weights.device, generator=generator) >= dropout)
+            used = used / (1.0 - dropout)
+        output = torch.matmul(used, value)
         return output.transpose(1, 2).contiguous(), weights if output_attentions else None
     output = _KnnAttentionFunction.apply(
         query, key, value, visible, bias, s_aux, causal, scaling, softcap, knn_k, max_chunk, dropout, generator
