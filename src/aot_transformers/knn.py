@@ -49,7 +49,7 @@ _GROUP = 32  # keys per group of `_nth_one`'s first binary search
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}  # the integers `_ordered` reads each float width as
 
 
-def _ordered(bits: torch.Tensor) -> torch.Tensor:
+def _ordered(bits: Tensor) -> Tensor:
     """float32/64 bits (as same-width integers) as integers in the float order, except -0.0 just below +0.0 (a
     refinement: ties are resolved on the float scores), and back (the map is its own inverse): CPU `topk` compares
     integers faster than floats. A negative float's magnitude bits are flipped: a larger integer is a larger float."""
@@ -328,22 +328,22 @@ class _KnnAttentionFunction(torch.autograd.Function):
 
 def knn_attention_forward(
     module: torch.nn.Module | None,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
     is_causal: bool | None = None,
     knn_k: int | float | None = None,
     knn_chunk_size: int | None = None,
     softcap: float | None = None,
-    s_aux: torch.Tensor | None = None,
-    position_bias: torch.Tensor | None = None,
+    s_aux: Tensor | None = None,
+    position_bias: Tensor | None = None,
     output_attentions: bool | None = None,
     generator: torch.Generator | None = None,
     **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[Tensor, Tensor | None]:
     """The `"knn"` backend, for AoT and any transformers model: exact k-NN attention (module docstring). `knn_k`,
     `knn_chunk_size` and `output_attentions` default to `module.config`'s; key/value heads are repeated for GQA;
     soft-capping (`softcap`, Gemma 2), sinks (`s_aux`, GPT-OSS) and additive biases (`position_bias`, T5; a float

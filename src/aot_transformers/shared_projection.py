@@ -102,15 +102,15 @@ def shared_projection_applies(
 
 def shared_projection_attention_forward(
     module: torch.nn.Module | None,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
     scaling: float,
     dropout: float = 0.0,
     is_causal: bool | None = None,
     **kwargs,
-) -> tuple[torch.Tensor, None]:
+) -> tuple[Tensor, None]:
     """The `"shared_projection"` backend: `_SharedProjectionAttention` when `shared_projection_applies`, exactly the
     `"sdpa"` backend for every other call (a cache, a mask, inference, MHSA, longer sequences). Continuous batching
     accepts only the `"sdpa"`, `"paged|eager"` and flash backends."""
