@@ -23,9 +23,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
+    from transformers import PreTrainedModel
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # files that may hold a pickle, in any case
 EVAL_RESULTS_DIR = ".eval_results"  # the Hub's folder of evaluation results, the one hidden folder a push uploads
@@ -44,7 +49,9 @@ def arg(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
     return field(default=default, metadata=metadata)
 
 
-def load_pretrained(model_cls, source, *args: Any, **kwargs: Any):
+def load_pretrained(
+    model_cls: type[PreTrainedModel | _BaseAutoModelClass], source: str | os.PathLike, *args: Any, **kwargs: Any
+) -> PreTrainedModel | tuple[PreTrainedModel, dict[str, Any]]:
     """`model_cls.from_pretrained(source, ...)` as every `aot` command loads a model: transformers' own loading
     (safetensors first, pickles only through `weights_only`), with damaged weights named in one error."""
     from safetensors import SafetensorError
@@ -61,7 +68,9 @@ def load_pretrained(model_cls, source, *args: Any, **kwargs: Any):
         raise OSError(f"The weights of {source} do not have the shapes its config.json gives: {shown}.") from None
 
 
-def _mismatched_shapes(model_cls, folder: Path, kwargs: dict[str, Any]) -> list[str]:
+def _mismatched_shapes(
+    model_cls: type[PreTrainedModel | _BaseAutoModelClass], folder: Path, kwargs: dict[str, Any]
+) -> list[str]:
     """`name [saved shape] vs config [shape]` for every tensor of the safetensors in `folder` whose shape is not the
     one the model built from its config (on the meta device) has."""
     import torch
@@ -337,7 +346,7 @@ class FolderLockedError(RuntimeError):
         super().__init__(what)
 
 
-def lock_folder(lock_path: str | os.PathLike):
+def lock_folder(lock_path: str | os.PathLike) -> BaseFileLock:
     """Take the exclusive `filelock.FileLock` at `lock_path` without waiting; returns the held lock (released when
     dropped). Raises `FolderLockedError` when another process holds it or the lock file cannot be made."""
     from filelock import FileLock, Timeout

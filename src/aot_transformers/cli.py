@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 from .errors import DEBUG_ENV, EXIT_USAGE, run_command
 
@@ -15,7 +17,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     """An `ArgumentParser` whose errors follow the contract: one line naming the command, exit code 2 (argparse's
     default prints the whole usage block first)."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
@@ -69,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _subcommand_registrars():
+def _subcommand_registrars() -> Iterator[Callable[[argparse._SubParsersAction], None]]:
     """`register(subcommands)` of each command group: training (`train`, `push`, `demo`), `eval`, `experiment`."""
     import importlib
 

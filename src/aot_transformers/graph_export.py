@@ -20,11 +20,13 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import nn
 
 from ._io import adapter_of, load_json, load_pretrained, remove_stale_temporaries, temporary_prefix
+from .configuration_aot import AoTConfig
 from .errors import run_command
 from .modeling_aot import AoTForCausalLM, AoTForImageClassification, AoTModel, AoTPreTrainedModel
 
@@ -128,7 +130,7 @@ def export_spec(model: AoTPreTrainedModel, batch_size: int = 2, sequence_length:
     )
 
 
-def _text_inputs(config, batch: int, length: int, generator: torch.Generator, padded_row: int) -> dict:
+def _text_inputs(config: AoTConfig, batch: int, length: int, generator: torch.Generator, padded_row: int) -> dict:
     """Random `input_ids` (batch, length) and an `attention_mask` that left-pads half of row `padded_row`, if any."""
     input_ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator)
     attention_mask = torch.ones_like(input_ids)
@@ -170,7 +172,7 @@ def _export(spec: ExportSpec, model: AoTPreTrainedModel) -> torch.export.Exporte
         raise
 
 
-def _import_onnx():
+def _import_onnx() -> ModuleType:
     try:
         import onnx  # noqa: F401
         import onnxruntime
@@ -276,7 +278,9 @@ def _check_finite(model: AoTPreTrainedModel, spec: ExportSpec) -> None:
         )
 
 
-def _compare_with_onnxruntime(path: Path, spec: ExportSpec, model: AoTPreTrainedModel, onnxruntime) -> float:
+def _compare_with_onnxruntime(
+    path: Path, spec: ExportSpec, model: AoTPreTrainedModel, onnxruntime: ModuleType
+) -> float:
     """The largest |onnxruntime - PyTorch| over the check inputs; a NaN or infinite output on either side, or a
     difference over `ONNX_TOLERANCE`, fails (compared input by input: `max(0.0, nan)` would hide a NaN)."""
     options = onnxruntime.SessionOptions()

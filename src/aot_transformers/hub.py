@@ -10,15 +10,21 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._io import EVAL_RESULTS_DIR, LOCK_FILE, PICKLE_SUFFIXES, STAGING_MARKER, atomic_folder, is_pickle_name
 from .errors import RunError, UsageError
 from .model_card import card_for_folder
-from .modeling_aot import CODE_FILES, AoTPreTrainedModel
+from .modeling_aot import CODE_FILES
+
+if TYPE_CHECKING:
+    import torch
+    from huggingface_hub import CommitInfo, HfApi, RepoUrl
+    from peft import PeftModel
+    from transformers import BaseImageProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +93,7 @@ def check_replaceable(target: str | os.PathLike, protected: tuple[str | os.PathL
         )
 
 
-def check_finite_weights(model, refuse: Callable[[str], Exception]) -> None:
+def check_finite_weights(model: torch.nn.Module, refuse: Callable[[str], Exception]) -> None:
     """Raise `refuse(names)` when floating-point tensors of `model` (parameters and buffers) hold a NaN or an
     infinity (`names`: the first three of them): a model that must not be exported as if it worked."""
     import torch
@@ -117,10 +123,10 @@ def write_extra_files(folder: Path, files: dict[str, str | bytes | os.PathLike])
 
 
 def export_model(
-    model: AoTPreTrainedModel,
+    model: PreTrainedModel,
     save_directory: str | os.PathLike,
-    tokenizer=None,
-    image_processor=None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    image_processor: BaseImageProcessor | None = None,
     overwrite: bool = True,
     model_card: Any = None,
     extra_files: dict[str, str | bytes | os.PathLike] | None = None,
@@ -158,7 +164,14 @@ def export_model(
     return write_export(model, save_directory, (tokenizer, image_processor), files, overwrite, protected)
 
 
-def write_export(model, save_directory, processors, files: dict, overwrite=True, protected=()) -> Path:
+def write_export(
+    model: PreTrainedModel | PeftModel,
+    save_directory: str | os.PathLike,
+    processors: Sequence[PreTrainedTokenizerBase | BaseImageProcessor | None],
+    files: dict,
+    overwrite: bool = True,
+    protected: tuple[str | os.PathLike, ...] = (),
+) -> Path:
     """Write `model` (safetensors), the `processors` that are not None and `files` (see `write_extra_files`) into
     `save_directory` atomically, with the `EXPORT_MANIFEST` listing them; with `overwrite`, only over an earlier
     export (`check_replaceable`). Serves `export_model` and LoRA adapters."""
@@ -353,7 +366,9 @@ def push_to_hub(
     return PushResult(repo_url=str(repo_url), commit_url=info.commit_url, commit_oid=info.oid, files=names)
 
 
-def _upload_folder(api, repo_id: str, private: bool | None, revision: str | None, folder, **upload):
+def _upload_folder(
+    api: HfApi, repo_id: str, private: bool | None, revision: str | None, folder: str | os.PathLike, **upload: Any
+) -> tuple[RepoUrl, CommitInfo]:
     """Create the repo (and branch) if missing, then upload a folder; returns `(repo url, commit info)`."""
     repo_url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     if revision:
@@ -363,7 +378,7 @@ def _upload_folder(api, repo_id: str, private: bool | None, revision: str | None
 
 def upload_checkpoint(
     folder: str | os.PathLike, repo_id: str, *, token: str | bool | None = None, endpoint: str | None = None, **upload
-):
+) -> CommitInfo:
     """Push a Trainer checkpoint folder during training (`--hub_strategy every_save|checkpoint|all_checkpoints`):
     `private` and `revision` as for `push_to_hub`, the rest of `upload` to `HfApi.upload_folder` (`path_in_repo`,
     `ignore_patterns`, `delete_patterns`, `commit_message`). Raises `HubPushError` (the checkpoint is untouched)."""

@@ -15,14 +15,18 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._io import EVAL_RESULTS_DIR, atomic_write_text, is_hub_id, load_json
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    from huggingface_hub import EvalResult, ModelCard
+    from transformers import PreTrainedConfig
 
 CARD_TEMPLATE = "model_card_template.md"
 TEXT_TASK = "text-generation"
@@ -44,6 +48,14 @@ SUITE = {
 }
 
 
+class Report(Protocol):
+    """A report as this module reads it (see the module docstring): an `EvaluationReport`, or a read `results.json`."""
+
+    results: dict[str, dict[str, Any]]
+    settings: dict[str, Any]
+    date: str
+
+
 def card_template() -> str:
     """The text of the card template, package data of `aot_transformers` (read through `importlib.resources`)."""
     return resources.files(__package__).joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
@@ -57,7 +69,9 @@ def _format(value: Any) -> str:
     return "`None`" if value is None else str(value)
 
 
-def architecture_rows(config, num_parameters: int | None = None, is_text: bool = True) -> list[tuple[str, str]]:
+def architecture_rows(
+    config: PreTrainedConfig, num_parameters: int | None = None, is_text: bool = True
+) -> list[tuple[str, str]]:
     """The rows of the card's architecture table for an `AoTConfig` (or a baseline's config: the fields it has)."""
     fields = ["attention_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "head_dim", "knn_k"]
     fields += ["normalize_query", "step_size", "layer_norm", "mlp_layers", "mlp_type"]
@@ -76,7 +90,7 @@ def architecture_rows(config, num_parameters: int | None = None, is_text: bool =
 
 
 def render_model_card(
-    config,
+    config: PreTrainedConfig,
     *,
     model_name: str,
     repo_id: str | None = None,
@@ -92,7 +106,7 @@ def render_model_card(
     adapter: dict[str, Any] | None = None,
     library_name: str = "transformers",
     tags: list[str] | None = None,
-):
+) -> ModelCard:
     """Render the model card of an AoT model with `huggingface_hub.ModelCard.from_template`.
 
     Args:
@@ -188,7 +202,7 @@ def render_model_card(
     )
 
 
-def card_for_folder(folder: str | os.PathLike, repo_id: str | None = None):
+def card_for_folder(folder: str | os.PathLike, repo_id: str | None = None) -> ModelCard:
     """A model card for an exported folder that has none, from its `config.json` (and `results.json` if present:
     the results of a training run and those of `aot eval`)."""
     from .configuration_aot import AoTConfig
@@ -265,7 +279,7 @@ def training_results_json(
     return json.dumps(payload, indent=2, default=str) + "\n"
 
 
-def card_results(report) -> list[dict[str, Any]]:
+def card_results(report: Report) -> list[dict[str, Any]]:
     """The training results of a report as the card's result entries (`aot eval` tasks become `model-index` through
     `eval_results`)."""
     entries = []
@@ -298,7 +312,7 @@ _CARD_METRICS = {
 TASK_NAME = "Zero-shot evaluation"
 
 
-def _suite_numbers(report):
+def _suite_numbers(report: Report) -> Iterator[tuple[str, Mapping[str, Any], str, str, float]]:
     """(task, source, model-index metric type, display name, value) of each finite number of `report` on a task of
     the suite; absent and non-finite numbers are left out (a NaN is never written into a card)."""
     for task_name, result in report.results.items():
@@ -321,7 +335,7 @@ def _dataset_fields(task_name: str, source: Mapping) -> dict[str, Any]:
     }
 
 
-def eval_results(report) -> list:
+def eval_results(report: Report) -> list:
     """The `huggingface_hub.EvalResult`s of a report, one per (task, metric)."""
     from huggingface_hub import EvalResult
 
@@ -341,7 +355,7 @@ def eval_results(report) -> list:
     ]
 
 
-def load_card(path: Path):
+def load_card(path: Path) -> ModelCard:
     """The `huggingface_hub.ModelCard` at `path`, or a `UsageError` naming the file when it cannot be read
     (not UTF-8, malformed YAML metadata, metadata that is not a mapping, …)."""
     from huggingface_hub import ModelCard
@@ -362,7 +376,7 @@ def card_file(target: str | os.PathLike) -> Path:
     return path / "README.md" if path.is_dir() or path.suffix.lower() != ".md" else path
 
 
-def _key(result) -> tuple:
+def _key(result: EvalResult) -> tuple:
     """What identifies a number in model-index (the task name is not kept per metric, so it is left out)."""
     fields = ("task_type", "dataset_type", "dataset_name", "dataset_config", "dataset_split", "metric_type")
     return tuple(getattr(result, name) for name in fields)
@@ -377,7 +391,7 @@ def _with_section(text: str, section: str) -> str:
     return text.rstrip() + "\n\n## Zero-shot evaluation\n\n" + block + "\n"
 
 
-def add_eval_results(card_path: str | os.PathLike, report, table: Callable[[str], str]) -> Path:
+def add_eval_results(card_path: str | os.PathLike, report: Report, table: Callable[[str], str]) -> Path:
     """Add an `aot eval` report to the card at `card_path` (a `README.md`, or a model folder holding one), creating
     it if needed (named after its folder): `model-index` entries (replacing those of the same
     task, dataset and metric, keeping the others), the markdown table `table(name in the card)` between
@@ -414,7 +428,7 @@ def add_eval_results(card_path: str | os.PathLike, report, table: Callable[[str]
     return path
 
 
-def eval_result_entries(report) -> list:
+def eval_result_entries(report: Report) -> list:
     """The report's results on Hub datasets as `huggingface_hub.EvalResultEntry`s, the Hub's `.eval_results/`
     format (one value per entry: the metric is named in `notes`). Results on local files are left out, as the
     format names a Hub benchmark dataset."""

@@ -21,10 +21,17 @@ import argparse
 import inspect
 import json
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
+    from transformers.cli.serving.model_manager import ModelManager
+    from transformers.cli.serving.utils import BaseHandler
+
+    Processor = ProcessorMixin | PreTrainedTokenizerBase  # what `ModelManager.load_model_and_processor` gives
 
 try:  # `aot serve`; this file also runs on its own, where only transformers is installed (see `main`)
     from .errors import UsageError
@@ -52,14 +59,14 @@ class RequestError(Exception):
         super().__init__(message)
         self.status, self.param, self.message, self.code = status, param, message, code
 
-    def response(self):
+    def response(self) -> JSONResponse:
         from fastapi.responses import JSONResponse
 
         error = {"message": self.message, "type": "invalid_request_error", "param": self.param, "code": self.code}
         return JSONResponse({"error": error}, status_code=self.status)
 
 
-def _field(body: dict, field: str, ok, allowed: str) -> Any:
+def _field(body: dict, field: str, ok: Callable[[Any], bool], allowed: str) -> Any:
     """`body[field]` (None when absent); a 400 naming the field and what is `allowed` when `ok(value)` is false."""
     value = body.get(field)
     if value is not None and not ok(value):
@@ -84,7 +91,7 @@ def check_common_fields(body: dict, served: str) -> None:
     _field(body, "seed", lambda v: _is_number(v, int), "an integer")
 
 
-def fit_to_context(body: dict, fields: tuple[str, ...], prompt_tokens: int, model, what: str) -> None:
+def fit_to_context(body: dict, fields: tuple[str, ...], prompt_tokens: int, model: PreTrainedModel, what: str) -> None:
     """Refuse a prompt or a token limit the model's context (`max_position_embeddings`) cannot hold; default the
     limit to what is left."""
     limits = {f: _field(body, f, lambda v: _is_number(v, int) and v >= 1, "a positive integer") for f in fields}
@@ -107,11 +114,11 @@ def fit_to_context(body: dict, fields: tuple[str, ...], prompt_tokens: int, mode
         raise RequestError(400, field, why, "context_length_exceeded")
 
 
-def _tokenizer(processor):
+def _tokenizer(processor: Processor) -> PreTrainedTokenizerBase:
     return getattr(processor, "tokenizer", processor)
 
 
-def _chat_template_missing(processor) -> bool:
+def _chat_template_missing(processor: Processor) -> bool:
     return not getattr(_tokenizer(processor), "chat_template", None) and not getattr(processor, "chat_template", None)
 
 
@@ -122,7 +129,7 @@ NO_CHAT_TEMPLATE = (
 )
 
 
-def _chat_prompt_tokens(handler, processor, messages: list, body: dict) -> int:
+def _chat_prompt_tokens(handler: BaseHandler, processor: Processor, messages: list, body: dict) -> int:
     from transformers.cli.serving.utils import Modality
 
     kwargs = {**handler.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}
@@ -139,7 +146,9 @@ def _chat_prompt_tokens(handler, processor, messages: list, body: dict) -> int:
     return len(ids[0]) if ids and isinstance(ids[0], list) else len(ids)
 
 
-def check_completion(handler, body: dict, model, processor, served: str) -> None:
+def check_completion(
+    handler: BaseHandler, body: dict, model: PreTrainedModel, processor: Processor, served: str
+) -> None:
     """`/v1/completions`: a non-empty string prompt that leaves room in the context for `max_tokens`."""
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
@@ -148,7 +157,7 @@ def check_completion(handler, body: dict, model, processor, served: str) -> None
     fit_to_context(body, ("max_tokens",), tokens, model, "prompt")
 
 
-def check_chat(handler, body: dict, model, processor, served: str) -> None:
+def check_chat(handler: BaseHandler, body: dict, model: PreTrainedModel, processor: Processor, served: str) -> None:
     """`/v1/chat/completions`: messages with a role, a chat template to format them, room for the token limit."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -166,7 +175,9 @@ def check_chat(handler, body: dict, model, processor, served: str) -> None:
     fit_to_context(body, ("max_completion_tokens", "max_tokens"), tokens, model, "messages")
 
 
-def check_response(handler, body: dict, model, processor, served: str) -> None:
+def check_response(
+    handler: BaseHandler, body: dict, model: PreTrainedModel, processor: Processor, served: str
+) -> None:
     """`/v1/responses`: some input, a chat template to format it, room for `max_output_tokens`."""
     if body.get("input") in (None, "", []):
         raise RequestError(400, "input", f"input: {body.get('input')!r} is not allowed (allowed: text)")
@@ -180,10 +191,12 @@ def check_response(handler, body: dict, model, processor, served: str) -> None:
 class CheckedHandler:
     """A transformers handler behind `check_common_fields` and `check`: a refused request gets its `RequestError`."""
 
-    def __init__(self, handler, check):
+    def __init__(
+        self, handler: BaseHandler, check: Callable[[BaseHandler, dict, PreTrainedModel, Processor, str], None]
+    ):
         self.handler, self.check = handler, check
 
-    async def handle_request(self, body: dict, request_id: str):
+    async def handle_request(self, body: dict, request_id: str) -> StreamingResponse | JSONResponse:
         manager, served = self.handler.model_manager, self.handler.model_manager.force_model
         try:
             model, processor = manager.load_model_and_processor(manager.process_model_name(served))
@@ -194,7 +207,7 @@ class CheckedHandler:
         return await self.handler.handle_request(body, request_id)
 
 
-def _model_manager(options: dict):
+def _model_manager(options: dict) -> ModelManager:
     """transformers' `ModelManager` for `transformers serve`'s `options`, loading through `AutoModelForCausalLM` when
     the architecture is not a transformers class (a remote-code model): transformers looks it up in its namespace."""
     import transformers
@@ -203,7 +216,13 @@ def _model_manager(options: dict):
     from transformers.cli.serving.utils import split_revision
 
     class CausalLMModelManager(ModelManager):
-        def _load_model(self, model_id_and_revision, tqdm_class=None, progress_callback=None, gguf_file=None):
+        def _load_model(
+            self,
+            model_id_and_revision: str,
+            tqdm_class: type | None = None,
+            progress_callback: Callable | None = None,
+            gguf_file: str | None = None,
+        ) -> PreTrainedModel:
             model_id, revision = split_revision(model_id_and_revision)
             remote = self.trust_remote_code
             if gguf_file is None:
@@ -310,7 +329,7 @@ def serve(model: str, options: list[str]) -> int:
         raise UsageError(error.format_message()) from None
 
 
-def register(subcommands) -> None:
+def register(subcommands: argparse._SubParsersAction) -> None:
     """Add `aot serve` to the `aot` command."""
     parser = subcommands.add_parser("serve", help=SERVE_HELP, description=SERVE_HELP)
     parser.add_argument("model", help="a model folder (save_pretrained / aot train) or a Hub id")

@@ -11,11 +11,16 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._io import LOCK_FILE, FolderLockedError, lock_folder
 from ..errors import RunError, run_command
 from .data import EvaluationError
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
 
 
 def _data_overrides(values: list[str]) -> dict[str, str]:
@@ -71,7 +76,7 @@ def _check_output_dir(folder: Path) -> None:
         raise EvaluationError(f"{existing} is not writable", argument="--output-dir", value=str(folder))
 
 
-def _lock(folder: Path):
+def _lock(folder: Path) -> BaseFileLock:
     """Hold `.<folder>.aot.lock` beside the card's folder (never inside it, where a plain upload would publish it), so
     that a second run updating the same card fails at once instead of silently losing one of the two results."""
     try:
@@ -153,7 +158,7 @@ def run_table(args: argparse.Namespace) -> int:
     return 0
 
 
-def _guard(function):
+def _guard(function: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Run an `aot eval` command under the error contract of `aot_transformers.errors`, as `aot eval`."""
     return lambda args: run_command(lambda: function(args), prog="aot eval")
 

@@ -32,7 +32,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
 DETAIL_METRICS = ("loss", "perplexity", "bits_per_byte", "acc", "acc_norm", "last_word_perplexity")
 
 
-def _format(value, metric: str) -> str:
+def _format(value: object, metric: str) -> str:
     if value is None:
         return "–"
     if isinstance(value, bool) or not isinstance(value, (int, float)):

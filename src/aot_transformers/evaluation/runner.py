@@ -112,7 +112,7 @@ def load_model_and_tokenizer(
     tokenizer: str | os.PathLike | None = None,
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
-):
+) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
     """A causal LM and its tokenizer through the Auto classes, in eval mode.
 
     Args:
@@ -204,7 +204,7 @@ def evaluate_model(
     model: str | os.PathLike | torch.nn.Module,
     tasks: str | Sequence[str] | None = None,
     *,
-    tokenizer=None,
+    tokenizer: str | os.PathLike | transformers.PreTrainedTokenizerBase | None = None,
     data_dir: str | os.PathLike | None = None,
     data: Mapping[str, str | os.PathLike] | None = None,
     max_length: int | None = None,

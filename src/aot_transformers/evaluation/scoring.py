@@ -30,12 +30,16 @@ import inspect
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .data import EvaluationError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Config fields that hold a model's context window, in the order lm-evaluation-harness reads them.
 _WINDOW_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx")
@@ -99,7 +103,7 @@ def rolling_windows(tokens: Sequence[int], prefix_token_id: int | None, max_leng
     return [_window(context, continuation, max_length) for context, continuation in map(make_disjoint_window, pairs)]
 
 
-def model_context_window(model: torch.nn.Module, tokenizer=None) -> int | None:
+def model_context_window(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None = None) -> int | None:
     """The longest input `model` accepts, from its config (or the tokenizer's `model_max_length`); None if unknown."""
     config = getattr(model, "config", None)
     for field in _WINDOW_FIELDS:
@@ -127,7 +131,7 @@ class LanguageModelScorer:
     def __init__(
         self,
         model: torch.nn.Module,
-        tokenizer,
+        tokenizer: PreTrainedTokenizerBase,
         max_length: int | None = None,
         stride: int | None = None,
         batch_size: int = 8,
@@ -252,7 +256,9 @@ class LanguageModelScorer:
         return [Score(float(t), w.num_scored, bool(g)) for t, w, g in zip(totals, batch, greedy_rows, strict=True)]
 
 
-def _target_logprobs(logits: torch.Tensor, targets: torch.Tensor, greedy: bool, chunk: int = 4096):
+def _target_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, greedy: bool, chunk: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(target) (B, K) in float32 and, when asked, whether the target is the arg-max (else None).
 
     One fused cross-entropy over all kept positions is much faster than one call per row; it runs over chunks of

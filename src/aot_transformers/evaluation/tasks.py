@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .data import (
     ClozeExample,
@@ -38,6 +38,9 @@ from .data import (
 )
 from .scoring import LanguageModelScorer
 
+if TYPE_CHECKING:
+    import datasets
+
 HUB_PREFIX = "hub:"
 
 CBT_RULE = (
@@ -48,6 +51,8 @@ LAMBADA_RULE = (
     "correct when greedy decoding after the context yields every token of ' ' + last word (the last "
     "space-separated word of the passage)"
 )
+# What a task's runner returns: its metrics, the counts they come from, and details recorded beside them.
+Outcome = tuple[dict[str, float], dict[str, int], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,14 @@ class Dataset:
     columns: tuple[str, ...]
 
 
-def _text_dataset(title: str, read_file, parse_lines, hub: HubSource, file_names: tuple[str, ...], column: str):
+def _text_dataset(
+    title: str,
+    read_file: Callable[[Path], list[str]],
+    parse_lines: Callable[..., list[str]],
+    hub: HubSource,
+    file_names: tuple[str, ...],
+    column: str,
+) -> Dataset:
     """A dataset whose Hub rows hold its lines in one column (parsed as the local file's lines are)."""
     return Dataset(
         title, read_file, lambda rows, source: parse_lines(rows[column], source=source), hub, file_names, (column,)
@@ -91,7 +103,7 @@ def _text_dataset(title: str, read_file, parse_lines, hub: HubSource, file_names
 
 
 def _cbt_dataset(kind: str) -> Dataset:
-    def from_rows(rows, source: str) -> list[ClozeExample]:
+    def from_rows(rows: datasets.Dataset, source: str) -> list[ClozeExample]:
         return [
             cloze_example(row["sentences"], row["question"], row["answer"], row["options"], source, number)
             for number, row in enumerate(rows, start=1)
@@ -324,7 +336,7 @@ class TaskResult:
         }
 
 
-def _perplexity_metrics(scorer: LanguageModelScorer, documents: Sequence[str], name: str):
+def _perplexity_metrics(scorer: LanguageModelScorer, documents: Sequence[str], name: str) -> Outcome:
     scores = scorer.rolling_loglikelihoods(documents, description=name)
     loglikelihood = sum(score.loglikelihood for score in scores)
     tokens = sum(score.num_tokens for score in scores)
@@ -343,7 +355,7 @@ def _perplexity_metrics(scorer: LanguageModelScorer, documents: Sequence[str], n
     return metrics, counts, {"loglikelihood": loglikelihood}
 
 
-def _last_word_metrics(scorer: LanguageModelScorer, passages: Sequence[str], name: str):
+def _last_word_metrics(scorer: LanguageModelScorer, passages: Sequence[str], name: str) -> Outcome:
     scores = scorer.conditional_loglikelihoods([lambada_split(p) for p in passages], description=name)
     metrics = {
         "acc": sum(score.is_greedy for score in scores) / len(scores),
@@ -358,7 +370,7 @@ def _last_word_metrics(scorer: LanguageModelScorer, passages: Sequence[str], nam
     return metrics, counts, {"rule": LAMBADA_RULE}
 
 
-def _cloze_metrics(scorer: LanguageModelScorer, examples: Sequence[ClozeExample], name: str):
+def _cloze_metrics(scorer: LanguageModelScorer, examples: Sequence[ClozeExample], name: str) -> Outcome:
     pairs = [example.scoring_pair(candidate) for example in examples for candidate in example.candidates]
     scores = scorer.conditional_loglikelihoods(pairs, description=name)
     correct = correct_norm = start = 0

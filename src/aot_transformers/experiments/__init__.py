@@ -13,6 +13,7 @@ measured, whether it held.
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import Any
 
 # Study name -> (its module, one line of help for `aot experiment --help`).
@@ -26,7 +27,7 @@ STUDIES: dict[str, tuple[str, str]] = {
 }
 
 
-def study_module(name: str):
+def study_module(name: str) -> ModuleType:
     """The module of study `name` (a key of `STUDIES`): its `Options`, its figures and its `run` (ValueError listing
     the known names for an unknown one)."""
     if name not in STUDIES:

@@ -11,21 +11,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 import torch.nn.functional as F
 
 from .._io import load_pretrained
-from ..modeling_aot import AoTForImageClassification
+from ..modeling_aot import AoTForCausalLM, AoTForImageClassification
 from . import _vision
 from .knn import vision_config
 from .study import Count, Positive, Range, Seed, Study, StudyOptions, arg
 
+if TYPE_CHECKING:
+    import numpy as np
+
 DATASETS = ("mnist", "cifar10")
 
 
-def layer_attentions(model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def layer_attentions(
+    model: AoTForCausalLM | AoTForImageClassification, pixel_values: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
     """Every layer's attention weights (B, H, N, N) for `pixel_values` (or token ids), run on a backend that returns
     them: `eager` unless it is `knn` already; the model's backend is restored afterwards."""
     backend = model.config._attn_implementation
@@ -68,7 +73,7 @@ def object_attention_share(maps: torch.Tensor, images: torch.Tensor, threshold: 
     }
 
 
-def plot_attention_grid(axes, images: torch.Tensor, maps: torch.Tensor, title: str) -> None:
+def plot_attention_grid(axes: np.ndarray, images: torch.Tensor, maps: torch.Tensor, title: str) -> None:
     """On axes (B, H + 1): one row per image, the image then each head's map upsampled and overlaid on it."""
     num_images, num_heads = maps.shape[:2]
     side = images.shape[-1]
@@ -143,7 +148,9 @@ def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification,
     return classifier, data, mean, std
 
 
-def figure7(study: Study, o: Options, classifier, data: dict, mean: torch.Tensor, std: torch.Tensor) -> None:
+def figure7(
+    study: Study, o: Options, classifier: AoTForImageClassification, data: dict, mean: torch.Tensor, std: torch.Tensor
+) -> None:
     """AoT Fig. 7: [CLS]-to-patch attention of every head of the penultimate layer (or `o.layer`), and its share on
     the object (`object_attention_share`)."""
     side = classifier.config.image_size

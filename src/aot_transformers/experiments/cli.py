@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from transformers import HfArgumentParser
 
 S = argparse.SUPPRESS
 
 
-def _study_parser(**kwargs):
+def _study_parser(**kwargs: Any) -> HfArgumentParser:
     """A study's parser: its `Options` as flags (`HfArgumentParser`); errors are one line and exit code 2."""
     from transformers import HfArgumentParser
 
     class StudyParser(HfArgumentParser):
-        def error(self, message: str):  # argparse's hook: no usage block, no traceback
+        def error(self, message: str) -> NoReturn:  # argparse's hook: no usage block, no traceback
             self.exit(2, f"{self.prog}: error: {message}\n")
 
     return StudyParser(**kwargs)
@@ -29,7 +34,7 @@ def study_options(args: argparse.Namespace) -> dict:
     return {key: value for key, value in vars(args).items() if key not in plumbing}
 
 
-def _run(prog: str, args: argparse.Namespace, run, options: dict, name: str) -> int:
+def _run(prog: str, args: argparse.Namespace, run: Callable[..., dict[str, Any]], options: dict, name: str) -> int:
     """Check matplotlib and `--threads`, call `run(**options)`, print its claims and where its files are."""
     import importlib.util
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ PREDICTORS = ("linear", "softmax")
 REGULARISERS = ("pairwise", "product", "softmax", "softmax_squared")
 CENTROIDS = ("canonical", "random")
 SCORES = ("all_tokens", "first_token")
+Predictor = Callable[[torch.Tensor], torch.Tensor]  # a predictor T: tokens X (B, L, d) -> T(X) (B, L, d)
 
 
 # --- Data.
@@ -357,7 +358,7 @@ def percentile_band(values: Sequence[float] | torch.Tensor) -> dict[str, float]:
 
 
 def monte_carlo_risk(
-    predict, centroids: torch.Tensor, sigma: float, seq_len: int, num_sequences: int, seed: int = 0
+    predict: Predictor, centroids: torch.Tensor, sigma: float, seq_len: int, num_sequences: int, seed: int = 0
 ) -> tuple[float, float]:
     """Monte Carlo risk (Eq. 5) of `predict(tokens)`: mean over sequences and its 4-standard-error tolerance."""
     tokens, _ = sample_gaussian_mixture(num_sequences, seq_len, centroids, sigma, make_generator(seed))
@@ -366,8 +367,8 @@ def monte_carlo_risk(
 
 
 def monte_carlo_conditional_moments(
-    predict, centroids: torch.Tensor, sigma: float, seq_len: int, num_sequences: int, seed: int = 0
-) -> dict[str, tuple[float, float]]:
+    predict: Predictor, centroids: torch.Tensor, sigma: float, seq_len: int, num_sequences: int, seed: int = 0
+) -> dict[str, tuple[float, float] | tuple[torch.Tensor, torch.Tensor]]:
     """E[⟨T(X)₁, μ*_c⟩ | Z₁ = c] (`projection`) and E‖T(X)₁ − μ*_c‖² (`variance`) of the first token, each with its
     4-standard-error tolerance, and the raw `outputs` (T(X)₁, μ*_c); the first tokens are i.i.d. samples."""
     tokens, labels = sample_gaussian_mixture(num_sequences, seq_len, centroids, sigma, make_generator(seed))

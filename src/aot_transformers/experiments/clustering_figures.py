@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 from torch.autograd.functional import hessian
@@ -31,6 +31,9 @@ from .clustering import (
     train_heads,
 )
 from .study import Count, NonNegative, Positive, Range, Seed, Study, StudyOptions, arg, close, make_generator, set_axes
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 PARTS = "theory fig1 fig2 fig3_4 appendix_a fig6a fig6a_rate kappa_dynamics high_dim dimension euclidean k3 softmax"
 PARTS = tuple(PARTS.split())
@@ -70,7 +73,9 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-def _band_plot(ax, run: dict[str, Any], label: str | None, scale: float = 1.0, name: str = "median_distance") -> dict:
+def _band_plot(
+    ax: Axes, run: dict[str, Any], label: str | None, scale: float = 1.0, name: str = "median_distance"
+) -> dict:
     """Plot the median distance (divided by `scale`) of the runs over the iterations and their 2.5-97.5 percentile
     band; return the curve's record (median per record under `name`, final band, seconds)."""
     distances = torch.tensor(run["distance"], dtype=torch.float64) / scale

@@ -15,6 +15,7 @@ factor 2λ/L; T_ctx (Eq. 12) = (2λ/L) Σ_m ⟨X_ℓ, X_m⟩ X_m; the risk is Eq
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -50,7 +51,9 @@ def monte_carlo_tolerance(per_sample: torch.Tensor, z: float = 4.0) -> tuple[flo
 # --- Section 3: the risk on the manifold M, λ*(σ, L).
 
 
-def _lemma_c1_factors(dim: int, sigma: float, seq_len: int):
+def _lemma_c1_factors(
+    dim: int, sigma: float, seq_len: int
+) -> tuple[float, Callable[[int], float], Callable[[int], float], int, int, int]:
     """σ², Lemma C.1's c₁(n) = 1 + nσ², c₂(n) = 1 + σ²(d + n) (K = 2 centroids in R^d, noise σ); L, L − 1, L − 2."""
     length = _check_mixture(dim, 2, sigma, seq_len)
     s2 = sigma**2

@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 
@@ -44,6 +44,9 @@ from .study import (
     set_axes,
 )
 from .subspace import subspace_attention
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 PHIS = ("softmax", "threshold")
 
@@ -226,7 +229,9 @@ class Options(StudyOptions):
     seed: Seed = arg(0, "random seed")
 
 
-def snr_curves(study: Study, o: Options, delta: float, subspaces: torch.Tensor, generator, ax) -> None:
+def snr_curves(
+    study: Study, o: Options, delta: float, subspaces: torch.Tensor, generator: torch.Generator, ax: Axes
+) -> None:
     """AoT Theorem 1 / Fig. 4 at one noise level δ: per-layer SNR with φ = h∘softmax and with softmax, beside which
     of Theorem 1's hypotheses hold and whether the proof's thresholding pattern did."""
     num_layers, tau, target = o.num_layers, o.tau, 1.0 + o.step_size * o.tau

@@ -217,7 +217,9 @@ def run(
     return study.finish()
 
 
-def _knn_comparison(study: Study, network, inputs: torch.Tensor, knn_k: float | int) -> dict:
+def _knn_comparison(
+    study: Study, network: AoTForCausalLM | AoTForImageClassification, inputs: torch.Tensor, knn_k: float | int
+) -> dict:
     """KVT Fig. 2's three metrics per layer with the model's dense attention and with k-NN attention (`knn_k`)."""
     from ..configuration_aot import check_knn_k
     from .knn_evidence import dense_vs_knn, set_k

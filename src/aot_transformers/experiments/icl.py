@@ -21,7 +21,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -43,6 +43,9 @@ from .study import (
     make_generator,
     set_axes,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 TASKS = ("linear", "sparse_linear")
 MODELS = ("aot-mssa", "aot-mhsa", "transformer", "aot-hybrid", "aot-full-mlp")
@@ -363,7 +366,7 @@ def _layers(kind: str, o: Options) -> int:
     }.get(kind, o.aot_layers)
 
 
-def task_curves(study: Study, o: Options, task: str, time_limit: float, ax) -> None:
+def task_curves(study: Study, o: Options, task: str, time_limit: float, ax: Axes) -> None:
     """AoT Fig. 6 for one task: normalised squared error against in-context examples of each model, trained on fresh
     prompts (Garg et al.'s protocol), and of least squares and Lasso, on the same `eval_prompts` prompts."""
     dim, num_points, sparsity = o.dim, o.num_points, o.sparsity

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..modeling_aot import AoTForImageClassification
+from ..modeling_aot import AoTForCausalLM, AoTForImageClassification
 from . import _vision
 from .attention_maps import cls_attention_maps, layer_attentions
 from .knn import sample_noisy_tokens, vision_config
@@ -265,7 +265,7 @@ def k_sweep(study: Study, o: Options, data: dict) -> dict:
     return models
 
 
-def set_k(model: AoTForImageClassification, knn_k: float | None) -> None:
+def set_k(model: AoTForCausalLM | AoTForImageClassification, knn_k: float | None) -> None:
     """Switch a model between dense (eager, with attention maps) and k-NN attention with `knn_k`."""
     model.config.knn_k = None
     model.set_attn_implementation("eager")
@@ -274,7 +274,7 @@ def set_k(model: AoTForImageClassification, knn_k: float | None) -> None:
         model.set_attn_implementation("knn")
 
 
-def attention_variance_and_gradients(model: AoTForImageClassification, images) -> dict[str, float]:
+def attention_variance_and_gradients(model: AoTForImageClassification, images: torch.Tensor) -> dict[str, float]:
     """Lemma 1's two sides at the model's current k, layer by layer: each attention layer is run on its own
     (detached) input tokens x, and the gradient of a fixed random read-out ⟨V̂, r⟩ of its output is taken w.r.t. its
     W_Q and W_K — the derivative of Eq. (6), isolated from the rest of the network. Beside it, the mean trace of
@@ -302,7 +302,7 @@ def attention_variance_and_gradients(model: AoTForImageClassification, images) -
     return {"grad_norm_wq_wk": math.sqrt(squares), "mean_trace_var": float(torch.stack(traces).mean())}
 
 
-def lemma1(study: Study, o: Options, dense_model, data: dict) -> None:
+def lemma1(study: Study, o: Options, dense_model: AoTForImageClassification, data: dict) -> None:
     images = data["val_images"][:256]
     rows = []
     for k in [*sorted(o.k_fractions), None]:
@@ -336,7 +336,9 @@ def lemma1(study: Study, o: Options, dense_model, data: dict) -> None:
 
 
 @torch.no_grad()
-def layer_diagnostics(model, pixel_values: torch.Tensor) -> dict[str, list[float]]:
+def layer_diagnostics(
+    model: AoTForCausalLM | AoTForImageClassification, pixel_values: torch.Tensor
+) -> dict[str, list[float]]:
     """Fig. 2's three metrics per layer: the mean cosine similarity between distinct tokens of the layer's output
     (Eq. 9), the standard deviation of each query's attention weights (averaged over heads and queries), and
     ‖f_l(t)‖/‖t‖, the norm of what the layer adds to the residual stream over the norm of the stream it reads.

@@ -15,12 +15,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from numbers import Integral, Real
 from pathlib import Path
-from typing import Annotated, Any, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin, get_type_hints
 
 import torch
 
 from .. import _io
 from .._io import arg as arg  # the studies declare their options with it
+
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.axes import Axes
+    from typing_extensions import Self
 
 DEFAULT_OUTPUT_ROOT = Path("out") / "experiments"
 
@@ -106,7 +111,7 @@ class Claim:
     holds: bool | None = None  # None: reported only, no pass/fail criterion
 
 
-def set_axes(ax, fontsize: float | None = None, **labels: Any) -> None:
+def set_axes(ax: Axes, fontsize: float | None = None, **labels: Any) -> None:
     """`ax.set(**labels)` (title, axis labels, limits) and a legend of the plotted lines in font size `fontsize`."""
     ax.set(**labels)
     ax.legend(fontsize=fontsize)
@@ -172,7 +177,7 @@ class StudyOptions:
             setattr(self, item.name, value)
 
     @classmethod
-    def parse(cls, given: dict[str, Any]):
+    def parse(cls, given: dict[str, Any]) -> Self:
         """The options from keyword arguments; ValueError for an unknown name (listing the known ones)."""
         names = [item.name for item in fields(cls)]
         unknown = sorted(set(given) - set(names))
@@ -229,7 +234,9 @@ class Study:
         """Add a summary row: the measured value beside the paper's statement, and whether it held."""
         self.claims.append(Claim(quantity, measured, paper, None if holds is None else bool(holds)))
 
-    def figure(self, filename: str, ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 3.6)):
+    def figure(
+        self, filename: str, ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 3.6)
+    ) -> np.ndarray:
         """The axes of a new matplotlib figure (without pyplot: no global state, no display backend needed), listed in
         the summary and saved as `filename` by `finish`."""
         from matplotlib.figure import Figure

@@ -11,9 +11,12 @@ identical texts. Where the data comes from is set with lm-eval's `--metadata` (a
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import datasets
 
+from aot_transformers.evaluation.data import ClozeExample
 from aot_transformers.evaluation.tasks import (
     DATASETS,
     TASKS,
@@ -31,7 +34,9 @@ def _load(task: str, metadata: dict) -> list:
     return load_source(source)
 
 
-def _loader(task: str, row=lambda document: {"text": document}):
+def _loader(
+    task: str, row: Callable[[Any], dict] = lambda document: {"text": document}
+) -> Callable[..., dict[str, datasets.Dataset]]:
     """The `custom_dataset` of `task`'s YAML: its data, one `row(item)` each, as lm-eval's test split."""
 
     def load(**metadata) -> dict[str, datasets.Dataset]:
@@ -46,7 +51,7 @@ def _lambada_row(passage: str) -> dict:
     return {"text": passage, "context": context, "target": target}
 
 
-def _cbt_row(example) -> dict:
+def _cbt_row(example: ClozeExample) -> dict:
     """A CBT question: context = story + question up to the blank; choices = candidate + rest of question."""
     pairs = [example.scoring_pair(candidate) for candidate in example.candidates]
     return {
