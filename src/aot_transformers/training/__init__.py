@@ -14,6 +14,7 @@ under `torchrun` and `accelerate launch`. Heavy imports happen on first use.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 _MODULES = {
     ".run": "TrainingRun run_training",
@@ -30,7 +31,7 @@ _MODULES = {
 _EXPORTS = {name: module for module, names in _MODULES.items() for name in names.split()}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

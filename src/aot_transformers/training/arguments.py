@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._io import arg
 from ..errors import UsageError
+
+if TYPE_CHECKING:  # never in the fields of the dataclasses below: HfArgumentParser evaluates those
+    from datasets import DatasetDict, IterableDatasetDict
+    from transformers import HfArgumentParser, TrainingArguments
+
+    from .text_data import TextDataArguments
+    from .vision_data import ImageDataArguments
 
 CURVES_FILE = "training_curves.png"
 
@@ -27,7 +35,9 @@ def check_dataset_name(name: str | None, allowed: str) -> None:
         raise TrainingSetupError("is empty", argument="--dataset_name", value=name, allowed=allowed)
 
 
-def load_hub_dataset(name: str, args, local_hint: str, **options):
+def load_hub_dataset(
+    name: str, args: TextDataArguments | ImageDataArguments, local_hint: str, **options: Any
+) -> DatasetDict | IterableDatasetDict:
     """Hub dataset `name` (config `args.dataset_config_name`), which must have the split `args.train_split`; a
     `TrainingSetupError` when it cannot be loaded (offline, unknown id, gated), saying what to pass for local data."""
     import datasets
@@ -74,7 +84,7 @@ class PublishArguments:
     model_name: str | None = arg(None, "Name in the model card (default: folder name).")
     make_plots: bool = arg(True, f"Write {CURVES_FILE} into the final folder.")
 
-    def final_dir(self, training_args) -> Path:
+    def final_dir(self, training_args: TrainingArguments) -> Path:
         """The final folder: `--final_model_dir`, default `<output_dir>/model`."""
         return Path(self.final_model_dir or Path(training_args.output_dir) / "model")
 
@@ -86,7 +96,7 @@ def parse_dataclasses(classes: tuple[type, ...], argv: list[str] | None = None) 
 
     parser = HfArgumentParser((*classes, TrainingArguments))
 
-    def one_line_error(message: str):  # argparse would print the whole usage block (a hundred lines) first
+    def one_line_error(message: str) -> NoReturn:  # argparse would print the whole usage block (a hundred lines) first
         raise TrainingSetupError(f"{message} (see `aot train --help`)")
 
     parser.error = one_line_error
@@ -132,12 +142,12 @@ def check_positive_fields(values: Any) -> None:
             )
 
 
-def check_training_arguments(args) -> None:
+def check_training_arguments(args: TrainingArguments) -> None:
     """Refuse `TrainingArguments` values that transformers accepts but that train nothing, crash later or
     silently mean something else: one line naming the flag, exit code 2."""
     import math
 
-    def finite(low: float):
+    def finite(low: float) -> Callable[[float], bool]:
         return lambda value: math.isfinite(value) and value >= low
 
     steps, seeds = "a number > 0 (steps, or a fraction of the run below 1)", "an integer in [0, 2**32 - 1]"
@@ -231,14 +241,12 @@ def read_arguments_file(path: str) -> dict[str, Any]:
     return values
 
 
-def _parse_file_with_overrides(parser, path: str, argv: list[str]) -> tuple[Any, ...]:
+def _parse_file_with_overrides(parser: HfArgumentParser, path: str, argv: list[str]) -> tuple[Any, ...]:
     """A recipe file plus command-line flags that override it (`recipe.yaml --max_steps 10 --output_dir x`)."""
     values = read_arguments_file(path)
     # The file's values become the parser's defaults (kept as the YAML typed them: booleans, mappings), so flags on
     # the command line override them; an unknown name is left over and reported like an unknown flag.
-    import dataclasses
-
-    known = {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype)}
+    known = {f.name for dtype in parser.dataclass_types for f in fields(dtype)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise TrainingSetupError(f"{path}: unknown argument names {unknown} (see `aot train --help`)")

@@ -16,7 +16,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import TrainingArguments
 
 LM_FOLDER = "aot-mssa-l-tiny-pydoc"
 IMAGE_FOLDER = "aot-v-tiny-digits"
@@ -45,7 +49,9 @@ def idle_cores() -> int:
     return max(1, min(cores, int(cores - busy + 0.5)))
 
 
-def _training_arguments(output_dir: Path, epochs: float, seed: int, batch: int, eval_batch: int, lr: float, log: int):
+def _training_arguments(
+    output_dir: Path, epochs: float, seed: int, batch: int, eval_batch: int, lr: float, log: int
+) -> TrainingArguments:
     """The demo's CPU `TrainingArguments`: cosine schedule, 20 warm-up steps, evaluation each epoch, no checkpoints."""
     from transformers import TrainingArguments
 
@@ -82,7 +88,7 @@ def train_demo_lm(output_dir: Path, epochs: float, seed: int = 0) -> dict[str, A
     )
 
 
-def train_demo_image(output_dir: Path, epochs: float, seed: int = 0):
+def train_demo_image(output_dir: Path, epochs: float, seed: int = 0) -> tuple[dict[str, Any], Dataset]:
     """Stage 2: tiny AoT image classifier on scikit-learn's digits; returns `(metrics, test split)`."""
     from .arguments import PublishArguments
     from .image import ImageModelArguments, prepare_image_training, run_image_training
@@ -97,7 +103,7 @@ def train_demo_image(output_dir: Path, epochs: float, seed: int = 0):
     return run_image_training(run), run.source.test
 
 
-def save_test_images(test, path: Path) -> Path:
+def save_test_images(test: Dataset, path: Path) -> Path:
     """The test digits as uint8 arrays in an .npz (no pickle), for the fresh-process check."""
     import numpy as np
 

@@ -23,10 +23,16 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import is_hub_id
 from .arguments import CURVES_FILE, PublishArguments, TrainingSetupError
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+    from .run import TrainingRun
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +52,7 @@ class HubPlan:
     endpoint: str | None = None
 
 
-def take_over_hub_options(training_args, publish_args: PublishArguments) -> HubPlan:
+def take_over_hub_options(training_args: TrainingArguments, publish_args: PublishArguments) -> HubPlan:
     """Take the push out of Trainer's hands (see the module docstring) and return the plan that `finish_run` and
     `HubCheckpointCallback` carry out. Raises `TrainingSetupError` for options that cannot be honoured."""
     # `TrainingArguments` has already refused an unknown `--hub_strategy` (its `HubStrategy` enum).
@@ -67,13 +73,13 @@ def take_over_hub_options(training_args, publish_args: PublishArguments) -> HubP
     return HubPlan(push=push, repo_id=repo_id, strategy=strategy, endpoint=publish_args.hub_endpoint)
 
 
-def _push_options(training_args, plan: HubPlan) -> dict[str, Any]:
+def _push_options(training_args: TrainingArguments, plan: HubPlan) -> dict[str, Any]:
     """Trainer's `--hub_token`, `--hub_private_repo` and `--hub_revision`, and the plan's endpoint."""
     private, revision = training_args.hub_private_repo, training_args.hub_revision
     return {"token": training_args.hub_token, "endpoint": plan.endpoint, "private": private, "revision": revision}
 
 
-def hub_checkpoint_callback(plan: HubPlan):
+def hub_checkpoint_callback(plan: HubPlan) -> TrainerCallback | None:
     """A `TrainerCallback` that pushes checkpoints as `plan.strategy` says (None for `end` or no push)."""
     if not plan.push or plan.strategy == "end":
         return None
@@ -85,7 +91,7 @@ def hub_checkpoint_callback(plan: HubPlan):
         """Pushes each saved checkpoint from the main process, synchronously (a failed push stops the run: the
         checkpoint is on disk, and `--resume_from_checkpoint latest` continues after the cause is fixed)."""
 
-        def on_save(self, args, state, control, **kwargs):
+        def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if not state.is_world_process_zero or not folder.is_dir():
                 return
@@ -146,7 +152,9 @@ def plot_training_curves(log_history: list[dict[str, Any]], path: str | os.PathL
     return path
 
 
-def training_summary(training_args, trainer, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def training_summary(
+    training_args: TrainingArguments, trainer: Trainer, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The training settings shown in the model card."""
     world = max(1, training_args.world_size)
     batch = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps * world
@@ -180,7 +188,7 @@ def training_summary(training_args, trainer, extra: dict[str, Any] | None = None
     return summary
 
 
-def _full_state_model(trainer):
+def _full_state_model(trainer: Trainer) -> tuple[PreTrainedModel | PeftModel, bool]:
     """The trained model with full (unsharded) weights, and whether it was gathered. Under FSDP every rank must call
     this (the shards are gathered on the main process, a collective); the main process then loads them into a fresh,
     unsharded copy of the model, since the trained one holds only its shard of each parameter (DTensors)."""
@@ -213,7 +221,7 @@ def _full_state_model(trainer):
 
 
 def finish_run(
-    run, metrics: dict[str, Any], results: list[dict[str, Any]], training: dict[str, Any]
+    run: TrainingRun, metrics: dict[str, Any], results: list[dict[str, Any]], training: dict[str, Any]
 ) -> dict[str, Any]:
     """Write the final hub-ready folder of `run` (a `run.TrainingRun`) atomically (model or LoRA adapter, tokenizer
     or image processor, code files, model card with `results` and the `training` summary, `results.json`, training

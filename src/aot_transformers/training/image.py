@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import arg
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, check_dataset_name, parse_dataclasses
@@ -30,6 +31,11 @@ from .vision_data import (
     preprocess_images,
 )
 
+if TYPE_CHECKING:
+    from datasets import Dataset, IterableDataset
+    from torch.utils.data import DataLoader
+    from transformers import EvalPrediction, Trainer, TrainingArguments
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_IMAGE_PRESET = "aot-v-tiny"
@@ -42,7 +48,7 @@ class ImageModelArguments(ModelArguments):
     image_size: int | None = arg(None, "Side the images are resized to (default: the config's image_size).")
 
 
-def _augmenting_trainer_class():
+def _augmenting_trainer_class() -> type[Trainer]:
     from transformers import Trainer
 
     class AugmentingTrainer(RecordRunTrainerMixin, Trainer):
@@ -51,7 +57,7 @@ def _augmenting_trainer_class():
 
         train_data_collator = None
 
-        def get_train_dataloader(self):
+        def get_train_dataloader(self) -> DataLoader:
             plain, self.data_collator = self.data_collator, self.train_data_collator or self.data_collator
             try:
                 return super().get_train_dataloader()
@@ -61,12 +67,12 @@ def _augmenting_trainer_class():
     return AugmentingTrainer
 
 
-def accuracy_metrics():
+def accuracy_metrics() -> Callable[[EvalPrediction], dict[str, float]]:
     """`compute_metrics` for `Trainer`: scikit-learn's `accuracy_score` (what `evaluate`'s accuracy metric runs)."""
     import numpy as np
     from sklearn.metrics import accuracy_score
 
-    def compute(eval_prediction) -> dict[str, float]:
+    def compute(eval_prediction: EvalPrediction) -> dict[str, float]:
         logits = eval_prediction.predictions
         logits = logits[0] if isinstance(logits, tuple) else logits
         return {"accuracy": float(accuracy_score(eval_prediction.label_ids, np.argmax(logits, axis=-1)))}
@@ -75,7 +81,11 @@ def accuracy_metrics():
 
 
 def prepare_image_training(
-    model_args: ImageModelArguments, data_args: ImageDataArguments, training_args, *more: Any, **options: Any
+    model_args: ImageModelArguments,
+    data_args: ImageDataArguments,
+    training_args: TrainingArguments,
+    *more: Any,
+    **options: Any,
 ) -> TrainingRun:
     """Check every input, load the images, build the model, processor and `Trainer`. Nothing is trained yet.
     `publish_args`, `callbacks`, `lora` and `optim` follow, as in `TrainingRun.begin`."""
@@ -86,7 +96,7 @@ def prepare_image_training(
 
 
 def _prepare_image(
-    run: TrainingRun, model_args: ImageModelArguments, data_args: ImageDataArguments, training_args
+    run: TrainingRun, model_args: ImageModelArguments, data_args: ImageDataArguments, training_args: TrainingArguments
 ) -> None:
     """The preparation of `prepare_image_training`, once its run has begun."""
     from transformers import AutoModelForImageClassification
@@ -128,7 +138,7 @@ def _prepare_image(
     processor = make_image_processor(config.image_size, config.num_channels)
     augment = data_args.augment == "yes" or (data_args.augment == "auto" and source.kind == "cifar10-archives")
 
-    def prepare(split, desc: str):
+    def prepare(split: Dataset | IterableDataset | None, desc: str) -> Dataset | IterableDataset | None:
         return None if split is None else preprocess_images(split, processor, config.num_channels, desc)
 
     with training_args.main_process_first(desc="preparing images"):
@@ -193,7 +203,7 @@ def train_image(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return run_training(prepare_image_training(*args, **kwargs))
 
 
-def parse_image_arguments(argv: list[str] | None = None):
+def parse_image_arguments(argv: list[str] | None = None) -> tuple[Any, ...]:
     """Parse `(ImageModelArguments, ImageDataArguments, PublishArguments, LoraArguments, OptimizerArguments,
     TrainingArguments)`."""
     return parse_dataclasses(IMAGE_ARGUMENTS, argv)

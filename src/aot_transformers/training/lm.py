@@ -13,10 +13,10 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import arg, atomic_folder, looks_like_path, read_json, write_json
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
@@ -25,7 +25,18 @@ from .lora import LoraArguments
 from .optim import OptimizerArguments
 from .run import TrainingRun, dataset_length, run_main, run_training
 from .run_state import RecordRunTrainerMixin, data_fingerprint
-from .text_data import TextDataArguments, load_text_source, tokenize_and_pack
+from .text_data import TextDataArguments, TextSource, load_text_source, tokenize_and_pack
+
+if TYPE_CHECKING:
+    import numpy as np
+    from datasets import Dataset, IterableDataset
+    from transformers import (
+        PreTrainedConfig,
+        PreTrainedTokenizerBase,
+        PreTrainedTokenizerFast,
+        Trainer,
+        TrainingArguments,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +57,7 @@ class LMModelArguments(ModelArguments):
     tokenizer_vocab_size: int | None = arg(None, "Vocabulary of the trained BPE (default: the model's vocab_size).")
 
 
-def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
+def load_tokenizer(name_or_path: str | os.PathLike, **kwargs: Any) -> PreTrainedTokenizerBase:
     """`AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)`: never the remote-code prompt.
 
     `AutoTokenizer` reads the folder's `config.json`, whose `auto_map` (the model is remote code) would make
@@ -70,7 +81,7 @@ def train_bpe_tokenizer(
     vocab_size: int,
     show_progress: bool = True,
     length: int | None = None,
-):
+) -> PreTrainedTokenizerFast:
     """Train a GPT-2-style byte-level BPE tokenizer on `texts` (an iterable of strings, consumed once; `length`, if
     known, for the progress bar). Deterministic for a given input.
 
@@ -109,8 +120,13 @@ def train_bpe_tokenizer(
 
 
 def load_or_train_tokenizer(
-    model_args: LMModelArguments, config, source, training_args, resume: str | None, data_args: TextDataArguments
-):
+    model_args: LMModelArguments,
+    config: PreTrainedConfig,
+    source: TextSource,
+    training_args: TrainingArguments,
+    resume: str | None,
+    data_args: TextDataArguments,
+) -> PreTrainedTokenizerBase:
     """The tokenizer of the run: given, the checkpoint's, the resumed run's, or a byte-level BPE trained on the
     training text (by the main process; saved under `<output_dir>/tokenizer` for the others and for resuming)."""
     given = model_args.tokenizer_name_or_path
@@ -160,7 +176,7 @@ def load_or_train_tokenizer(
         return tokenizer
 
 
-def _perplexity_trainer_class():
+def _perplexity_trainer_class() -> type[Trainer]:
     from transformers import Trainer
 
     class PerplexityTrainer(RecordRunTrainerMixin, Trainer):
@@ -174,7 +190,7 @@ def _perplexity_trainer_class():
     return PerplexityTrainer
 
 
-def _token_chunks(blocks):
+def _token_chunks(blocks: Dataset | Mapping[str, Any]) -> list[np.ndarray]:
     """The token ids of a packed `Dataset` as flat NumPy arrays, one per Arrow chunk (no copy, no Python lists), or
     of a mapping `{"input_ids": [[...], ...]}` as one array."""
     import numpy as np
@@ -184,7 +200,9 @@ def _token_chunks(blocks):
     return [np.asarray(blocks["input_ids"], dtype=np.int64).ravel()]
 
 
-def unigram_perplexity(train_blocks, eval_blocks, vocab_size: int) -> float:
+def unigram_perplexity(
+    train_blocks: Dataset | Mapping[str, Any], eval_blocks: Dataset | Mapping[str, Any], vocab_size: int
+) -> float:
     """Perplexity on `eval_blocks` of the unigram model fitted to `train_blocks` (add-one smoothing): the baseline
     a language model has to beat. Counts the same target tokens as the LM's loss (all but the first of a block)."""
     import numpy as np
@@ -198,7 +216,7 @@ def unigram_perplexity(train_blocks, eval_blocks, vocab_size: int) -> float:
     return math.exp(-float(log_probs[targets].sum()) / max(targets.size, 1))
 
 
-def spread(dataset, count: int):
+def spread(dataset: Dataset, count: int) -> Dataset:
     """`count` examples of `dataset` evenly spaced from its first to its last (all of them if it has fewer): a
     sample of every document of a validation split, not its first few."""
     import numpy as np
@@ -209,7 +227,11 @@ def spread(dataset, count: int):
 
 
 def prepare_lm_training(
-    model_args: LMModelArguments, data_args: TextDataArguments, training_args, *more: Any, **options: Any
+    model_args: LMModelArguments,
+    data_args: TextDataArguments,
+    training_args: TrainingArguments,
+    *more: Any,
+    **options: Any,
 ) -> TrainingRun:
     """Check every input, load and pack the data, build the model and the `Trainer`. Nothing is trained yet.
     `publish_args`, `callbacks`, `lora` and `optim` follow, as in `TrainingRun.begin`."""
@@ -219,7 +241,9 @@ def prepare_lm_training(
     return run
 
 
-def _prepare_lm(run: TrainingRun, model_args: LMModelArguments, data_args: TextDataArguments, training_args) -> None:
+def _prepare_lm(
+    run: TrainingRun, model_args: LMModelArguments, data_args: TextDataArguments, training_args: TrainingArguments
+) -> None:
     """The preparation of `prepare_lm_training`, once its run has begun."""
     import torch
     from transformers import AutoModelForCausalLM, default_data_collator
@@ -252,7 +276,7 @@ def _prepare_lm(run: TrainingRun, model_args: LMModelArguments, data_args: TextD
                 setattr(config, name, getattr(tokenizer, name))
     add_eos = source.documents and tokenizer.eos_token_id is not None
 
-    def pack(split: str, desc: str):  # split: "train", "validation" or "test"
+    def pack(split: str, desc: str) -> Dataset | IterableDataset:  # split: "train", "validation" or "test"
         text_column, workers = data_args.text_column, data_args.preprocessing_num_workers
         data, origin = getattr(source, split), source.origins.get(split)
         return tokenize_and_pack(data, tokenizer, block_size, text_column, add_eos, workers, desc, origin=origin)
@@ -302,7 +326,7 @@ def train_lm(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return run_training(prepare_lm_training(*args, **kwargs))
 
 
-def parse_lm_arguments(argv: list[str] | None = None):
+def parse_lm_arguments(argv: list[str] | None = None) -> tuple[Any, ...]:
     """Parse `(*LM_ARGUMENTS, TrainingArguments)` as `arguments.parse_dataclasses` does."""
     return parse_dataclasses(LM_ARGUMENTS, argv)
 

@@ -13,10 +13,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import arg
 from .arguments import TrainingSetupError
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import BaseImageProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_TARGETS = {"mssa": ["subspace_proj", "o_proj"], "mhsa": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 IMAGE_HEAD = "classifier"
@@ -68,7 +72,7 @@ class LoraArguments:
             )
 
 
-def check_lora_targets(model, lora: LoraArguments) -> list[str]:
+def check_lora_targets(model: PreTrainedModel, lora: LoraArguments) -> list[str]:
     """The modules LoRA adapts in `model` (which may live on the meta device, to check before any data is read).
     Raises `TrainingSetupError` for target modules the model does not have."""
     targets = lora.lora_target_modules or DEFAULT_TARGETS[model.config.attention_type]
@@ -98,7 +102,7 @@ def check_lora_targets(model, lora: LoraArguments) -> list[str]:
     return list(targets)
 
 
-def apply_lora(model, lora: LoraArguments, task: str):
+def apply_lora(model: PreTrainedModel, lora: LoraArguments, task: str) -> PeftModel:
     """Wrap `model` in a `peft.PeftModel` with LoRA adapters as `lora` says; only the adapters (and an image
     classifier's head) stay trainable. Raises `TrainingSetupError` for target modules the model does not have."""
     try:
@@ -120,10 +124,10 @@ def apply_lora(model, lora: LoraArguments, task: str):
 
 
 def export_adapter(
-    model,
+    model: PeftModel,
     save_directory: str | os.PathLike,
     *,
-    processor=None,
+    processor: PreTrainedTokenizerBase | BaseImageProcessor | None = None,
     card_kwargs: dict[str, Any],
     files: dict[str, Any] | None = None,
     protected: tuple[str | os.PathLike, ...] = (),
@@ -143,7 +147,7 @@ def export_adapter(
     return write_export(model, save_directory, (processor,), files, protected=protected)
 
 
-def lora_summary(model) -> dict[str, Any]:
+def lora_summary(model: PeftModel) -> dict[str, Any]:
     """Rank, alpha, target modules and trainable parameters of a `PeftModel`, for the card."""
     config = model.peft_config["default"]
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import ParallelismConfig
@@ -17,6 +17,11 @@ from .._io import adapter_of, is_pickle_name, looks_like_path, read_weights
 from ..configuration_aot import AoTConfig
 from ..presets import preset_kwargs
 from .arguments import ModelArguments, TrainingSetupError
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from transformers import PreTrainedConfig, PreTrainedModel, TrainingArguments
+    from transformers.distributed.configuration_utils import DistributedConfig
 
 
 def parse_overrides(text: str | None, known: set[str] | None = None) -> dict[str, Any]:
@@ -50,7 +55,7 @@ def parse_overrides(text: str | None, known: set[str] | None = None) -> dict[str
     return overrides
 
 
-def config_field_names(config=None) -> set[str]:
+def config_field_names(config: PreTrainedConfig | None = None) -> set[str]:
     """The names `--config_overrides` accepts: every field of `config` (default a new `AoTConfig`), with the
     standard names its `attribute_map` translates (`hidden_size` for GPT-2's `n_embd`)."""
     config = AoTConfig() if config is None else config
@@ -82,7 +87,7 @@ BASELINE_SIZE_FIELDS = {
 }
 
 
-def baseline_config(model_type: str, task: str, preset: AoTConfig, overrides: str | None = None):
+def baseline_config(model_type: str, task: str, preset: AoTConfig, overrides: str | None = None) -> PreTrainedConfig:
     """transformers' config of `model_type` (GPT-2, Llama, ViT) with the size of `preset` (width, depth, heads,
     context or image and patch size, vocabulary) after `overrides` (the text of `--config_overrides`, in the
     baseline's own field names or the standard ones), its MLP at the preset's `mlp_ratio` times that width (Llama's
@@ -102,7 +107,9 @@ def baseline_config(model_type: str, task: str, preset: AoTConfig, overrides: st
     return AutoConfig.for_model(model_type, **{**fields, **override_fields})
 
 
-def build_config(model_args: ModelArguments, default_preset: str, task: str = "text-generation", **fields: Any):
+def build_config(
+    model_args: ModelArguments, default_preset: str, task: str = "text-generation", **fields: Any
+) -> PreTrainedConfig:
     """The config of the model to train: from a checkpoint (fine-tuning), a config file, or a preset, with
     `--config_overrides` and then `fields` applied, checked with `AoTConfig.validate()`; with `--model_type` a
     baseline (`baseline_config`) of the preset's size. Raises `TrainingSetupError` for a bad choice."""
@@ -167,7 +174,7 @@ def _check_model_type(found: str, allowed: tuple[str, ...], source: str) -> None
         )
 
 
-def check_fits_in_memory(model) -> None:
+def check_fits_in_memory(model: PreTrainedModel) -> None:
     """Refuse, before any data is read, a model (built on the meta device) whose float32 weights alone exceed the
     machine's memory: the allocator, or a tokenizer trained to its vocabulary, would fail later and less clearly."""
     import psutil
@@ -182,7 +189,7 @@ def check_fits_in_memory(model) -> None:
         )
 
 
-def check_checkpoint_weights(folder: str | None, model, skip_prefixes: tuple[str, ...] = ()) -> None:
+def check_checkpoint_weights(folder: str | None, model: PreTrainedModel, skip_prefixes: tuple[str, ...] = ()) -> None:
     """Before fine-tuning from a local `folder`: its weights must be safetensors (never pickle), readable, and of the
     shapes of `model` (built from the run's config on the meta device). A truncated file or a wrong-shape tensor is
     named in one line, exit code 2, not a traceback from deep inside loading. A Hub id is left to `from_pretrained`."""
@@ -226,7 +233,7 @@ def check_checkpoint_weights(folder: str | None, model, skip_prefixes: tuple[str
         raise refuse(f"its weights lack {shown}, which would be initialised at random; save the complete model again")
 
 
-def tensor_parallel_config(training_args, config):
+def tensor_parallel_config(training_args: TrainingArguments, config: PreTrainedConfig) -> DistributedConfig | None:
     """transformers' `DistributedConfig` for a run whose `parallelism_config` (`{"tp_size": T, "dp_shard_size": S}`)
     asks for tensor parallelism, combined with FSDP2 over `dp_shard_size` ranks: `from_pretrained(...,
     distributed_config=...)` shards the model when it loads, and Trainer trains it as it is. None without
@@ -272,12 +279,12 @@ class ParallelismOnAnyDevice(ParallelismConfig):
     """accelerate's `ParallelismConfig`, accepted on CPU processes (gloo) too: accelerate refuses `MULTI_CPU` by its
     type, though the model sharded by transformers (DTensor, FSDP2) trains there; the CPU dry runs need it."""
 
-    def _validate_accelerator(self, accelerator) -> None:
+    def _validate_accelerator(self, accelerator: Accelerator) -> None:
         if accelerator.distributed_type != DistributedType.MULTI_CPU:
             super()._validate_accelerator(accelerator)
 
 
-def use_training_attention(model, training_args) -> None:
+def use_training_attention(model: PreTrainedModel, training_args: TrainingArguments) -> None:
     """Train MSSA models on CPU with the `"shared_projection"` backend (`aot_transformers.shared_projection`, which
     falls back to SDPA wherever it does not apply); the exported folder loads with the default backend (`"sdpa"`)."""
     config = model.config

@@ -11,9 +11,13 @@ FSDP (its state is shaped like each parameter shard).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._io import arg
 from .arguments import TrainingSetupError
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
 
 OPTIMIZERS = ("trainer", "lion")
 
@@ -37,7 +41,9 @@ class OptimizerArguments:
                 raise TrainingSetupError("", argument=name, value=value, allowed="0 <= beta < 1")
 
 
-def optimizer_cls_and_kwargs(arguments: OptimizerArguments | None, training_args) -> tuple[type, dict] | None:
+def optimizer_cls_and_kwargs(
+    arguments: OptimizerArguments | None, training_args: TrainingArguments
+) -> tuple[type, dict] | None:
     """`Trainer(optimizer_cls_and_kwargs=...)` for the chosen optimizer, or None for Trainer's own. The learning
     rate, its schedule and the weight decay come from `TrainingArguments` as for any optimizer."""
     if arguments is None:

@@ -15,16 +15,16 @@ Every input is checked before the first training step; the output folder's lock 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import load_pretrained
 from ..errors import is_refusal, run_command
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
-from .lora import LoraArguments
+from .lora import LoraArguments, apply_lora, check_lora_targets
 from .model_setup import (
     build_config,
     check_checkpoint_weights,
@@ -34,6 +34,22 @@ from .model_setup import (
 )
 from .optim import OptimizerArguments, optimizer_cls_and_kwargs
 from .run_state import run_identity, run_state_callbacks, start_run, train_unless_finished
+
+if TYPE_CHECKING:
+    from datasets import Dataset, IterableDataset
+    from peft import PeftModel
+    from transformers import (
+        BaseImageProcessor,
+        PreTrainedConfig,
+        PreTrainedModel,
+        PreTrainedTokenizerBase,
+        Trainer,
+        TrainingArguments,
+    )
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+    from .text_data import TextDataArguments
+    from .vision_data import ImageDataArguments
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +87,8 @@ class TrainingRun:
         task: str,
         metric: str,
         model_args: ModelArguments,
-        data_args,
-        training_args,
+        data_args: TextDataArguments | ImageDataArguments,
+        training_args: TrainingArguments,
         publish_args: PublishArguments | None = None,
         callbacks: list | None = None,
         lora: LoraArguments | None = None,
@@ -94,7 +110,13 @@ class TrainingRun:
         callbacks = list(callbacks or [])
         return cls(task, metric, model_args, data_args, training_args, publish_args, hub, callbacks, lora, optimizer)
 
-    def build_config(self, auto_cls, default_preset: str, skip_prefixes: tuple[str, ...] = (), **fields: Any):
+    def build_config(
+        self,
+        auto_cls: type[_BaseAutoModelClass],
+        default_preset: str,
+        skip_prefixes: tuple[str, ...] = (),
+        **fields: Any,
+    ) -> PreTrainedConfig:
         """The model's config (`model_setup.build_config`) and class (the one `auto_cls`, a transformers Auto class,
         maps it to), checked against the checkpoint's weights (tensors under `skip_prefixes` may differ) and LoRA's
         target modules, before any data is read."""
@@ -110,13 +132,11 @@ class TrainingRun:
         check_fits_in_memory(model)
         check_checkpoint_weights(self.model_args.model_name_or_path, model, skip_prefixes)
         if self.lora is not None:
-            from .lora import check_lora_targets
-
             check_lora_targets(model, self.lora)
             self.lora.check_base(self.model_args.model_name_or_path)
         return config
 
-    def start(self, config, data: list[str], **settings: Any) -> None:
+    def start(self, config: PreTrainedConfig, data: list[str], **settings: Any) -> None:
         """Record what the run is made from (`config`, the `data` fingerprint, the task's `settings`), check and
         lock the output folder, find the checkpoint to resume from (`run_state.start_run`), and seed."""
         from transformers import set_seed
@@ -130,7 +150,7 @@ class TrainingRun:
         set_seed(self.training_args.seed)
 
     @contextmanager
-    def refusals_undone(self):
+    def refusals_undone(self) -> Iterator[None]:
         """A block of the run's preparation: if it raises, the output folder's lock is released, and a refusal (bad
         input, exit code 2) leaves the folder as the run found it (`run_state.OutputFolderClaim`)."""
         try:
@@ -148,7 +168,9 @@ class TrainingRun:
             self.lock.release()
             self.lock = None
 
-    def load_model(self, config, note: str = "", **from_pretrained: Any):
+    def load_model(
+        self, config: PreTrainedConfig, note: str = "", **from_pretrained: Any
+    ) -> PreTrainedModel | PeftModel:
         """The checkpoint's model (fine-tuning) or a new one, with the training attention backend and, with LoRA,
         its adapters."""
         name, model_cls = self.model_args.model_name_or_path, self.model_cls
@@ -162,13 +184,13 @@ class TrainingRun:
             model.config.use_cache = False  # no cache while training; generation turns it back on
         use_training_attention(model, self.training_args)
         if self.lora is not None:
-            from .lora import apply_lora
-
             model = apply_lora(model, self.lora, self.task)
         logger.info("Model: %s parameters%s", f"{sum(p.numel() for p in model.parameters()):,}", note)
         return model
 
-    def _load_sharded(self, model_cls, config, name: str | None, **from_pretrained: Any):
+    def _load_sharded(
+        self, model_cls: type[PreTrainedModel], config: PreTrainedConfig, name: str | None, **from_pretrained: Any
+    ) -> PreTrainedModel:
         """The model sharded by `self.distributed` as it loads: a new model is built and saved by the main process
         (every rank builds the same one from the seed), loaded by all, and removed."""
         import shutil
@@ -195,7 +217,15 @@ class TrainingRun:
         )
         return model
 
-    def make_trainer(self, trainer_cls, model, train, validation, processor, **kwargs: Any):
+    def make_trainer(
+        self,
+        trainer_cls: type[Trainer],
+        model: PreTrainedModel | PeftModel,
+        train: Dataset | IterableDataset,
+        validation: Dataset | IterableDataset | None,
+        processor: PreTrainedTokenizerBase | BaseImageProcessor,
+        **kwargs: Any,
+    ) -> Trainer:
         """The run's `Trainer` (a subclass of `run_state.RecordRunTrainerMixin`): no evaluation without validation
         data, the run-state callbacks and the Hub checkpoint push (`finish.hub_checkpoint_callback`)."""
         if validation is None and self.training_args.eval_strategy != "no":
@@ -217,7 +247,7 @@ class TrainingRun:
         return self.trainer
 
 
-def enable_fsdp_on_cpu(trainer) -> bool:
+def enable_fsdp_on_cpu(trainer: Trainer) -> bool:
     """Make `trainer` use the FSDP plugin of its `TrainingArguments` when its processes run on the CPU (gloo); returns
     whether it changed anything. Call it after building the Trainer and before training.
 
@@ -269,7 +299,7 @@ def run_training(run: TrainingRun) -> dict[str, Any]:
 
 
 @contextmanager
-def trackers_open_until_evaluated(trainer):
+def trackers_open_until_evaluated(trainer: Trainer) -> Iterator[None]:
     """Hold back the experiment trackers' `on_train_end` (the `--report_to` callbacks) until the block ends, so the
     final evaluations are logged to the run that logged the training.
 
@@ -294,7 +324,7 @@ def trackers_open_until_evaluated(trainer):
             tracker.on_train_end(*args, **kwargs)
 
 
-def dataset_length(dataset) -> int | None:
+def dataset_length(dataset: Dataset | IterableDataset) -> int | None:
     """The number of examples, or None for a stream."""
     try:
         return len(dataset)
@@ -302,7 +332,9 @@ def dataset_length(dataset) -> int | None:
         return None
 
 
-def run_main(prepare: Callable[..., TrainingRun], argument_classes: tuple[type, ...], argv, prog: str) -> int:
+def run_main(
+    prepare: Callable[..., TrainingRun], argument_classes: tuple[type, ...], argv: list[str] | None, prog: str
+) -> int:
     """A command-line entry point: parse `(*argument_classes, TrainingArguments)` (model, data, publish, LoRA and
     optimizer arguments), prepare and train, under the error contract of `aot_transformers.errors`."""
 

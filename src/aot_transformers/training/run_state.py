@@ -33,7 +33,8 @@ import re
 import shutil
 import signal
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from .._io import (
     LOCK_FILE,
@@ -42,10 +43,16 @@ from .._io import (
     lock_folder,
     read_json,
     remove_stale_temporaries,
+    writable_folder,
     write_json,
 )
-from ..errors import RunError
-from .arguments import TrainingSetupError
+from ..errors import RunError, UsageError
+from .arguments import PublishArguments, TrainingSetupError, check_training_arguments
+
+if TYPE_CHECKING:
+    import torch
+    from filelock import BaseFileLock
+    from transformers import PreTrainedConfig, Trainer, TrainerControl, TrainerState, TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -148,13 +155,15 @@ def data_fingerprint(*sources: str | list[str] | None) -> list[str]:
     return found
 
 
-def config_fingerprint(config) -> str:
+def config_fingerprint(config: PreTrainedConfig) -> str:
     """A hash of the fields that define the model (not those that vary between loads, such as the backend)."""
     fields = {k: v for k, v in config.to_dict().items() if k not in _VOLATILE_CONFIG_FIELDS}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def run_identity(training_args, config, data: list[str], **settings: Any) -> dict[str, Any]:
+def run_identity(
+    training_args: TrainingArguments, config: PreTrainedConfig, data: list[str], **settings: Any
+) -> dict[str, Any]:
     """What a checkpoint of this run is made from: compared field by field when a run resumes from it."""
     return {"seed": training_args.seed, "data": data, "model config": config_fingerprint(config), **settings}
 
@@ -293,7 +302,7 @@ class RecordRunTrainerMixin:
 
     run_record: dict[str, Any] | None = None
 
-    def _load_by_name(self, folder: str, model) -> bool:
+    def _load_by_name(self, folder: str, model: torch.nn.Module) -> bool:
         """Load `folder`'s weights into `model`, every key matched; False (nothing loaded) for a model Trainer's own
         loaders handle: PEFT's, or one sharded by DeepSpeed, FSDP or tensor parallelism."""
         from transformers import PreTrainedModel
@@ -308,7 +317,7 @@ class RecordRunTrainerMixin:
         model.load_state_dict(type(model).from_pretrained(folder).state_dict(), strict=True)
         return True
 
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
         if not self._load_by_name(resume_from_checkpoint, self.model if model is None else model):
             super()._load_from_checkpoint(resume_from_checkpoint, model)
 
@@ -333,14 +342,21 @@ def run_state_callbacks(claim: OutputFolderClaim | None = None) -> list:
     class KeepOutputFolderCallback(TrainerCallback):
         """At the end of the first training step, what the run wrote in its output folder becomes its own."""
 
-        def on_step_end(self, args, state, control, **kwargs):
+        def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
             claim.keep()
 
     class StopOnNonFiniteCallback(TrainerCallback):
         """After every optimizer step (before that step's logging, saving or evaluation), stop the run if any weight
         is NaN or infinite: nothing diverged is saved or exported. Every rank takes the same decision."""
 
-        def on_step_end(self, args, state, control, model=None, **kwargs):
+        def on_step_end(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            model: torch.nn.Module | None = None,
+            **kwargs,
+        ) -> None:
             if model is None:
                 return
             with torch.no_grad():
@@ -362,7 +378,14 @@ def run_state_callbacks(claim: OutputFolderClaim | None = None) -> list:
                     "or check the data"
                 )
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
+        def on_log(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            logs: dict[str, float] | None = None,
+            **kwargs,
+        ) -> None:
             loss = (logs or {}).get("loss")
             if isinstance(loss, float) and not math.isfinite(loss):
                 raise RunError(
@@ -390,7 +413,7 @@ __all__ = [
 ]
 
 
-def _save_a_jit_checkpoint_after_the_steps_log(trainer) -> None:
+def _save_a_jit_checkpoint_after_the_steps_log(trainer: Trainer) -> None:
     """transformers' JIT checkpoint saves at the first callback after a SIGTERM's grace period. At `on_step_end` that
     is before Trainer logs the step, so the checkpoint's history lacks the step's loss and a resume never logs it.
     Its callback is swapped for one that saves there through Trainer's own path instead, after the log (except under
@@ -398,7 +421,7 @@ def _save_a_jit_checkpoint_after_the_steps_log(trainer) -> None:
     from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 
     class SaveAfterTheLogCallback(JITCheckpointCallback):
-        def on_step_end(self, args, state, control, **kwargs):
+        def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
             requested = self.jit_manager is not None and self.jit_manager.is_checkpoint_requested
             if not requested or args.save_strategy == "best":
                 return super().on_step_end(args, state, control, **kwargs)
@@ -410,7 +433,7 @@ def _save_a_jit_checkpoint_after_the_steps_log(trainer) -> None:
     trainer.add_callback(replacement)
 
 
-def train_unless_finished(trainer, resume: str | None) -> dict[str, Any]:
+def train_unless_finished(trainer: Trainer, resume: str | None) -> dict[str, Any]:
     """`trainer.train(resume_from_checkpoint=resume)` and its metrics, except when `resume` already reached the
     run's end (`--max_steps`, or `--num_train_epochs` without it): then its weights and state are loaded and
     nothing is trained, so re-running a finished job re-exports it instead of adding steps past the end."""
@@ -432,7 +455,7 @@ def train_unless_finished(trainer, resume: str | None) -> dict[str, Any]:
     _save_a_jit_checkpoint_after_the_steps_log(trainer)
     terminated, jit_handler = [], signal.getsignal(signal.SIGTERM)  # transformers' JIT checkpoint handler
 
-    def note_sigterm(signum, frame):
+    def note_sigterm(signum: int, frame: FrameType | None) -> None:
         terminated.append(signum)
         jit_handler(signum, frame)
 
@@ -450,7 +473,9 @@ def train_unless_finished(trainer, resume: str | None) -> dict[str, Any]:
     return metrics
 
 
-def start_run(training_args, publish_args, identity: dict[str, Any]):
+def start_run(
+    training_args: TrainingArguments, publish_args: PublishArguments, identity: dict[str, Any]
+) -> tuple[BaseFileLock | None, str | None, OutputFolderClaim | None]:
     """The checks before a run touches anything: a writable output folder, a final folder that may be replaced, the
     output folder's lock, the checkpoint to resume from (`--resume_from_checkpoint`, made by this run) and a folder
     that holds no other run's work (`claim_output_dir`).
@@ -460,10 +485,7 @@ def start_run(training_args, publish_args, identity: dict[str, Any]):
         to resume from or None, and the `OutputFolderClaim` that undoes the run's writes if it is refused before its
         first step (None off the main process). `training_args.resume_from_checkpoint` is set to the checkpoint.
     """
-    from .._io import writable_folder
-    from ..errors import UsageError
     from ..hub import check_replaceable
-    from .arguments import check_training_arguments
 
     check_training_arguments(training_args)  # again for runs started from Python, not the command line
     output_dir = training_args.output_dir

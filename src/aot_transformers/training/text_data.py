@@ -9,12 +9,18 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import arg, is_hub_id
 from .arguments import TrainingSetupError, check_dataset_name, load_hub_dataset
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from datasets import Dataset, IterableDataset
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +105,7 @@ class RowOrigin:
             logger.debug("Could not tell the file of row %d", row, exc_info=True)
         return None
 
-    def _row_counts(self):
+    def _row_counts(self) -> Iterator[tuple[str, int]]:
         import datasets
 
         if self.repository is None:
@@ -320,13 +326,13 @@ def embedded_corpus() -> list[str]:
     return [topics[key] for key in sorted(topics)]
 
 
-def column_names(dataset) -> list[str]:
+def column_names(dataset: Dataset | IterableDataset) -> list[str]:
     """Columns of a `Dataset` or `IterableDataset` (peeking at the first example when the features are unknown)."""
     names = getattr(dataset, "column_names", None)
     return list(names if names is not None else next(iter(dataset), {}))
 
 
-def check_text_column(dataset, text_column: str, where: str) -> None:
+def check_text_column(dataset: Dataset | IterableDataset, text_column: str, where: str) -> None:
     """Raise `TrainingSetupError` when `dataset` has no `text_column`, or one whose values (when its features are
     known) are not strings: a column of numbers (as a CSV's is read), or of nulls only."""
     import datasets
@@ -417,7 +423,9 @@ def load_text_source(args: TextDataArguments) -> TextSource:
     return TextSource(train, validation, description, hub_ids, True, label, test, origins)
 
 
-def _split_validation(train, args: TextDataArguments):
+def _split_validation(
+    train: Dataset | IterableDataset, args: TextDataArguments
+) -> tuple[Dataset | IterableDataset, Dataset | None, tuple[int, int]]:
     """`(train, validation, (train start, validation start))` of a source without validation data: a file's (or a
     small stream's) text loses its end (`hold_out_the_end`); a larger stream, which has no end to hold out, its first
     `streaming_validation_examples` examples. The starts are the rows of the source where each split begins."""
@@ -444,7 +452,7 @@ def _split_validation(train, args: TextDataArguments):
     return train, validation, (0, rows - len(validation))  # validation begins inside the last training document
 
 
-def hold_out_the_end(documents, share: float, text_column: str = "text"):
+def hold_out_the_end(documents: Dataset, share: float, text_column: str = "text") -> tuple[Dataset, Dataset]:
     """Split a `Dataset` of documents into `(train, validation)`: validation is the last `share` percent of the
     text, from the start of the line where it begins (from that very character when the training side would
     otherwise be empty). One book or many lose the same share; the document cut in two ends the training split and
@@ -473,7 +481,8 @@ def hold_out_the_end(documents, share: float, text_column: str = "text"):
     offset = target - (int(ends[index - 1]) if index else 0)
     cut = text.rfind("\n", 0, offset) + 1 or (0 if index else offset)  # the start of its line
 
-    def join(first, second):  # (documents, piece) or (piece, documents), leaving out what is empty
+    # (documents, piece) or (piece, documents), leaving out what is empty
+    def join(first: range | str, second: range | str) -> Dataset:
         parts = [
             documents.select(part)
             if isinstance(part, range)
@@ -487,15 +496,15 @@ def hold_out_the_end(documents, share: float, text_column: str = "text"):
 
 
 def tokenize_and_pack(
-    dataset,
-    tokenizer,
+    dataset: Dataset | IterableDataset,
+    tokenizer: PreTrainedTokenizerBase,
     block_size: int,
     text_column: str,
     add_eos: bool,
     num_proc: int | None = None,
     desc: str = "",
     origin: RowOrigin | None = None,
-):
+) -> Dataset | IterableDataset:
     """Tokenize `dataset[text_column]` and pack the tokens into blocks of `block_size` (`input_ids`, `labels`).
 
     Lines of text files are concatenated as they are (line breaks are kept in the text); whole documents are
@@ -515,7 +524,7 @@ def tokenize_and_pack(
 
     eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
 
-    def tokenize(batch, indices):
+    def tokenize(batch: Mapping[str, list[Any]], indices: Sequence[int]) -> dict[str, list[list[int]]]:
         texts = batch[text_column]
         for index, text in zip(indices, texts, strict=True):
             if not isinstance(text, str):
@@ -561,7 +570,13 @@ def tokenize_and_pack(
     return datasets.Dataset.from_file(str(cached))
 
 
-def _tokens(dataset, tokenize, num_proc: int | None, desc: str, cache_file_name: str | None = None):
+def _tokens(
+    dataset: Dataset,
+    tokenize: Callable[..., dict[str, list[list[int]]]],
+    num_proc: int | None,
+    desc: str,
+    cache_file_name: str | None = None,
+) -> Dataset:
     """`dataset` tokenized in parallel, a few documents per batch (one `input_ids` list per row)."""
     import datasets
 
@@ -579,7 +594,9 @@ def _tokens(dataset, tokenize, num_proc: int | None, desc: str, cache_file_name:
     )
 
 
-def _stream_blocks(dataset, tokenize, text_column: str, block_size: int):
+def _stream_blocks(
+    dataset: IterableDataset, tokenize: Callable[..., dict[str, list[list[int]]]], text_column: str, block_size: int
+) -> Iterator[dict[str, list[int]]]:
     """The blocks of a stream of documents, as `_pack` makes them of a `Dataset`: the tokens of one batch that do not
     fill a block begin the next one."""
     import numpy as np
@@ -596,7 +613,7 @@ def _stream_blocks(dataset, tokenize, text_column: str, block_size: int):
             yield {"input_ids": block, "labels": block}
 
 
-def blocks_schema(block_size: int):
+def blocks_schema(block_size: int) -> pa.Schema:
     """The Arrow schema of packed blocks: `input_ids` and `labels`, `block_size` int32 token ids each."""
     import pyarrow as pa
 
@@ -604,7 +621,7 @@ def blocks_schema(block_size: int):
     return pa.schema([("input_ids", window), ("labels", window)])
 
 
-def _pack(token_lists, block_size: int):
+def _pack(token_lists: pa.ChunkedArray, block_size: int) -> Iterator[pa.RecordBatch]:
     """Consecutive `block_size` windows of a column of token lists read as one stream, yielded as Arrow record
     batches of `input_ids` and `labels` (one batch per chunk of the column: memory stays at one chunk, no Python
     list of the corpus is ever built). The last partial window is dropped."""
@@ -621,7 +638,9 @@ def _pack(token_lists, block_size: int):
             yield pa.RecordBatch.from_arrays([windows, windows], schema=blocks_schema(block_size))
 
 
-def _blocks_cache_file(dataset, tokenizer, block_size: int, text_column: str, eos: list[int]) -> Path | None:
+def _blocks_cache_file(
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, block_size: int, text_column: str, eos: list[int]
+) -> Path | None:
     """Where the packed blocks of a file-backed `dataset` live in the `datasets` cache (an Arrow file), keyed by its
     text (`_text_digest`: a copy of the corpus made anew, with new paths and times, hits the same file), the tokenizer,
     the block size and the separator; None when they are not cached (data held in memory, or a tokenizer without a
@@ -637,7 +656,7 @@ def _blocks_cache_file(dataset, tokenizer, block_size: int, text_column: str, eo
     return root / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]}.arrow"
 
 
-def _text_digest(dataset, text_column: str) -> str:
+def _text_digest(dataset: Dataset, text_column: str) -> str:
     """SHA-256 of a text column in row order, as two streams: each value's UTF-8 length (-1 for a null), then the
     characters. Equal rows give one digest whatever files, slices, selections or Arrow chunks hold them."""
     import numpy as np

@@ -12,12 +12,19 @@ import math
 import re
 import tarfile
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import arg, is_hub_id
 from .arguments import TrainingSetupError, load_hub_dataset
+
+if TYPE_CHECKING:
+    import torch
+    from datasets import Dataset, IterableDataset
+    from PIL import Image
+    from transformers import BaseImageProcessor, ViTImageProcessorPil
 
 SKLEARN_DIGITS = "sklearn-digits"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -85,14 +92,14 @@ class ImageSource:
     name: str = "custom"  # the dataset's name in the model card's model-index
 
 
-def _class_label_dataset(images: list, labels: list[int], class_names: list[str]):
+def _class_label_dataset(images: list, labels: list[int], class_names: list[str]) -> Dataset:
     import datasets
 
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=class_names)})
     return datasets.Dataset.from_dict({"image": images, "label": labels}, features=features)
 
 
-def load_cifar10_archives(folder: str | Path, max_per_class: int | None = None):
+def load_cifar10_archives(folder: str | Path, max_per_class: int | None = None) -> Dataset:
     """The CIFAR-10 images of the `train_<class>.tar.gz` archives in `folder` (`train/<class>/NNNN.jpg`), read
     without unpacking to disk, at most `max_per_class` of each class (in name order). Classes are sorted by name;
     images keep their encoded JPEG bytes and decode on access."""
@@ -116,7 +123,7 @@ def load_cifar10_archives(folder: str | Path, max_per_class: int | None = None):
     return _class_label_dataset(images, labels, class_names)
 
 
-def load_pixel_csv(path: str | Path):
+def load_pixel_csv(path: str | Path) -> Dataset:
     """An MNIST-style CSV (optionally gzipped): each row holds the pixels of a square grayscale image (0..255),
     then the integer label. A header row is skipped."""
     import numpy as np
@@ -166,7 +173,7 @@ def load_pixel_csv(path: str | Path):
     return _class_label_dataset(images, index.tolist(), [str(v) for v in class_values.tolist()])
 
 
-def load_sklearn_digits():
+def load_sklearn_digits() -> Dataset:
     """scikit-learn's 1,797 8×8 handwritten digits (shipped with scikit-learn) as grayscale images."""
     import numpy as np
     from PIL import Image
@@ -177,7 +184,9 @@ def load_sklearn_digits():
     return _class_label_dataset(images, digits.target.tolist(), [str(i) for i in range(10)])
 
 
-def _image_and_label(dataset, args: ImageDataArguments, where: str):
+def _image_and_label(
+    dataset: Dataset | IterableDataset, args: ImageDataArguments, where: str
+) -> Dataset | IterableDataset:
     """`dataset` with only its image column (`--image_column`, else `image`, `img` or the only `Image` feature) as an
     `Image` feature named `image`, and its `--label_column` named `label`."""
     import datasets
@@ -202,21 +211,21 @@ def _image_and_label(dataset, args: ImageDataArguments, where: str):
     return dataset
 
 
-def class_names_of(dataset) -> list[str] | None:
+def class_names_of(dataset: Dataset | IterableDataset) -> list[str] | None:
     import datasets
 
     feature = dataset.features["label"]
     return list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
 
 
-def align_labels(train_names: list[str], other, where: str):
+def align_labels(train_names: list[str], other: Dataset, where: str) -> Dataset:
     """`other` with its labels expressed in the training classes `train_names`. Raises `TrainingSetupError` naming
     any class of `other` that the training data never shows (the model could not have learned it)."""
     import datasets
 
     other_names = class_names_of(other)
 
-    def name_of(value) -> str:
+    def name_of(value: Any) -> str:
         return str(value) if other_names is None else other_names[value]
 
     unseen = sorted({name_of(value) for value in other.unique("label")} - set(train_names))
@@ -320,7 +329,8 @@ def load_streamed_image_source(args: ImageDataArguments, seed: int = 42) -> Imag
         raise TrainingSetupError(f"Dataset {name!r} has no split {args.train_split!r} (splits: {list(loaded)}).")
     where = f"Dataset {name!r}"
 
-    def resolved(split):  # webdataset and json streams: the columns are known after one example
+    # webdataset and json streams: the columns are known after one example
+    def resolved(split: IterableDataset) -> IterableDataset:
         return split._resolve_features() if split.features is None else split
 
     train = _image_and_label(resolved(loaded[args.train_split]), args, where)
@@ -353,7 +363,7 @@ def load_streamed_image_source(args: ImageDataArguments, seed: int = 42) -> Imag
     return ImageSource(train, validation, None, class_names, f"{description} (streamed)", hub_ids, "stream", label)
 
 
-def _load_imagefolder(path: Path, what: str):
+def _load_imagefolder(path: Path, what: str) -> Dataset:
     import datasets
 
     if not path.is_dir():
@@ -363,7 +373,7 @@ def _load_imagefolder(path: Path, what: str):
     return datasets.load_dataset("imagefolder", data_dir=str(path), split="train")
 
 
-def _stratified_split(dataset, percentage: float, seed: int):
+def _stratified_split(dataset: Dataset, percentage: float, seed: int) -> tuple[Dataset, Dataset]:
     count = max(1, int(round(len(dataset) * percentage / 100)))
     try:
         parts = dataset.train_test_split(test_size=count, seed=seed, stratify_by_column="label")
@@ -375,7 +385,7 @@ def _stratified_split(dataset, percentage: float, seed: int):
 # Image processor, transforms and augmentation
 
 
-def make_image_processor(image_size: int, num_channels: int):
+def make_image_processor(image_size: int, num_channels: int) -> ViTImageProcessorPil:
     """A ViT image processor resizing to the model's `image_size` (saved with the model, used by `pipeline`)."""
     from transformers import ViTImageProcessorPil  # the PIL backend: torchvision does not install beside this torch
 
@@ -388,7 +398,9 @@ def make_image_processor(image_size: int, num_channels: int):
     )
 
 
-def preprocess_images(dataset, processor, num_channels: int, desc: str = "images"):
+def preprocess_images(
+    dataset: Dataset | IterableDataset, processor: BaseImageProcessor, num_channels: int, desc: str = "images"
+) -> Dataset | IterableDataset:
     """Decode, convert and resize every image once with `processor` (no rescaling or normalisation), keeping
     `pixel_values` as uint8 (C, S, S) beside `labels`: batches are then assembled without touching an image file,
     and normalisation plus augmentation happen per batch in `ImageBatchCollator`. The dataset is returned in numpy
@@ -406,7 +418,7 @@ def preprocess_images(dataset, processor, num_channels: int, desc: str = "images
         # Decoded in `_open`, so that a corrupt file is named in a one-line error, not a traceback from `datasets`.
         dataset = dataset.cast_column("image", datasets.Image(decode=False))
 
-    def convert(batch):
+    def convert(batch: Mapping[str, list[Any]]) -> dict[str, Any]:
         images = [_open(image, mode) for image in batch["image"]]
         resized = processor(images, do_rescale=False, do_normalize=False, return_tensors="np")["pixel_values"]
         if resized.shape[1:] != (num_channels, size, size):
@@ -423,7 +435,7 @@ def preprocess_images(dataset, processor, num_channels: int, desc: str = "images
     ).with_format("numpy")
 
 
-def _open(image, mode: str | None):
+def _open(image: Image.Image | dict[str, Any], mode: str | None) -> Image.Image:
     if isinstance(image, dict):  # undecoded {"bytes", "path"}
         from PIL import Image, UnidentifiedImageError
 
@@ -438,7 +450,9 @@ def _open(image, mode: str | None):
     return image
 
 
-def random_crop_flip(pixel_values, padding: int, generator=None):
+def random_crop_flip(
+    pixel_values: torch.Tensor, padding: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Per image: pad by `padding` with zeros (the normalised mean), crop back at a random offset, and flip
     horizontally with probability 1/2 — the standard CIFAR-10 augmentation, on a (B, C, S, S) batch; the draws come
     from `generator` (torch's global one by default)."""
@@ -505,7 +519,7 @@ def rand_augment_magnitude(op: str, level: int, height: int, width: int) -> tupl
     return float(torch.linspace(start, end, RAND_AUGMENT_BINS)[level]), signed
 
 
-def apply_rand_augment_op(image, op: str, magnitude: float, fill: int = 0):
+def apply_rand_augment_op(image: Image.Image, op: str, magnitude: float, fill: int = 0) -> Image.Image:
     """`image` (PIL, "L" or "RGB") transformed by the RandAugment operation `op` at `magnitude`, as torchvision's
     `_apply_op` does on PIL images: nearest-neighbour resampling, `fill` outside the moved image. The shears keep the
     top-left corner fixed, rotation the centre."""
@@ -559,7 +573,7 @@ class RandAugment:
             )
         self.num_ops, self.magnitude, self.fill = num_ops, magnitude, fill
 
-    def __call__(self, image, generator=None):
+    def __call__(self, image: Image.Image, generator: torch.Generator | None = None) -> Image.Image:
         import torch
 
         for _ in range(self.num_ops):
@@ -570,7 +584,7 @@ class RandAugment:
             image = apply_rand_augment_op(image, op, magnitude, self.fill)
         return image
 
-    def augment_batch(self, pixels, generator=None):
+    def augment_batch(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """A uint8 batch (B, C, S, S) with C 1 or 3, each image augmented on its own; same shape and dtype."""
         import numpy as np
         import torch
@@ -601,7 +615,7 @@ class ImageBatchCollator:
 
     def __init__(
         self,
-        processor,
+        processor: BaseImageProcessor,
         augment: bool = False,
         crop_padding: int = 4,
         rand_augment: RandAugment | None = None,
