@@ -127,9 +127,8 @@ def classifier_for(study: Study, o: Options) -> tuple[AoTForImageClassification,
     else:
         images, labels = _vision.load_cifar10(o.data_dir, o.per_class)
     data = _vision.split(images, labels, 0.2, o.seed)
-    if o.train_images is not None:
-        for key in ("train_images", "train_labels"):
-            data[key] = data[key][: o.train_images]
+    for key in ("train_images", "train_labels"):  # capped at `train_images` (None: all of them)
+        data[key] = data[key][: o.train_images]
     normalised, mean, std = _vision.standardised(data)
     if classifier is None:
         torch.manual_seed(o.seed)

@@ -226,12 +226,6 @@ def lemma4(study: Study, o: Options) -> None:
 # --- Trained models: Fig. 1 (k sweep), Lemma 1, Fig. 2 and Figs 3–4 all read the same classifiers.
 
 
-def _data(o: Options) -> dict[str, torch.Tensor]:
-    images, labels = _vision.load_mnist5k(o.data_dir)
-    count = o.train_images + 1000
-    return _vision.standardised(_vision.split(images[:count], labels[:count], 0.2, seed=0))[0]
-
-
 def k_sweep(study: Study, o: Options, data: dict) -> dict:
     """Fig. 1: validation accuracy for dense attention and every k, each trained with every seed."""
     models, table = {}, {}
@@ -308,7 +302,6 @@ def lemma1(study: Study, o: Options, dense_model: AoTForImageClassification, dat
     for k in [*sorted(o.k_fractions), None]:
         set_k(dense_model, k)
         rows.append({"k": "dense" if k is None else k, **attention_variance_and_gradients(dense_model, images)})
-    set_k(dense_model, None)
     study.results["lemma1"] = rows
     grads = [r["grad_norm_wq_wk"] for r in rows]
     variances = [r["mean_trace_var"] for r in rows]
@@ -428,7 +421,9 @@ def run(out: str | Path | None = None, **options: Any) -> dict[str, Any]:
             part(study, o)
     if "trained" not in o.parts:
         return study.finish()
-    data = _data(o)
+    images, labels = _vision.load_mnist5k(o.data_dir)
+    count = o.train_images + 1000  # a fifth of them for validation
+    data = _vision.standardised(_vision.split(images[:count], labels[:count], 0.2, seed=0))[0]
     models = k_sweep(study, o, data)
     lemma1(study, o, models[None], data)
     k = 0.5 if 0.5 in models else next(k for k in models if k is not None)  # the k-NN model compared with dense
