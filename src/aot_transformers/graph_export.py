@@ -160,8 +160,7 @@ def export_program(
 
 
 def _export(spec: ExportSpec, model: AoTPreTrainedModel) -> torch.export.ExportedProgram:
-    model.eval()
-    try:
+    try:  # `spec.module` (and so `model`) is in eval mode: `export_spec` made it so
         with torch.no_grad():
             return torch.export.export(
                 spec.module, (), spec.example_inputs, dynamic_shapes=spec.dynamic_shapes, strict=False

@@ -66,10 +66,11 @@ class RequestError(Exception):
         return JSONResponse({"error": error}, status_code=self.status)
 
 
-def _field(body: dict, field: str, ok: Callable[[Any], bool], allowed: str) -> Any:
-    """`body[field]` (None when absent); a 400 naming the field and what is `allowed` when `ok(value)` is false."""
+def _field(body: dict, field: str, ok: Callable[[Any], bool], allowed: str, required: bool = False) -> Any:
+    """`body[field]` (None when absent); a 400 naming the field and what is `allowed` when `ok(value)` is false (an
+    absent field is checked too when `required`)."""
     value = body.get(field)
-    if value is not None and not ok(value):
+    if (value is not None or required) and not ok(value):
         raise RequestError(400, field, f"{field}: {value!r} is not allowed (allowed: {allowed})")
     return value
 
@@ -150,18 +151,14 @@ def check_completion(
     handler: BaseHandler, body: dict, model: PreTrainedModel, processor: Processor, served: str
 ) -> None:
     """`/v1/completions`: a non-empty string prompt that leaves room in the context for `max_tokens`."""
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise RequestError(400, "prompt", f"prompt: {prompt!r} is not allowed (allowed: a non-empty string)")
+    prompt = _field(body, "prompt", lambda v: isinstance(v, str) and bool(v), "a non-empty string", required=True)
     tokens = len(_tokenizer(processor)(prompt)["input_ids"])
     fit_to_context(body, ("max_tokens",), tokens, model, "prompt")
 
 
 def check_chat(handler: BaseHandler, body: dict, model: PreTrainedModel, processor: Processor, served: str) -> None:
     """`/v1/chat/completions`: messages with a role, a chat template to format them, room for the token limit."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError(400, "messages", f"messages: {messages!r} is not allowed (allowed: a non-empty list)")
+    messages = _field(body, "messages", lambda v: isinstance(v, list) and bool(v), "a non-empty list", required=True)
     for index, message in enumerate(messages):
         field = f"messages[{index}]"
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -179,8 +176,7 @@ def check_response(
     handler: BaseHandler, body: dict, model: PreTrainedModel, processor: Processor, served: str
 ) -> None:
     """`/v1/responses`: some input, a chat template to format it, room for `max_output_tokens`."""
-    if body.get("input") in (None, "", []):
-        raise RequestError(400, "input", f"input: {body.get('input')!r} is not allowed (allowed: text)")
+    _field(body, "input", lambda v: v not in (None, "", []), "text", required=True)
     if _chat_template_missing(processor):
         raise RequestError(400, "input", NO_CHAT_TEMPLATE.format(name=served), "no_chat_template")
     messages = handler._normalize_input(dict(body))

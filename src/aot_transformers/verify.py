@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,15 +196,6 @@ def _check_auto_map(folder: Path, path: Path, report: VerifyReport) -> None:
                     report.missing.append(missing)
 
 
-def _non_finite_tensors(path: Path, relative: str) -> list[str]:
-    """The tensors of the safetensors file `path` that hold NaN or inf, as `relative: name` (an unreadable file is
-    left to loading, which names it)."""
-    try:
-        return [f"{relative}: {name}" for name in read_weights(path, finite=True)[1]]
-    except Exception:  # SafetensorError, OSError: damaged, which is not this check's finding
-        return []
-
-
 def verify_folder(folder: str | Path) -> VerifyReport:
     """Check that loading `folder` with `trust_remote_code=True` runs only the installed package's code, and that it
     holds no pickle (see the module docstring for every check).
@@ -247,8 +239,9 @@ def verify_folder(folder: str | Path) -> VerifyReport:
             report.pickle_files.append(relative)
         if path.name.endswith("config.json"):
             _check_auto_map(folder, path, report)
-        if path.suffix == ".safetensors":
-            report.non_finite += _non_finite_tensors(path, relative)
+        if path.suffix == ".safetensors":  # its tensors that hold NaN or inf, as `relative: name`
+            with suppress(Exception):  # SafetensorError, OSError: damaged, which loading names (not this check's job)
+                report.non_finite += [f"{relative}: {name}" for name in read_weights(path, finite=True)[1]]
         if path.suffix.lower() == ".py":
             if path.name not in CODE_FILES or adapter:
                 report.unknown_code.append(relative)

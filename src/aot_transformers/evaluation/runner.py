@@ -292,7 +292,7 @@ def evaluate_model(
         model_info={
             "model_type": getattr(getattr(lm, "config", None), "model_type", None),
             "class": type(lm).__name__,
-            "num_parameters": sum(p.numel() for p in {id(p): p for p in lm.parameters()}.values()),
+            "num_parameters": sum(p.numel() for p in lm.parameters()),  # a tied weight is listed once
         },
         versions={
             "aot_transformers": __version__,

@@ -27,20 +27,17 @@ from aot_transformers.evaluation.tasks import (
 )
 
 
-def _load(task: str, metadata: dict) -> list:
-    overrides = {key: value for key, value in metadata.items() if key in TASKS or key in DATASETS}
-    data_dir = metadata.get("data_dir") or os.environ.get("AOT_EVAL_DATA_DIR") or None
-    source = resolve_sources([task], data_dir, overrides)[TASKS[task].dataset]
-    return load_source(source)
-
-
 def _loader(
     task: str, row: Callable[[Any], dict] = lambda document: {"text": document}
 ) -> Callable[..., dict[str, datasets.Dataset]]:
-    """The `custom_dataset` of `task`'s YAML: its data, one `row(item)` each, as lm-eval's test split."""
+    """The `custom_dataset` of `task`'s YAML: its data (from the source `metadata` names; see the module docstring),
+    one `row(item)` each, as lm-eval's test split."""
 
     def load(**metadata) -> dict[str, datasets.Dataset]:
-        return {"test": datasets.Dataset.from_list([row(item) for item in _load(task, metadata)])}
+        overrides = {key: value for key, value in metadata.items() if key in TASKS or key in DATASETS}
+        data_dir = metadata.get("data_dir") or os.environ.get("AOT_EVAL_DATA_DIR") or None
+        source = resolve_sources([task], data_dir, overrides)[TASKS[task].dataset]
+        return {"test": datasets.Dataset.from_list([row(item) for item in load_source(source)])}
 
     return load
 
