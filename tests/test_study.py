@@ -288,6 +288,9 @@ def test_each_verdict_is_judged_against_the_seed_noise_of_the_number_it_compares
     assert "AoT-MSSA Full MLP: first evaluation -0.600 (faster), PTB -0.300" in text
     assert "**Verdict: faster mixed; no zero-shot gain mixed.**" in text
     assert "- S: GPT-2 ahead, by 0.000 over AoT-MSSA (0x the noise)." in text
+    # Verdicts judged on part of their planned rows say so, naming the rows they wait for.
+    assert "(provisional).** Provisional until the rest has run: S AoT-MHSA vs GPT-2 not run yet; M AoT-MSSA" in text
+    assert "ends better mixed.** Provisional until the rest has run: `cifar10-vit+knn-seed0` not run yet;" in text
 
 
 def _image_record(arch: str, seed: int, accuracy: float) -> dict:
@@ -312,6 +315,24 @@ def test_the_vision_section_names_each_vit_run_short_of_the_floor_and_judges_aot
     assert "AoT-MHSA -1.0 points vs ViT at 0.33x its parameters (held)" in text  # 52% vs the mean of 50% and 56%
     text = "\n".join(vision_section([_image_record("vit", 0, floor / 100 + 0.05)]))
     assert "all finished ViT runs do." in text
+
+
+def test_a_vision_verdict_on_part_of_its_rows_says_it_is_provisional_and_what_is_missing():
+    from benchmarks.study.report import vision_section
+
+    def crate(seed: int) -> dict:  # CRATE's ISTA dictionaries: more weights than AoT-MSSA's 0.9M
+        return {**_image_record("crate", seed, 0.68), "parameters": {"total": 1_300_000, "non_embedding": 1_250_000}}
+
+    rows = [_image_record("vit", 0, 0.60), _image_record("vit", 1, 0.60), crate(0)]
+    words: dict[str, str] = {}
+    text = "\n".join(vision_section([*rows, _image_record("aot-mssa", 0, 0.61)], words))
+    assert "**Verdict: held (provisional).** Provisional until the rest has run: AoT-MHSA vs ViT not run yet; " in text
+    assert "CRATE on 1 of 2 seeds; AoT-MSSA on 1 of 2 seeds." in text
+    assert words["AoT close to ViT and CRATE"] == "held (provisional)"
+    rows += [crate(1), _image_record("aot-mssa", 0, 0.61), _image_record("aot-mssa", 1, 0.61)]
+    rows += [_image_record("aot-mhsa", seed, 0.59) for seed in (0, 1)]
+    text = "\n".join(vision_section(rows, words))
+    assert "**Verdict: held.**" in text and "Provisional" not in text and words["AoT close to ViT and CRATE"] == "held"
 
 
 def test_the_readme_summary_lists_each_cifar10_main_row_with_its_seeds(tmp_path):

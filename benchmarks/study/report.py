@@ -425,6 +425,14 @@ def verdicts_of(*parts: tuple[str, list[bool]]) -> str:
     return "**Verdict: " + "; ".join(f"{name} {verdict(held)}" for name, held in parts) + ".**"
 
 
+def provisional(held: list[bool], pending: list[str]) -> tuple[str, str]:
+    """A claim's verdict word and the sentence after it: a verdict judged on part of its planned rows says that it is
+    provisional and which rows it still waits for (`pending`)."""
+    if not held or not pending:
+        return verdict(held), ""
+    return f"{verdict(held)} (provisional)", f" Provisional until the rest has run: {'; '.join(pending)}."
+
+
 def _claim(title: str, key: str) -> str:
     source, sentence = CLAIMS[key]
     return f"**{title}** > {sentence} ({source})."
@@ -442,40 +450,45 @@ def verdicts(groups, noise: dict[str, float | None], words: dict[str, str] | Non
         return _mean([r["final"]["eval_loss"] for r in runs]) if runs else None
 
     sizes = [s.name for s in study_plan.STUDY.sizes]
-    found, held = [], []
+    found, held, pending = [], [], []
     for size in sizes:
         reference = loss(size, "gpt2")
         for arch in ("aot-mssa", "aot-mhsa"):
             value = loss(size, arch)
             if reference is None or value is None:
+                pending.append(f"{size} {LABELS[arch]} vs GPT-2 not run yet")
                 continue
             held.append(value - reference <= PAPER_GAP + bar["final"])
             found.append(f"{size} {LABELS[arch]} {value - reference:+.3f} ({verdict(held[-1:])})")
+    word, note = provisional(held, pending)
     lines += [
         _claim("AoT comes close to GPT-2.", "close"),
         f"Rule: at each size, AoT's validation loss exceeds GPT-2's by at most the largest gap of the paper's Table 3 "
         f"(AoT-MSSA-L Base against GPT-2 Base, mean of its three losses: {PAPER_GAP:.2f} nats) plus twice the seed "
         "noise.",
         "",
-        "Gaps to GPT-2: " + ("; ".join(found) if found else "not run yet") + f". **Verdict: {verdict(held)}.**",
+        "Gaps to GPT-2: " + ("; ".join(found) if found else "not run yet") + f". **Verdict: {word}.**{note}",
         "",
     ]
-    words["AoT close to GPT-2"] = verdict(held)
-    found, held = [], []
+    words["AoT close to GPT-2"] = word
+    found, held, pending = [], [], []
     for size in sizes:
         mssa, mhsa = loss(size, "aot-mssa"), loss(size, "aot-mhsa")
-        if mssa is not None and mhsa is not None:
+        if mssa is None or mhsa is None:
+            pending.append(f"{size} not run yet")
+        else:
             held.append(mhsa < mssa - bar["final"])
             found.append(f"{size}: MHSA − MSSA {mhsa - mssa:+.3f} ({verdict(held[-1:])})")
+    word, note = provisional(held, pending)
     lines += [
         _claim("MHSA is closer to GPT-2 than MSSA.", "mhsa"),
         "",
         "Rule: MHSA's loss below MSSA's by more than twice the seed noise. "
         + ("; ".join(found) or "Not run yet")
-        + f". **Verdict: {verdict(held)}.**",
+        + f". **Verdict: {word}.**{note}",
         "",
     ]
-    words["MHSA closer than MSSA"] = verdict(held)
+    words["MHSA closer than MSSA"] = word
     found, faster, no_gain = [], [], []
     base = groups.get(("S", "aot-mssa"))
     for arch in ("aot-mssa-hybrid", "aot-mssa-full"):
@@ -580,8 +593,12 @@ def knn_claims(records_dir: Path = RECORDS) -> dict[str, str]:
 def knn_verdict(groups, noise: dict[str, float | None], images: list[dict], words: dict | None = None) -> list[str]:
     """KVT's claim, with the rule and the verdicts of `knn_pairs` (collected in `words`)."""
     found, faster, better = knn_pairs(groups, noise, images)
+    done = {r["run"] for r in [*images, *(r for runs in groups.values() for r in runs)]}
+    planned = study_plan.schedule(study_plan.STUDY, study_plan.VISION)
+    pending = [f"`{r.name}` not run yet" for r in planned if r.arch.endswith("+knn") and r.name not in done]
+    (early_word, note), (final_word, _) = provisional(faster, pending), provisional(better, pending)
     words = {} if words is None else words
-    words["k-NN faster early"], words["k-NN ends better"] = verdict(faster), verdict(better)
+    words["k-NN faster early"], words["k-NN ends better"] = early_word, final_word
     early_bar, final_bar = 2 * (noise["early"] or 0.0), 2 * (noise["final"] or 0.0)
     return [
         _claim("k-NN attention converges faster early and ends slightly better.", "knn"),
@@ -592,6 +609,7 @@ def knn_verdict(groups, noise: dict[str, float | None], images: list[dict], word
         + ("; ".join(found) or "Not run yet")
         + ". "
         + verdicts_of(("faster early", faster), ("ends better", better))
+        + note
         + " This study decides KVT's claims for the package: the miniature's report "
         "(`benchmarks/replicate/REPORT.md`) states these verdicts, and the `knn-training` experiment's README defers "
         "to them.",
@@ -631,9 +649,11 @@ def vision_section(images: list[dict], words: dict[str, str] | None = None) -> l
     noise = seed_noise({(a, a): runs for a, runs in groups.items()}, key=lambda r: 100 * r["final"]["eval_accuracy"])
     source, sentence = CLAIMS["vision"]
     lines += ["", f"**AoT comes close to ViT and CRATE with far fewer parameters.** > {sentence} ({source}).", ""]
-    found, close = [], []
+    found, close, pending = [], [], []
     for arch, (peer, gap) in PAPER_VISION_GAP.items():
-        if arch in groups and peer in groups:
+        if arch not in groups or peer not in groups:
+            pending.append(f"{LABELS[arch]} vs {LABELS[peer]} not run yet")
+        else:
             ours = _mean([100 * r["final"]["eval_accuracy"] for r in groups[arch]])
             theirs = _mean([100 * r["final"]["eval_accuracy"] for r in groups[peer]])
             share = groups[arch][0]["parameters"]["total"] / groups[peer][0]["parameters"]["total"]
@@ -643,14 +663,17 @@ def vision_section(images: list[dict], words: dict[str, str] | None = None) -> l
                 f"{LABELS[arch]} {ours - theirs:+.1f} points vs {LABELS[peer]} at {share:.2f}x its parameters "
                 f"({'held' if held else 'not held'})"
             )
+    seeds = len(study_plan.VISION.seeds)
+    few = [a for a in study_plan.VISION_ARCHS if 0 < len(groups.get(a, [])) < seeds]
+    word, note = provisional(close, pending + [f"{LABELS[a]} on {len(groups[a])} of {seeds} seeds" for a in few])
     lines += [
         "Rule: AoT at most the paper's own gap behind (AoT-MSSA-V 7.8 points behind CRATE, AoT-MHSA-V 2.9 behind ViT) "
         "plus twice the seed noise, with fewer parameters. "
         + ("; ".join(found) or "Not run yet")
-        + f". **Verdict: {verdict(close)}.**",
+        + f". **Verdict: {word}.**{note}",
         "",
     ]
-    words["AoT close to ViT and CRATE"] = verdict(close)
+    words["AoT close to ViT and CRATE"] = word
     return lines
 
 
