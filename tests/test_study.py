@@ -251,6 +251,15 @@ def test_a_sigterm_stops_the_runs_in_progress_through_their_checkpoints_and_star
     assert not (work / "records" / "language").exists()  # and no run has a record
 
 
+def test_stop_after_ends_the_study_as_a_sigterm_does_when_its_hours_are_up(tiny_study):
+    work = tiny_study["root"] / "deadline"
+    done = study(tiny_study, work, "--runs", "S-gpt2-seed0,S-llama-seed0", "--stop-after", "0")
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "stopped by SIGTERM or --stop-after" in done.stdout
+    assert not (work / "records" / "language").exists()  # no run has a record, and the report is not redrawn
+    assert not (work / "REPORT.md").exists()
+
+
 def _record(arch: str, seed: int, final: float, early: float, ptb: float = 8.0, main: bool = True) -> dict:
     """A language record of size S with the fields the report reads."""
     return {

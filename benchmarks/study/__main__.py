@@ -3,6 +3,7 @@
     nohup python -m benchmarks.study > study.log 2>&1 &   # hours: runs in the background, resumable, records committed
     python -m benchmarks.study --only report               # REPORT.md and its figures from the committed records
     pkill -TERM -f "m benchmarks.study"                    # before a session ends: stop, commit unfinished checkpoints
+    nohup python -m benchmarks.study --stop-after 2.5 ...  # the same stop, by itself, 2.5 hours after the start
     python -m benchmarks.study --save-progress             # commit unfinished runs' checkpoints (a study not running)
     python -m benchmarks.study --smoke --work-dir W         # the tests: the same code, tiny shapes, two steps a run
 
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs that train at once (see jobs.py: is 2 faster?)")
     parser.add_argument("--no-commit", dest="commit", action="store_false", help="write records without committing")
     parser.add_argument("--save-progress", action="store_true", help="commit unfinished runs' newest checkpoints")
+    parser.add_argument("--stop-after", type=float, metavar="HOURS", help="stop as a SIGTERM does, this many hours on")
     args = parser.parse_args(argv)
     smoke = {"extra": {"steps": args.smoke_steps}}
     study = replace(study_plan.SMOKE, **smoke) if args.smoke else study_plan.STUDY
@@ -111,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         execute(run, paths, section_plan, threads, commit_records, redraw, lock)
 
     signal.signal(signal.SIGTERM, lambda *_: stop())  # the runs save their step; their checkpoints are committed
+    if args.stop_after is not None:  # a daemon: a study that ends first does not wait for it
+        deadline = threading.Timer(max(0.0, args.stop_after) * 3600, stop)
+        deadline.daemon = True
+        deadline.start()
     with ThreadPoolExecutor(args.jobs) as pool:  # in plan order; the first failure stops what has not started
         futures = [pool.submit(train, run) for run in runs]
         for future in futures:
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise future.exception()
     if any(isinstance(future.exception(), Stopped) for future in futures):
         save(runs)
-        print("study: stopped by SIGTERM; the same command resumes", flush=True)
+        print("study: stopped by SIGTERM or --stop-after; the same command resumes", flush=True)
         return 130
     drawn = redraw()
     if commit_records and args.only in (None, "report"):
