@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, lambda *_: stop())  # the runs save their step; their checkpoints are committed
     if args.stop_after is not None:  # a daemon: a study that ends first does not wait for it
-        deadline = threading.Timer(max(0.0, args.stop_after) * 3600, stop)
+        deadline = threading.Timer(args.stop_after * 3600, stop)  # at once if <= 0
         deadline.daemon = True
         deadline.start()
     with ThreadPoolExecutor(args.jobs) as pool:  # in plan order; the first failure stops what has not started
