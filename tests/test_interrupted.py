@@ -180,3 +180,44 @@ def test_a_sigterm_landing_after_the_optimizer_step_saves_that_steps_logged_loss
     assert saved.name == "checkpoint-3" and not (run / "model").exists()
     history = json.loads((saved / "trainer_state.json").read_text())["log_history"]
     assert [entry["step"] for entry in history if "loss" in entry] == [1, 2, 3]
+
+
+def test_a_sigterm_while_tokenizing_in_parallel_interrupts_the_run_and_leaves_no_worker_behind(tmp_path, shared_data):
+    """A SIGTERM before training (here while two processes tokenize) ends the command as Ctrl-C does: exit code 130,
+    `interrupted: SIGTERM`, the tokenizer pool terminated and its scratch files removed (a default SIGTERM killed the
+    main process alone, and its pool went on tokenizing as orphans)."""
+    import psutil
+    from transformers import GPT2TokenizerFast
+
+    GPT2TokenizerFast.from_pretrained(shared_data / "tokenizer-gpt2").save_pretrained(tmp_path / "tokenizer")
+    speeches = (shared_data / "text" / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n\n")
+    data = tmp_path / "train.jsonl"  # 8 MB in 64,000 rows
+    data.write_text("".join(json.dumps({"text": speech}) + "\n" for speech in speeches * 8), encoding="utf-8")
+    cache = tmp_path / "cache"  # a cold cache of its own, so the blocks are tokenized here
+    arguments = _arguments(data, tmp_path / "run")
+    arguments[arguments.index("--tokenizer_vocab_size") : arguments.index("--tokenizer_vocab_size") + 2] = [
+        "--tokenizer_name_or_path", str(tmp_path / "tokenizer"), "--preprocessing_num_workers", "2",
+    ]  # fmt: skip
+    arguments[arguments.index("--config_overrides") + 1] = TINY.replace("vocab_size=320", "vocab_size=50257")
+    errors = tmp_path / "stderr.txt"
+    with open(errors, "w", encoding="utf-8") as log:  # a file: progress bars never fill a pipe
+        process = subprocess.Popen(
+            [sys.executable, "-m", "aot_transformers.cli", "train", "lm", *arguments],
+            env={**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(cache)},
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        main, workers, deadline = psutil.Process(process.pid), [], time.monotonic() + 300
+        while len(workers) < 2 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the pool's two workers are the children that run `_tokens`' map
+            workers = [child for child in main.children() if child.cmdline() == main.cmdline()]
+        assert len(workers) >= 2, f"the run should tokenize in two worker processes: {errors.read_text()[-3000:]}"
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    stderr = errors.read_text(encoding="utf-8")
+    assert process.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == "aot train lm: interrupted: SIGTERM"
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, f"tokenizer workers left running: {alive}"
+    assert not list((cache / "aot_blocks").glob("tmp*")), "the scratch folder of the cold cache should be removed"

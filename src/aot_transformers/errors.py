@@ -6,7 +6,8 @@
 - **A failed run** (`RunError`, or any other exception): one line on stderr saying what failed; exit code 1. The
   traceback is printed only with `aot --debug …` (or `AOT_DEBUG=1`); otherwise it goes to a log file whose path the
   line names, so an unattended run keeps it without flooding the terminal.
-- `KeyboardInterrupt`: exit code 130, as a shell reports SIGINT (its message, if any, after `interrupted: `).
+- `KeyboardInterrupt`: exit code 130, as a shell reports SIGINT (its message, if any, after `interrupted: `). Under
+  `sigterm_interrupts()` (every training command) a SIGTERM is one too, so open contexts close first.
 
 `run_command(job)` applies the contract to a callable; `aot_transformers.cli.main` applies it to every subcommand,
 and the module entry points (`python -m aot_transformers.training.lm`) use it too. Library code raises the classes
@@ -15,12 +16,14 @@ below (or subclasses of them) and never calls `sys.exit` itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +110,27 @@ def report_error(error: BaseException, prog: str = "aot") -> int:
     return EXIT_RUN_FAILED
 
 
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block a SIGTERM raises `KeyboardInterrupt("SIGTERM")` as Ctrl-C would, so the contexts it is in close
+    on the way out (a pool of tokenizer processes is terminated, a scratch folder removed) instead of the process
+    dying at once and leaving them behind. A handler set inside the block (Trainer's checkpoint on SIGTERM) takes
+    over while it is set; a process forked inside the block (a pool worker) ends on SIGTERM as by default."""
+    owner = os.getpid()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if os.getpid() == owner:
+            raise KeyboardInterrupt("SIGTERM")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_command(job: Callable[[], int | None], prog: str = "aot") -> int:
     """Run `job` under the contract: its return value (None = 0) or the exit code of the error it raised."""
     try:
@@ -129,4 +153,5 @@ __all__ = [
     "is_refusal",
     "report_error",
     "run_command",
+    "sigterm_interrupts",
 ]
