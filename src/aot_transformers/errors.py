@@ -6,8 +6,8 @@
 - **A failed run** (`RunError`, or any other exception): one line on stderr saying what failed; exit code 1. The
   traceback is printed only with `aot --debug …` (or `AOT_DEBUG=1`); otherwise it goes to a log file whose path the
   line names, so an unattended run keeps it without flooding the terminal.
-- `KeyboardInterrupt`: exit code 130, as a shell reports SIGINT (its message, if any, after `interrupted: `). Under
-  `sigterm_interrupts()` (every training command) a SIGTERM is one too, so open contexts close first.
+- `KeyboardInterrupt`, and a SIGTERM (raised as one): exit code 130, as a shell reports SIGINT (its message, if any,
+  after `interrupted: `).
 
 `run_command(job)` applies the contract to a callable; `aot_transformers.cli.main` applies it to every subcommand,
 and the module entry points (`python -m aot_transformers.training.lm`) use it too. Library code raises the classes
@@ -16,14 +16,13 @@ below (or subclasses of them) and never calls `sys.exit` itself.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +109,13 @@ def report_error(error: BaseException, prog: str = "aot") -> int:
     return EXIT_RUN_FAILED
 
 
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """Within the block a SIGTERM raises `KeyboardInterrupt("SIGTERM")` as Ctrl-C would, so the contexts it is in close
-    on the way out (a pool of tokenizer processes is terminated, a scratch folder removed) instead of the process
-    dying at once and leaving them behind. A handler set inside the block (Trainer's checkpoint on SIGTERM) takes
-    over while it is set; a process forked inside the block (a pool worker) ends on SIGTERM as by default."""
+def run_command(job: Callable[[], int | None], prog: str = "aot") -> int:
+    """Run `job` under the contract: its return value (None = 0) or the exit code of the error it raised.
+
+    A SIGTERM raises `KeyboardInterrupt("SIGTERM")` in `job` as Ctrl-C would, so the contexts it is in close on the
+    way out (a pool of tokenizer processes is terminated, a scratch folder removed) instead of the process dying and
+    leaving them behind. A handler `job` sets (Trainer's checkpoint on SIGTERM) takes over while it is set; a process
+    forked inside (a pool worker) ends on SIGTERM as by default."""
     owner = os.getpid()
 
     def interrupt(signum: int, frame: Any) -> None:
@@ -126,19 +126,13 @@ def sigterm_interrupts() -> Iterator[None]:
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def run_command(job: Callable[[], int | None], prog: str = "aot") -> int:
-    """Run `job` under the contract: its return value (None = 0) or the exit code of the error it raised."""
-    try:
         status = job()
     except SystemExit:  # `--help` and argparse's own one-line errors keep their codes
         raise
     except BaseException as error:  # noqa: B036 - the contract covers every failure, KeyboardInterrupt included
         return report_error(error, prog)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return EXIT_OK if status is None else int(status)
 
 
@@ -153,5 +147,4 @@ __all__ = [
     "is_refusal",
     "report_error",
     "run_command",
-    "sigterm_interrupts",
 ]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._io import load_pretrained
-from ..errors import is_refusal, run_command, sigterm_interrupts
+from ..errors import is_refusal, run_command
 from .arguments import ModelArguments, PublishArguments, TrainingSetupError, parse_dataclasses
 from .finish import HubPlan, finish_run, hub_checkpoint_callback, take_over_hub_options, training_summary
 from .lora import LoraArguments, apply_lora, check_lora_targets
@@ -336,13 +336,11 @@ def run_main(
     prepare: Callable[..., TrainingRun], argument_classes: tuple[type, ...], argv: list[str] | None, prog: str
 ) -> int:
     """A command-line entry point: parse `(*argument_classes, TrainingArguments)` (model, data, publish, LoRA and
-    optimizer arguments), prepare and train, under the error contract of `aot_transformers.errors`; a SIGTERM
-    before training (or with no `--enable_jit_checkpoint`) interrupts as Ctrl-C does, exit code 130."""
+    optimizer arguments), prepare and train, under the error contract of `aot_transformers.errors`."""
 
     def job() -> int:
         model_args, data_args, publish_args, lora, optim, training_args = parse_dataclasses(argument_classes, argv)
-        with sigterm_interrupts():
-            run_training(prepare(model_args, data_args, training_args, publish_args, lora=lora, optim=optim))
+        run_training(prepare(model_args, data_args, training_args, publish_args, lora=lora, optim=optim))
         return 0
 
     return run_command(job, prog=prog)
