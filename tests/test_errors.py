@@ -74,3 +74,15 @@ def test_run_command_codes(capsys):
     assert report_error(KeyboardInterrupt()) == 130
     err = capsys.readouterr().err
     assert "error: --x 1: bad" in err and "error: push refused" in err
+
+
+def test_an_error_raised_while_an_interrupt_unwinds_is_reported_as_the_interrupt(capsys):
+    def job():
+        try:
+            raise KeyboardInterrupt("SIGTERM")
+        finally:  # cleanup that fails on the way out, as `datasets`' pool does (a TimeoutError)
+            raise TimeoutError
+
+    assert run_command(job, prog="aot x") == 130
+    assert capsys.readouterr().err.strip() == "aot x: interrupted: SIGTERM"
+    assert run_command(lambda: (_ for _ in ()).throw(TimeoutError("slow")), prog="aot x") == 1  # not an interrupt

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -182,15 +183,17 @@ def test_a_sigterm_landing_after_the_optimizer_step_saves_that_steps_logged_loss
     assert [entry["step"] for entry in history if "loss" in entry] == [1, 2, 3]
 
 
-def _forks(process) -> list:
-    """The children of the `psutil.Process` `process` that run its own command line (forked, as the workers of a
-    `datasets` pool are); none while a child, or the process, is ending as it is read."""
+def _processes_of(folder: Path) -> list:
+    """The running processes whose command line names `folder` (a run's main process and every process forked from
+    it, orphans included)."""
     import psutil
 
-    try:
-        return [child for child in process.children() if child.cmdline() == process.cmdline()]
-    except psutil.Error:
-        return []
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        command, status = process.info["cmdline"] or [], process.info["status"]
+        if status != psutil.STATUS_ZOMBIE and any(str(folder) in part for part in command):
+            found.append(process)
+    return found
 
 
 def test_a_sigterm_while_tokenizing_in_parallel_interrupts_the_run_and_leaves_no_worker_behind(tmp_path, shared_data):
@@ -219,16 +222,19 @@ def test_a_sigterm_while_tokenizing_in_parallel_interrupts_the_run_and_leaves_no
             stdout=subprocess.DEVNULL,
             stderr=log,
         )
-        main, workers, deadline = psutil.Process(process.pid), [], time.monotonic() + 300
-        while len(workers) < 2 and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # the pool's two workers are the children that run `_tokens`' map
-            workers = _forks(main)
-        assert len(workers) >= 2, f"the run should tokenize in two worker processes: {errors.read_text()[-3000:]}"
+        # Once the two workers have tokenized part of the text (the map's progress bar has moved off 0%).
+        progress = re.compile(r"Tokenizing training text \(num_proc=2\):\s+[1-9]\d*%")
+        deadline = time.monotonic() + 300
+        while not progress.search(errors.read_text()) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.poll() is None, f"the run should still be tokenizing: {errors.read_text()[-3000:]}"
+        workers = psutil.Process(process.pid).children(recursive=True)
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
     stderr = errors.read_text(encoding="utf-8")
     assert process.returncode == 130, stderr[-3000:]
     assert stderr.strip().splitlines()[-1] == "aot train lm: interrupted: SIGTERM"
     _, alive = psutil.wait_procs(workers, timeout=30)
-    assert not alive, f"tokenizer workers left running: {alive}"
+    alive += [found for found in _processes_of(tmp_path) if found not in alive]  # workers forked after the signal
+    assert not alive, f"processes of the run left behind: {alive}"
     assert not list((cache / "aot_blocks").glob("tmp*")), "the scratch folder of the cold cache should be removed"

@@ -91,9 +91,14 @@ def _write_traceback(error: BaseException) -> Path | None:
 
 
 def report_error(error: BaseException, prog: str = "aot") -> int:
-    """Print `error` as the contract says and return its exit code."""
-    if isinstance(error, KeyboardInterrupt):
-        print(f"{prog}: interrupted" + (f": {error}" if str(error) else ""), file=sys.stderr)
+    """Print `error` as the contract says and return its exit code. An error raised while an interrupt unwound (as
+    `datasets`' pool cleanup raises a TimeoutError) is reported as that interrupt."""
+    context, seen = error, set()
+    while context is not None and id(context) not in seen and not isinstance(context, KeyboardInterrupt):
+        seen.add(id(context))
+        context = context.__context__
+    if isinstance(context, KeyboardInterrupt):
+        print(f"{prog}: interrupted" + (f": {context}" if str(context) else ""), file=sys.stderr)
         return EXIT_INTERRUPTED
     if debug_enabled():
         traceback.print_exception(error)
