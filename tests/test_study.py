@@ -385,6 +385,26 @@ def test_the_hours_left_follow_the_fastest_rate_of_each_architecture():
     assert hours["M-llama-seed0"] is None
 
 
+def test_a_started_runs_hours_left_follow_its_own_pace_and_the_report_says_where_it_stands(tmp_path):
+    from benchmarks.study.report import _standing, remaining_hours
+    from benchmarks.study.runner import PROGRESS, WALL_FILE
+
+    runs = {run.name: run for run in study_plan.STUDY.runs()}
+    started, fresh = runs["M-gpt2-seed0"], runs["M-llama-seed0"]
+    folder = tmp_path / PROGRESS / started.name
+    folder.mkdir(parents=True)
+    history = [{"step": 50, "loss": 7.1}, {"step": 100, "eval_loss": 6.25}, {"step": 200, "eval_loss": 5.5}]
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 240, "log_history": history}))
+    (folder / WALL_FILE).write_text(json.dumps({"seconds": 480.0}))  # 2 s a step
+    finished = [{"section": "language", "arch": "gpt2", "flops": 3e13, "wall_seconds": 3e3}]
+    hours = remaining_hours([started, fresh], finished, study_plan.STUDY.block_size, tmp_path)
+    assert hours[started.name] == pytest.approx(2 * (started.steps - 240) / 3600)
+    assert hours[fresh.name] is None  # no checkpoint, and no finished Llama to go by
+    said = _standing(started, tmp_path, hours[started.name])
+    assert f"at step 240 of {started.steps:,}, validation loss 5.500 at step 200; 0.1 h so far" in said
+    assert _standing(fresh, tmp_path, None) == f"`{fresh.name}`"
+
+
 def test_records_written_but_not_committed_are_found_for_the_next_invocation_to_commit(tmp_path):
     from benchmarks.study.runner import uncommitted_records
 

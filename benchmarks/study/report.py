@@ -1,7 +1,8 @@
 """REPORT.md and its figures, rendered from the study's records alone (`python -m benchmarks.study --only report`).
 
 Every number in the report is read from a record; the verdicts follow the rules stated beside them, each quoting
-the paper's sentence it tests. A row without a record is listed as not run, never estimated.
+the paper's sentence it tests. A row without a record is listed as not finished (where a started one stands, from
+its committed checkpoint), never estimated.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import plan as study_plan
-from .runner import RECORDS
+from .runner import PROGRESS, RECORDS, WALL_FILE
 
 LABELS = {
     "gpt2": "GPT-2",
@@ -222,11 +223,27 @@ def _hours(hours: float | None) -> str:
     return f" ({hours:.1f} h)" if hours is not None else ""
 
 
-def remaining_hours(runs: list, finished: list[dict], block_size: int) -> dict[str, float | None]:
-    """Wall-clock hours each of `runs` would take beside another run (as the study trains, `--jobs 2`): its planned
-    FLOPs (`flops.planned_flops`) at the fastest FLOP rate a finished run of its architecture reached (a k-NN twin
-    without its own: its dense twin's); None without any. Finished runs of smaller sizes multiply narrower matrices,
-    more slowly: larger rows will take less."""
+def progress(run, records_dir: Path) -> dict[str, Any] | None:
+    """Where a started, unfinished run stands, from its committed checkpoint (`runner.save_progress`): its step, its
+    wall-clock seconds over every invocation so far and its validation points `(step, loss)`; None without one."""
+    folder = records_dir / PROGRESS / run.name
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text())
+        seconds = json.loads((folder / WALL_FILE).read_text())["seconds"]
+    except (OSError, ValueError, KeyError):
+        return None
+    evals = [(entry["step"], entry["eval_loss"]) for entry in state["log_history"] if "eval_loss" in entry]
+    return {"step": state["global_step"], "seconds": seconds, "evals": evals}
+
+
+def remaining_hours(
+    runs: list, finished: list[dict], block_size: int, records_dir: Path | None = None
+) -> dict[str, float | None]:
+    """Wall-clock hours each of `runs` has left beside another run (as the study trains, `--jobs 2`). A run with a
+    committed checkpoint in `records_dir`: its steps left at its own pace so far (start-up included, so a little
+    long). Any other: its planned FLOPs (`flops.planned_flops`) at the fastest FLOP rate a finished run of its
+    architecture reached (a k-NN twin without its own: its dense twin's); None without any. Finished runs of smaller
+    sizes multiply narrower matrices, more slowly: larger rows will take less."""
     from .flops import planned_flops
 
     rate: dict[tuple[str, str], float] = {}
@@ -235,11 +252,26 @@ def remaining_hours(runs: list, finished: list[dict], block_size: int) -> dict[s
         rate[key] = max(rate.get(key, 0.0), record["flops"] / record["wall_seconds"])
     estimates = {}
     for run in runs:
+        if records_dir is not None and (started := progress(run, records_dir)) and started["step"]:
+            estimates[run.name] = started["seconds"] / started["step"] * (run.steps - started["step"]) / 3600
+            continue
         key = next(
             (k for k in ((run.section, run.arch), (run.section, run.arch.removesuffix("+knn"))) if k in rate), None
         )
         estimates[run.name] = planned_flops(run, block_size) / rate[key] / 3600 if key else None
     return estimates
+
+
+def _standing(run, records_dir: Path, hours: float | None) -> str:
+    """A not-finished run as the report lists it: its name, where a started one stands, and its hours left."""
+    started = progress(run, records_dir)
+    if not started:
+        return f"`{run.name}`" + _hours(hours)
+    evaluated = "".join(f", validation loss {loss:.3f} at step {step:,}" for step, loss in started["evals"][-1:])
+    return (
+        f"`{run.name}` (at step {started['step']:,} of {run.steps:,}{evaluated}; {started['seconds'] / 3600:.1f} h "
+        f"so far, {hours:.1f} h left at its own pace)"
+    )
 
 
 def summary_block(study: study_plan.Study, vision: study_plan.VisionStudy, records_dir: Path) -> str:
@@ -325,17 +357,18 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
     ]
     missing = [r for r in planned if r.name not in done]
     if missing:
-        estimates = remaining_hours(missing, records + images, study.block_size)
+        estimates = remaining_hours(missing, records + images, study.block_size, records_dir)
         known = [hours for hours in estimates.values() if hours is not None]
         lines += [
-            "Not run yet (the study trains them in this order, two at a time; `python -m benchmarks.study` resumes), "
-            "with the hours each would take beside another run at the fastest FLOP rate a finished run of its "
+            "Not finished yet (the study trains them in this order, two at a time; `python -m benchmarks.study` "
+            "resumes a started run from its committed checkpoint), with the hours each has left beside another run: "
+            "a started run's at its own pace so far, any other's at the fastest FLOP rate a finished run of its "
             "architecture reached (at smaller sizes, whose narrower matmuls run slower, so these err long): "
-            + ", ".join(f"`{r.name}`" + _hours(estimates[r.name]) for r in missing)
+            + ", ".join(_standing(r, records_dir, estimates[r.name]) for r in missing)
             + f". Those estimated come to about {sum(known) / 2:.0f} hours of this machine"
             + (f"; {len(estimates) - len(known)} rows have no finished run of their architecture to go by." if
                len(known) < len(estimates) else ".")
-            + " A session trains for about 2.7 of its 3 hours.",
+            + " A session trains for about 2.4 of its 3 hours (`--stop-after 2.4`).",
             "",
         ]  # fmt: skip
     lines += ["## Runs", ""]
