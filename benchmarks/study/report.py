@@ -463,7 +463,7 @@ def provisional(held: list[bool], pending: list[str]) -> tuple[str, str]:
     provisional and which rows it still waits for (`pending`)."""
     if not held or not pending:
         return verdict(held), ""
-    return f"{verdict(held)} (provisional)", f" Provisional until the rest has run: {'; '.join(pending)}."
+    return f"{verdict(held)} (provisional)", f" Provisional until the rest has finished: {'; '.join(pending)}."
 
 
 def _claim(title: str, key: str) -> str:
@@ -489,7 +489,7 @@ def verdicts(groups, noise: dict[str, float | None], words: dict[str, str] | Non
         for arch in ("aot-mssa", "aot-mhsa"):
             value = loss(size, arch)
             if reference is None or value is None:
-                pending.append(f"{size} {LABELS[arch]} vs GPT-2 not run yet")
+                pending.append(f"{size} {LABELS[arch]} vs GPT-2 not finished yet")
                 continue
             held.append(value - reference <= PAPER_GAP + bar["final"])
             found.append(f"{size} {LABELS[arch]} {value - reference:+.3f} ({verdict(held[-1:])})")
@@ -508,7 +508,7 @@ def verdicts(groups, noise: dict[str, float | None], words: dict[str, str] | Non
     for size in sizes:
         mssa, mhsa = loss(size, "aot-mssa"), loss(size, "aot-mhsa")
         if mssa is None or mhsa is None:
-            pending.append(f"{size} not run yet")
+            pending.append(f"{size} not finished yet")
         else:
             held.append(mhsa < mssa - bar["final"])
             found.append(f"{size}: MHSA − MSSA {mhsa - mssa:+.3f} ({verdict(held[-1:])})")
@@ -628,7 +628,7 @@ def knn_verdict(groups, noise: dict[str, float | None], images: list[dict], word
     found, faster, better = knn_pairs(groups, noise, images)
     done = {r["run"] for r in [*images, *(r for runs in groups.values() for r in runs)]}
     planned = study_plan.schedule(study_plan.STUDY, study_plan.VISION)
-    pending = [f"`{r.name}` not run yet" for r in planned if r.arch.endswith("+knn") and r.name not in done]
+    pending = [f"`{r.name}` not finished yet" for r in planned if r.arch.endswith("+knn") and r.name not in done]
     (early_word, note), (final_word, _) = provisional(faster, pending), provisional(better, pending)
     words = {} if words is None else words
     words["k-NN faster early"], words["k-NN ends better"] = early_word, final_word
@@ -685,7 +685,7 @@ def vision_section(images: list[dict], words: dict[str, str] | None = None) -> l
     found, close, pending = [], [], []
     for arch, (peer, gap) in PAPER_VISION_GAP.items():
         if arch not in groups or peer not in groups:
-            pending.append(f"{LABELS[arch]} vs {LABELS[peer]} not run yet")
+            pending.append(f"{LABELS[arch]} vs {LABELS[peer]} not finished yet")
         else:
             ours = _mean([100 * r["final"]["eval_accuracy"] for r in groups[arch]])
             theirs = _mean([100 * r["final"]["eval_accuracy"] for r in groups[peer]])
