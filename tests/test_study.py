@@ -243,10 +243,12 @@ def test_a_sigterm_stops_the_runs_in_progress_through_their_checkpoints_and_star
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 130, stderr[-3000:]
     assert "stopped by SIGTERM" in stdout
+    report = (work / "REPORT.md").read_text()  # redrawn with the checkpoints: where each stopped run stands
     for name in names[:2]:  # each saved the step it was in, and that checkpoint waits for the next session
         step = json.loads((work / "records" / "progress" / name / "trainer_state.json").read_text())["global_step"]
         assert 0 < step < 100000
         assert "interrupted: SIGTERM: stopped at step" in (work / name / "study.log").read_text()
+        assert f"`{name}` (at step {step:,} of 100,000" in report
     assert not (work / names[2] / "study.log").exists()  # the third run never started
     assert not (work / "records" / "language").exists()  # and no run has a record
 
@@ -298,8 +300,9 @@ def test_each_verdict_is_judged_against_the_seed_noise_of_the_number_it_compares
     assert "**Verdict: faster mixed; no zero-shot gain mixed.**" in text
     assert "- S: GPT-2 ahead, by 0.000 over AoT-MSSA (0x the noise)." in text
     # Verdicts judged on part of their planned rows say so, naming the rows they wait for.
-    assert "(provisional).** Provisional until the rest has finished: S AoT-MHSA vs GPT-2 not finished yet; M AoT-MSSA" in text
-    assert "ends better mixed.** Provisional until the rest has finished: `cifar10-vit+knn-seed0` not finished yet;" in text
+    waiting = "Provisional until the rest has finished:"
+    assert f"(provisional).** {waiting} S AoT-MHSA vs GPT-2 not finished yet; M AoT-MSSA" in text
+    assert f"ends better mixed.** {waiting} `cifar10-vit+knn-seed0` not finished yet;" in text
 
 
 def _image_record(arch: str, seed: int, accuracy: float) -> dict:
@@ -335,7 +338,8 @@ def test_a_vision_verdict_on_part_of_its_rows_says_it_is_provisional_and_what_is
     rows = [_image_record("vit", 0, 0.60), _image_record("vit", 1, 0.60), crate(0)]
     words: dict[str, str] = {}
     text = "\n".join(vision_section([*rows, _image_record("aot-mssa", 0, 0.61)], words))
-    assert "**Verdict: held (provisional).** Provisional until the rest has finished: AoT-MHSA vs ViT not finished yet; " in text
+    waiting = "Provisional until the rest has finished: AoT-MHSA vs ViT not finished yet; "
+    assert f"**Verdict: held (provisional).** {waiting}" in text
     assert "CRATE on 1 of 2 seeds; AoT-MSSA on 1 of 2 seeds." in text
     assert words["AoT close to ViT and CRATE"] == "held (provisional)"
     rows += [crate(1), _image_record("aot-mssa", 0, 0.61), _image_record("aot-mssa", 1, 0.61)]

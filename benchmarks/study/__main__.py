@@ -79,10 +79,22 @@ def main(argv: list[str] | None = None) -> int:
         patterns = args.runs.split(",")
         runs = [run for run in runs if any(fnmatch.fnmatch(run.name, p) for p in patterns)]
 
-    def save(runs) -> None:
+    readme = ROOT / "README.md"
+
+    def redraw() -> list[Path]:  # REPORT.md, its figures, the README's summary and the miniature's report
+        report = write_report(study, vision, records, report_dir)
+        drawn = [report, *(report.with_name(name) for name in ("compute.png", "curves.png", "vision_curves.png"))]
+        if args.smoke:
+            return drawn
+        write_summary(readme, summary_block(study, vision, records))
+        return [*drawn, readme, *redraw_committed_report()]  # the miniature's report states the k-NN verdicts
+
+    def save(runs) -> None:  # the report says where each unfinished run stands: redrawn with their checkpoints
         written = save_progress(runs, paths)
+        drawn = redraw() if written else []
         if written and commit_records:
-            commit(written, f"study: checkpoints of {len(written)} unfinished run(s), to resume in the next session")
+            message = f"study: checkpoints of {len(written)} unfinished run(s), to resume in the next session"
+            commit([*written, *drawn], message)
         print("\n".join(map(str, written)) or "no unfinished run has a checkpoint")
 
     if args.save_progress:
@@ -94,15 +106,6 @@ def main(argv: list[str] | None = None) -> int:
         train_tokenizer(args.corpus, tokenizer, study.vocab_size)
         if commit_records:
             commit([tokenizer], f"study: the corpus's byte-level BPE ({study.vocab_size} tokens)")
-    readme = ROOT / "README.md"
-
-    def redraw() -> list[Path]:  # REPORT.md, its figures, the README's summary and the miniature's report
-        report = write_report(study, vision, records, report_dir)
-        drawn = [report, *(report.with_name(name) for name in ("compute.png", "curves.png", "vision_curves.png"))]
-        if args.smoke:
-            return drawn
-        write_summary(readme, summary_block(study, vision, records))
-        return [*drawn, readme, *redraw_committed_report()]  # the miniature's report states the k-NN verdicts
 
     lock = threading.Lock()  # one run at a time redraws the summary and commits
 
