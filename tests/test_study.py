@@ -390,7 +390,7 @@ def test_the_hours_left_follow_the_fastest_rate_of_each_architecture():
 
 
 def test_a_started_runs_hours_left_follow_its_own_pace_and_the_report_says_where_it_stands(tmp_path):
-    from benchmarks.study.report import _standing, remaining_hours
+    from benchmarks.study.report import _standing, progress, remaining_hours
     from benchmarks.study.runner import PROGRESS, WALL_FILE
 
     runs = {run.name: run for run in study_plan.STUDY.runs()}
@@ -401,12 +401,13 @@ def test_a_started_runs_hours_left_follow_its_own_pace_and_the_report_says_where
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": 240, "log_history": history}))
     (folder / WALL_FILE).write_text(json.dumps({"seconds": 480.0}))  # 2 s a step
     finished = [{"section": "language", "arch": "gpt2", "flops": 3e13, "wall_seconds": 3e3}]
-    hours = remaining_hours([started, fresh], finished, study_plan.STUDY.block_size, tmp_path)
+    stands = {run.name: stand for run in (started, fresh) if (stand := progress(run, tmp_path))}
+    hours = remaining_hours([started, fresh], finished, study_plan.STUDY.block_size, stands)
     assert hours[started.name] == pytest.approx(2 * (started.steps - 240) / 3600)
     assert hours[fresh.name] is None  # no checkpoint, and no finished Llama to go by
-    said = _standing(started, tmp_path, hours[started.name])
+    said = _standing(started, stands[started.name], hours[started.name])
     assert f"at step 240 of {started.steps:,}, validation loss 5.500 at step 200; 0.1 h so far" in said
-    assert _standing(fresh, tmp_path, None) == f"`{fresh.name}`"
+    assert _standing(fresh, stands.get(fresh.name), None) == f"`{fresh.name}`"
 
 
 def test_records_written_but_not_committed_are_found_for_the_next_invocation_to_commit(tmp_path):

@@ -237,10 +237,10 @@ def progress(run, records_dir: Path) -> dict[str, Any] | None:
 
 
 def remaining_hours(
-    runs: list, finished: list[dict], block_size: int, records_dir: Path | None = None
+    runs: list, finished: list[dict], block_size: int, started: dict[str, dict] | None = None
 ) -> dict[str, float | None]:
-    """Wall-clock hours each of `runs` has left beside another run (as the study trains, `--jobs 2`). A run with a
-    committed checkpoint in `records_dir`: its steps left at its own pace so far (start-up included, so a little
+    """Wall-clock hours each of `runs` has left beside another run (as the study trains, `--jobs 2`). A started run
+    (its `progress` in `started`, by name): its steps left at its own pace so far (start-up included, so a little
     long). Any other: its planned FLOPs (`flops.planned_flops`) at the fastest FLOP rate a finished run of its
     architecture reached (a k-NN twin without its own: its dense twin's); None without any. Finished runs of smaller
     sizes multiply narrower matrices, more slowly: larger rows will take less."""
@@ -252,8 +252,8 @@ def remaining_hours(
         rate[key] = max(rate.get(key, 0.0), record["flops"] / record["wall_seconds"])
     estimates = {}
     for run in runs:
-        if records_dir is not None and (started := progress(run, records_dir)) and started["step"]:
-            estimates[run.name] = started["seconds"] / started["step"] * (run.steps - started["step"]) / 3600
+        if (stand := (started or {}).get(run.name)) and stand["step"]:
+            estimates[run.name] = stand["seconds"] / stand["step"] * (run.steps - stand["step"]) / 3600
             continue
         key = next(
             (k for k in ((run.section, run.arch), (run.section, run.arch.removesuffix("+knn"))) if k in rate), None
@@ -262,9 +262,9 @@ def remaining_hours(
     return estimates
 
 
-def _standing(run, records_dir: Path, hours: float | None) -> str:
-    """A not-finished run as the report lists it: its name, where a started one stands, and its hours left."""
-    started = progress(run, records_dir)
+def _standing(run, started: dict[str, Any] | None, hours: float | None) -> str:
+    """A not-finished run as the report lists it: its name, where a started one stands (its `progress`), and its
+    hours left."""
     if not started:
         return f"`{run.name}`" + _hours(hours)
     evaluated = "".join(f", validation loss {loss:.3f} at step {step:,}" for step, loss in started["evals"][-1:])
@@ -357,14 +357,15 @@ def write_report(study: study_plan.Study, vision: study_plan.VisionStudy, record
     ]
     missing = [r for r in planned if r.name not in done]
     if missing:
-        estimates = remaining_hours(missing, records + images, study.block_size, records_dir)
+        started = {r.name: stand for r in missing if (stand := progress(r, records_dir))}  # read once
+        estimates = remaining_hours(missing, records + images, study.block_size, started)
         known = [hours for hours in estimates.values() if hours is not None]
         lines += [
             "Not finished yet (the study trains them in this order, two at a time; `python -m benchmarks.study` "
             "resumes a started run from its committed checkpoint), with the hours each has left beside another run: "
             "a started run's at its own pace so far, any other's at the fastest FLOP rate a finished run of its "
             "architecture reached (at smaller sizes, whose narrower matmuls run slower, so these err long): "
-            + ", ".join(_standing(r, records_dir, estimates[r.name]) for r in missing)
+            + ", ".join(_standing(r, started.get(r.name), estimates[r.name]) for r in missing)
             + f". Those estimated come to about {sum(known) / 2:.0f} hours of this machine"
             + (f"; {len(estimates) - len(known)} rows have no finished run of their architecture to go by." if
                len(known) < len(estimates) else ".")
